@@ -1,0 +1,132 @@
+"""``storage-gateway``: serve the API, or migrate its databases.
+
+Start-up problems (a wrong setting, an unreachable database, an unwritable data directory) end
+the process with exit code 2 and one line on stderr naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from app.core.config import CONFIG_ENV, Database, Settings, describe_settings_error
+
+EXIT_BAD_SETUP = 2
+
+
+def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    print(f"storage-gateway: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_SETUP)
+
+
+def load_settings(config: str | None) -> Settings:
+    if config:
+        os.environ[CONFIG_ENV] = config
+    try:
+        return Settings()
+    except Exception as exc:
+        _fail(describe_settings_error(exc))
+
+
+async def _preflight(settings: Settings, migrate_all: bool) -> list[str]:
+    """Open every database once: check it answers, migrate what should be, report what ran."""
+    from app.core import migrations
+    from app.core.databases import Databases, DatabaseSetupError
+    from app.main import describe_connect_error
+
+    try:
+        databases = Databases.open(settings)
+    except DatabaseSetupError as exc:
+        _fail(str(exc))
+    done = []
+    try:
+        for db in Database:
+            try:
+                await databases.check(db)
+            except Exception as exc:
+                _fail(describe_connect_error(settings, db, exc))
+            if migrate_all or settings.migrates_at_startup(db):
+                await migrations.upgrade(databases, db)
+                done.append(db.value)
+    finally:
+        await databases.close()
+    return done
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    settings = load_settings(args.config)
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    migrated = asyncio.run(_preflight(settings, migrate_all=False))
+    if migrated:
+        logging.getLogger("app").info("migrated at start-up: %s", ", ".join(migrated))
+    # Migrations already ran once here; workers must not race to run them again.
+    os.environ["GATEWAY_AUTO_MIGRATE"] = "false"
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a
+    # graceful stop is a success, so exit 0 instead of dying by that signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    uvicorn.run(
+        "app.main:app_factory",
+        factory=True,
+        host=host,
+        port=port,
+        workers=args.workers,
+        proxy_headers=True,
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        root_path=settings.root_path,
+        log_level=settings.log_level,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=args.graceful_timeout,
+    )
+
+
+def cmd_migrate(args: argparse.Namespace) -> None:
+    settings = load_settings(args.config)
+    done = asyncio.run(_preflight(settings, migrate_all=True))
+    print(f"migrated to head: {', '.join(done)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="storage-gateway", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    serve.add_argument("--host", default=None, help="address to bind (default: GATEWAY_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default: GATEWAY_PORT or 8000)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes")
+    serve.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        default=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
+        help="proxy addresses whose X-Forwarded-* headers are trusted",
+    )
+    serve.add_argument("--graceful-timeout", type=float, default=30.0,
+                       help="seconds to let in-flight requests finish on SIGTERM")
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = sub.add_parser("migrate", help="upgrade all three databases to the latest schema")
+    migrate.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
+    migrate.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Settings: environment variables (``GATEWAY_``, nested with ``__``) over an optional YAML file.
+
+The seed's ``persistence:`` block is accepted as written; each database may also be given a full
+URL under ``databases.<name>.url``. Resolution of the three database URLs lives here and nowhere
+else, so the rest of the service only ever sees ``Settings.database_url(Database.X)``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+CONFIG_ENV = "GATEWAY_CONFIG"
+
+
+class Database(StrEnum):
+    """The three databases of the seed's multi-database layout."""
+
+    metadata = "metadata"
+    vectors = "vectors"
+    checkpoints = "checkpoints"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatabaseSettings(_Strict):
+    """One database: an optional full URL and its pool."""
+
+    url: str | None = Field(
+        default=None,
+        description="Full SQLAlchemy or libpq URL; overrides the persistence block for this database.",
+    )
+    pool_size: int = Field(default=10, ge=1, le=1000)
+    max_overflow: int = Field(default=10, ge=0, le=1000)
+    pool_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a pooled connection.")
+    connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a new connection.")
+    statement_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds a single statement may run (PostgreSQL)."
+    )
+
+
+class DatabasesSettings(_Strict):
+    metadata: DatabaseSettings = DatabaseSettings()
+    vectors: DatabaseSettings = DatabaseSettings()
+    checkpoints: DatabaseSettings = DatabaseSettings()
+
+    def get(self, db: Database) -> DatabaseSettings:
+        return getattr(self, db.value)
+
+
+class PostgresDatabases(_Strict):
+    metadata: str = "soothe_metadata"
+    vectors: str = "soothe_vectors"
+    checkpoints: str = "soothe_checkpoints"
+
+
+class PersistenceSettings(_Strict):
+    """The seed's ``persistence:`` block, accepted exactly as written."""
+
+    vector_store_backend: Literal["pgvector", "sqlite_vec"] | None = Field(
+        default=None,
+        description="pgvector or sqlite_vec; defaults to pgvector when postgres_base_dsn is set.",
+    )
+    postgres_base_dsn: str | None = None
+    postgres_databases: PostgresDatabases = PostgresDatabases()
+    vector_sqlite_path: Path | None = None
+    metadata_sqlite_path: Path | None = None
+    checkpoints_sqlite_path: Path | None = None
+
+    @field_validator("vector_sqlite_path", "metadata_sqlite_path", "checkpoints_sqlite_path")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("postgres_base_dsn")
+    @classmethod
+    def _postgres_scheme(cls, value: str | None) -> str | None:
+        if value and not value.split("://", 1)[0].startswith("postgres"):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+
+class LimitsSettings(_Strict):
+    """Sizes and counts that bound every request."""
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest JSON request body.")
+    max_value_bytes: int = Field(default=1024 * 1024, ge=1, description="Largest kv value or record value.")
+    max_file_bytes: int = Field(default=1024**3, ge=1, description="Largest file upload.")
+    file_chunk_bytes: int = Field(default=1024 * 1024, ge=4096, description="Size of stored file chunks.")
+    max_page_size: int = Field(default=1000, ge=1, description="Largest `limit` on a list.")
+    default_page_size: int = Field(default=100, ge=1)
+    max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")
+    max_vector_dimensions: int = Field(default=16000, ge=1)
+    max_filter_depth: int = Field(default=8, ge=1)
+    max_filter_terms: int = Field(default=128, ge=1)
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> "LimitsSettings":
+        if self.default_page_size > self.max_page_size:
+            raise ValueError("default_page_size must not exceed max_page_size")
+        return self
+
+
+class Settings(BaseSettings):
+    """Everything the gateway reads at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_dir: Path = Path("./data")
+    root_path: str = Field(default="", description="Sub-path the gateway is served under behind a proxy.")
+    auto_migrate: bool | None = Field(
+        default=None,
+        description="Run migrations at start-up; default: on for SQLite databases, off for PostgreSQL.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    persistence: PersistenceSettings = PersistenceSettings()
+    databases: DatabasesSettings = DatabasesSettings()
+    limits: LimitsSettings = LimitsSettings()
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand_data_dir(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @model_validator(mode="after")
+    def _backends_resolve(self) -> "Settings":
+        if self.persistence.vector_store_backend == "pgvector" and not (
+            self.persistence.postgres_base_dsn or self.databases.vectors.url
+        ):
+            raise ValueError(
+                "persistence.vector_store_backend is pgvector but neither "
+                "persistence.postgres_base_dsn nor databases.vectors.url is set"
+            )
+        for db in Database:
+            url = self.database_url(db)
+            if not (url.startswith("sqlite+aiosqlite://") or url.startswith("postgresql+asyncpg://")):
+                raise ValueError(f"databases.{db.value}.url: unsupported URL scheme in {url.split('://')[0]!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+    # --- database URLs -------------------------------------------------------------------
+
+    def database_url(self, db: Database) -> str:
+        """The SQLAlchemy async URL of one database, from the most specific setting given."""
+        explicit = self.databases.get(db).url
+        if explicit:
+            return normalize_url(explicit)
+        p = self.persistence
+        backend_is_pg = p.postgres_base_dsn is not None and (
+            db is not Database.vectors or p.vector_store_backend != "sqlite_vec"
+        )
+        if backend_is_pg:
+            base = p.postgres_base_dsn.rstrip("/")  # type: ignore[union-attr]
+            return normalize_url(f"{base}/{getattr(p.postgres_databases, db.value)}")
+        path = {
+            Database.metadata: p.metadata_sqlite_path,
+            Database.vectors: p.vector_sqlite_path,
+            Database.checkpoints: p.checkpoints_sqlite_path,
+        }[db] or self.data_dir / f"{db.value}.db"
+        return f"sqlite+aiosqlite:///{path}"
+
+    def is_sqlite(self, db: Database) -> bool:
+        return self.database_url(db).startswith("sqlite")
+
+    def migrates_at_startup(self, db: Database) -> bool:
+        return self.auto_migrate if self.auto_migrate is not None else self.is_sqlite(db)
+
+
+def normalize_url(url: str) -> str:
+    """Accept libpq-style and plain SQLite URLs and give them the async driver."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a URL: {url!r}")
+    if scheme in ("postgres", "postgresql", "postgresql+asyncpg"):
+        return f"postgresql+asyncpg://{rest}"
+    if scheme in ("sqlite", "sqlite+aiosqlite"):
+        return f"sqlite+aiosqlite://{rest}"
+    return url
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """The YAML file named by ``GATEWAY_CONFIG``; unknown top-level sections are ignored."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get(CONFIG_ENV)
+        if not path:
+            return {}
+        file = Path(path).expanduser()
+        try:
+            data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise ValueError(f"{CONFIG_ENV}: cannot read {file}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{CONFIG_ENV}: {file} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{CONFIG_ENV}: {file} must hold a mapping at the top level")
+        known = set(self.settings_cls.model_fields)
+        return {k: v for k, v in data.items() if k in known}
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings; tests build their own ``Settings`` and pass them to the app."""
+    return Settings()
+
+
+def describe_settings_error(exc: Exception) -> str:
+    """One line naming what is wrong, for start-up failures."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "settings"
+            parts.append(f"{loc}: {err['msg']}")
+        return "invalid setting: " + "; ".join(parts)
+    return f"invalid setting: {exc}"

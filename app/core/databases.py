@@ -1,0 +1,147 @@
+"""The three engines (the seed's StorageRegistry: one pool per database, shared by every request).
+
+``Databases.open`` is called once by the lifespan and ``close`` at shutdown; nothing here
+connects at import time. SQLite connections get WAL, a busy timeout and foreign keys; the vectors
+database also loads sqlite-vec on every new connection. SQLite write transactions start with
+``BEGIN IMMEDIATE`` so that concurrent writers queue on the busy timeout instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from app.core.config import Database, Settings
+
+log = logging.getLogger("app.databases")
+
+SQLITE_BEGIN_OPTION = "sqlite_begin"
+
+
+class DatabaseSetupError(RuntimeError):
+    """A database cannot be opened as configured; the message names it."""
+
+
+def _sqlite_path(url: str) -> Path | None:
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _load_sqlite_vec(dbapi_connection: Any) -> None:
+    import sqlite_vec
+
+    async def load(conn: Any) -> None:
+        await conn.enable_load_extension(True)
+        await conn.load_extension(sqlite_vec.loadable_path())
+        await conn.enable_load_extension(False)
+
+    dbapi_connection.run_async(load)
+
+
+def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: int) -> None:
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide when transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+        if db is Database.vectors:
+            _load_sqlite_vec(dbapi_connection)
+
+    @event.listens_for(sync_engine, "begin")
+    def on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def create_engine(settings: Settings, db: Database) -> AsyncEngine:
+    """One engine for ``db`` with the pool and timeouts from settings."""
+    url = settings.database_url(db)
+    conf = settings.databases.get(db)
+    if url.startswith("sqlite"):
+        path = _sqlite_path(url)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DatabaseSetupError(
+                    f"{db.value} database: cannot create directory {path.parent}: {exc.strerror}"
+                ) from None
+        engine = create_async_engine(
+            url,
+            pool_size=conf.pool_size,
+            max_overflow=conf.max_overflow,
+            pool_timeout=conf.pool_timeout,
+            connect_args={"timeout": conf.connect_timeout},
+        )
+        _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000))
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=conf.pool_size,
+        max_overflow=conf.max_overflow,
+        pool_timeout=conf.pool_timeout,
+        pool_pre_ping=True,
+        connect_args={
+            "timeout": conf.connect_timeout,
+            "command_timeout": conf.statement_timeout,
+            "server_settings": {
+                "statement_timeout": str(int(conf.statement_timeout * 1000)),
+                "application_name": "storage-gateway",
+            },
+        },
+    )
+
+
+@dataclass
+class Databases:
+    """The engines and session factories of the three databases, owned by the app's lifespan."""
+
+    settings: Settings
+    engines: dict[Database, AsyncEngine] = field(default_factory=dict)
+    sessionmakers: dict[Database, async_sessionmaker[AsyncSession]] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, settings: Settings) -> "Databases":
+        dbs = cls(settings)
+        for db in Database:
+            engine = create_engine(settings, db)
+            dbs.engines[db] = engine
+            dbs.sessionmakers[db] = async_sessionmaker(engine, expire_on_commit=False)
+        return dbs
+
+    def engine(self, db: Database) -> AsyncEngine:
+        return self.engines[db]
+
+    def dialect(self, db: Database) -> str:
+        """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""
+        return self.engines[db].dialect.name
+
+    async def check(self, db: Database, timeout: float | None = None) -> None:
+        """Open a connection and run a trivial query, or raise."""
+        conf = self.settings.databases.get(db)
+
+        async def ping() -> None:
+            async with self.engines[db].connect() as conn:
+                await conn.execute(text("SELECT 1"))
+
+        await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
+
+    async def close(self) -> None:
+        for engine in self.engines.values():
+            await engine.dispose()

@@ -1,0 +1,263 @@
+"""One exception root and one renderer: every error leaves as RFC 9457 problem+json.
+
+Domain code raises a ``ProblemError`` subclass; nothing builds ``HTTPException`` strings. The same
+classes document each route's error answers in OpenAPI through ``problem_responses``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy import exc as sa_exc
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("app.errors")
+
+PROBLEM_JSON = "application/problem+json"
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, with a stable machine-readable ``code``."""
+
+    type: str = Field(default="about:blank", examples=["about:blank"])
+    title: str = Field(examples=["Not Found"])
+    status: int = Field(examples=[404])
+    code: str = Field(description="Stable machine-readable error code.", examples=["not_found"])
+    detail: str | None = Field(default=None, examples=["kv entry 'theme' does not exist"])
+    instance: str | None = None
+    request_id: str | None = None
+    errors: list[dict[str, Any]] | None = Field(
+        default=None, description="Per-field validation errors, each naming its location."
+    )
+
+
+class ProblemError(Exception):
+    """Base of every error the gateway answers on purpose."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal Server Error"
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail
+        self.headers = headers or {}
+        self.errors = errors
+        self.instance_code = code or self.code
+
+
+class BadRequest(ProblemError):
+    status, code, title = 400, "bad_request", "Bad Request"
+
+
+class Unauthorized(ProblemError):
+    status, code, title = 401, "unauthorized", "Unauthorized"
+
+
+class Forbidden(ProblemError):
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class NotFound(ProblemError):
+    status, code, title = 404, "not_found", "Not Found"
+
+
+class MethodNotAllowed(ProblemError):
+    status, code, title = 405, "method_not_allowed", "Method Not Allowed"
+
+
+class Conflict(ProblemError):
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class PreconditionFailed(ProblemError):
+    status, code, title = 412, "precondition_failed", "Precondition Failed"
+
+
+class PayloadTooLarge(ProblemError):
+    status, code, title = 413, "payload_too_large", "Content Too Large"
+
+
+class UnsupportedMediaType(ProblemError):
+    status, code, title = 415, "unsupported_media_type", "Unsupported Media Type"
+
+
+class RangeNotSatisfiable(ProblemError):
+    status, code, title = 416, "range_not_satisfiable", "Range Not Satisfiable"
+
+
+class InvalidInput(ProblemError):
+    """A request that parsed but names something invalid; ``field`` says which."""
+
+    status, code, title = 422, "invalid_input", "Unprocessable Content"
+
+    def __init__(self, field: str, message: str, **kwargs: Any) -> None:
+        loc = field.split(".")
+        super().__init__(
+            f"{field}: {message}", errors=[{"loc": loc, "msg": message}], **kwargs
+        )
+        self.field = field
+
+
+class TooManyRequests(ProblemError):
+    status, code, title = 429, "rate_limited", "Too Many Requests"
+
+
+class ServiceUnavailable(ProblemError):
+    status, code, title = 503, "unavailable", "Service Unavailable"
+
+
+def problem_response(
+    status: int,
+    title: str,
+    code: str,
+    detail: str | None = None,
+    *,
+    request: Request | None = None,
+    headers: dict[str, str] | None = None,
+    errors: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status, "code": code}
+    if detail:
+        body["detail"] = detail
+    if request is not None:
+        body["instance"] = request.url.path
+        request_id = getattr(request.state, "request_id", None)
+        if request_id:
+            body["request_id"] = request_id
+    if errors:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def render(error: ProblemError, request: Request | None = None) -> JSONResponse:
+    return problem_response(
+        error.status,
+        error.title,
+        error.instance_code,
+        error.detail,
+        request=request,
+        headers=error.headers,
+        errors=error.errors,
+    )
+
+
+def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for err in errors:
+        item = {"loc": [str(x) for x in err.get("loc", ())], "msg": str(err.get("msg", "")), "type": err.get("type")}
+        out.append(item)
+    return out
+
+
+def _describe_validation(errors: list[dict[str, Any]]) -> str:
+    parts = []
+    for err in errors[:5]:
+        loc = [x for x in err["loc"] if x not in ("body", "query", "path", "header")] or err["loc"]
+        parts.append(f"{'.'.join(loc)}: {err['msg']}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "; ".join(parts) + more
+
+
+_STATUS_CODES = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    412: PreconditionFailed,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    416: RangeNotSatisfiable,
+    422: InvalidInput,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Connection-level failures (refused, timed out, pool exhausted, locked): retryable 503s."""
+    if isinstance(exc, (sa_exc.TimeoutError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+            return True
+        text = str(exc.orig).lower() if exc.orig is not None else ""
+        return any(s in text for s in ("connection", "database is locked", "cannot connect"))
+    if isinstance(exc, OSError):
+        return True
+    return False
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Render every error, including FastAPI's own, as problem+json."""
+
+    async def on_problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return render(exc, request)
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _jsonable_errors(exc.errors())
+        return problem_response(
+            422, "Unprocessable Content", "invalid_input", _describe_validation(errors),
+            request=request, errors=errors,
+        )
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cls = _STATUS_CODES.get(exc.status_code)
+        title = cls.title if cls else "Error"
+        code = cls.code if cls else f"http_{exc.status_code}"
+        detail = exc.detail if isinstance(exc.detail, str) else None
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route matches {request.method} {request.url.path}"
+        if exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        return problem_response(
+            exc.status_code, title, code, detail, request=request, headers=getattr(exc, "headers", None)
+        )
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_database_unavailable(exc):
+            log.warning("database unavailable: %s", exc.__class__.__name__, exc_info=exc)
+            return problem_response(
+                503, "Service Unavailable", "database_unavailable",
+                "a database needed for this request is unreachable; retry later",
+                request=request, headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+            )
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(500, "Internal Server Error", "internal_error", None, request=request)
+
+    app.add_exception_handler(ProblemError, on_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
+    # Database and OS errors are handled in the inner middleware so they are answered, not re-raised.
+    app.add_exception_handler(sa_exc.SQLAlchemyError, on_unexpected)
+    app.add_exception_handler(OSError, on_unexpected)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def problem_responses(*errors: type[ProblemError]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for the problem classes a route may answer with."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for err in errors:
+        out[err.status] = {
+            "model": Problem,
+            "description": err.title,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+    return out

@@ -1,0 +1,69 @@
+"""Liveness and readiness, outside ``/v1``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from app.core.config import Database
+from app.core.databases import Databases
+from app.core.migrations import current_revision, head_revision
+
+router = APIRouter(tags=["health"])
+
+
+class DatabaseStatus(BaseModel):
+    backend: str = Field(examples=["sqlite"])
+    reachable: bool
+    migrated: bool
+    revision: str | None = None
+    head: str | None = None
+    error: str | None = None
+
+
+class Readiness(BaseModel):
+    ready: bool
+    auth: str = Field(default="required", description="`required`, or `disabled` when running without keys.")
+    databases: dict[str, DatabaseStatus]
+
+
+async def _status(databases: Databases, db: Database) -> DatabaseStatus:
+    head = head_revision()
+    backend = databases.dialect(db)
+    timeout = databases.settings.databases.get(db).connect_timeout
+    try:
+        revision = await asyncio.wait_for(current_revision(databases, db), timeout)
+    except Exception as exc:  # unreachable for any reason: report, never raise
+        return DatabaseStatus(backend=backend, reachable=False, migrated=False, head=head,
+                              error=exc.__class__.__name__)
+    return DatabaseStatus(backend=backend, reachable=True, migrated=revision == head,
+                          revision=revision, head=head)
+
+
+@router.get("/healthz", summary="Liveness: the process is up")
+async def healthz() -> dict[str, str]:
+    """Answers 200 while the process can serve HTTP; touches no database."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: every database reachable and migrated",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "A database is unreachable or behind"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    """200 when all three databases answer and are at the migrations' head; 503 otherwise."""
+    databases: Databases = request.app.state.databases
+    statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
+    result = Readiness(
+        ready=all(s.reachable and s.migrated for s in statuses),
+        auth=getattr(request.app.state, "auth_mode", "required"),
+        databases={db.value: s for db, s in zip(Database, statuses)},
+    )
+    status = 200 if result.ready else 503
+    headers = {} if result.ready else {"Retry-After": "2"}
+    return JSONResponse(result.model_dump(), status_code=status, headers=headers)

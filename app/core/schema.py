@@ -1,0 +1,41 @@
+"""The table metadata of each database, and the column types every capability shares.
+
+Capabilities define their tables on the ``MetaData`` of the database they live in; Alembic's
+``env.py`` compares each database against its own ``MetaData``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData, String, Text
+from sqlalchemy.types import TypeEngine
+
+from app.core.config import Database
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata_db = MetaData(naming_convention=NAMING_CONVENTION)
+vectors_db = MetaData(naming_convention=NAMING_CONVENTION)
+checkpoints_db = MetaData(naming_convention=NAMING_CONVENTION)
+
+METADATA: dict[Database, MetaData] = {
+    Database.metadata: metadata_db,
+    Database.vectors: vectors_db,
+    Database.checkpoints: checkpoints_db,
+}
+
+
+def byte_ordered(length: int) -> TypeEngine[str]:
+    """A string column that sorts by UTF-8 bytes on both backends (``COLLATE "C"`` on PostgreSQL;
+    SQLite's default BINARY collation already compares bytes)."""
+    return String(length).with_variant(String(length, collation="C"), "postgresql")
+
+
+NameColumn = byte_ordered(128)
+KeyColumn = byte_ordered(1024)
+JsonText = Text  # JSON kept as its compact text: returned exactly as stored, no re-encoding.

@@ -1,0 +1,3 @@
+"""Tables of the files capability."""
+
+from app.core.schema import METADATA  # noqa: F401

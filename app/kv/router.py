@@ -1,0 +1,16 @@
+"""HTTP routes of the kv capability."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+router = APIRouter(prefix="/kv", tags=["kv"])
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start-up and shutdown work of this capability (background tasks, backend choice)."""
+    yield

@@ -1,0 +1,95 @@
+"""The application: lifespan-owned databases, the four capabilities under ``/v1/{namespace}``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from app import __version__
+from app.core.config import Database, Settings, get_settings
+from app.core.databases import Databases, DatabaseSetupError
+from app.core.errors import install_error_handlers
+from app.core.health import router as health_router
+from app.core.limits import BodyLimitMiddleware
+from app.core import migrations
+from app.files import router as files
+from app.kv import router as kv
+from app.records import router as records
+from app.vectors import router as vectors
+
+log = logging.getLogger("app")
+
+CAPABILITIES = (records, kv, files, vectors)
+
+DESCRIPTION = """\
+Isolated persistent storage for AI-agent plugins: ordered **records**, **key-value**,
+streamed **files** and **vector** search, each scoped to a namespace. Errors are
+`application/problem+json` with a stable `code`.
+"""
+
+
+async def prepare_databases(databases: Databases) -> None:
+    """Check every database answers (and migrate the ones configured to), or raise naming it."""
+    settings = databases.settings
+    for db in Database:
+        try:
+            await databases.check(db)
+        except Exception as exc:
+            raise DatabaseSetupError(describe_connect_error(settings, db, exc)) from None
+        if settings.migrates_at_startup(db):
+            await migrations.upgrade(databases, db)
+            log.info("migrated %s database to head", db.value)
+
+
+def describe_connect_error(settings: Settings, db: Database, exc: BaseException) -> str:
+    url = settings.database_url(db)
+    safe = url.split("@")[-1] if "@" in url else url
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+    if "load_extension" in reason or "enable_load_extension" in reason or "vec0" in reason:
+        reason = (
+            "cannot load the sqlite-vec extension: this Python's sqlite3 cannot load extensions; "
+            "install sqlean-py or pysqlite3-binary"
+        )
+    return f"{db.value} database ({safe}) is not usable: {reason}"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        databases = Databases.open(settings)
+        app.state.databases = databases
+        try:
+            await prepare_databases(databases)
+            async with AsyncExitStack() as stack:
+                for capability in CAPABILITIES:
+                    await stack.enter_async_context(capability.lifespan(app))
+                yield
+        finally:
+            await databases.close()
+
+    app = FastAPI(
+        title="storage-gateway",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        root_path=settings.root_path,
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    app.include_router(health_router)
+    v1 = APIRouter(prefix="/v1/{namespace}")
+    for capability in CAPABILITIES:
+        v1.include_router(capability.router)
+    app.include_router(v1)
+    return app
+
+
+def app_factory() -> FastAPI:
+    """Entry point for ``uvicorn --factory app.main:app_factory``."""
+    return create_app()

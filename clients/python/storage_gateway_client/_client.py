@@ -1,0 +1,76 @@
+"""``GatewayClient``: one lazily opened, pooled HTTP connection set per gateway and namespace."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import httpx
+
+from ._files import FilesAPI
+from ._kv import KeyValueAPI
+from ._records import RecordsAPI
+from ._transport import RetryPolicy, Transport
+from ._vectors import VectorsAPI
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class GatewayClient:
+    """Async client for one namespace of a storage-gateway.
+
+    ``records``, ``kv``, ``files`` and ``vectors`` follow the seed's RecordStore, KeyValueStore,
+    FileStore and VectorStore; ``persist_store()`` and ``vector_store()`` give the seed's
+    AsyncPersistStore and VectorStoreProtocol. Connections open on first use; ``close()`` (or
+    leaving ``async with``) releases them and is safe to call twice.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        namespace: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        retries: int = 4,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"User-Agent": "storage-gateway-client/0.1"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.base_url = base_url
+        self.namespace = namespace
+        self._transport = Transport(
+            base_url,
+            headers=headers,
+            timeout=timeout,
+            retry=RetryPolicy(attempts=retries),
+            http_client=http_client,
+            transport=transport,
+        )
+        self.records = RecordsAPI(self._transport, namespace)
+        self.kv = KeyValueAPI(self._transport, namespace)
+        self.files = FilesAPI(self._transport, namespace)
+        self.vectors = VectorsAPI(self._transport, namespace)
+
+    async def close(self) -> None:
+        """Release pooled connections; calling it again does nothing."""
+        await self._transport.close()
+
+    aclose = close
+
+    async def __aenter__(self) -> "GatewayClient":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def health(self) -> dict:
+        """``/readyz`` as a dict (does not raise on 503)."""
+        response = await self._transport.request("GET", "/readyz", ok=(503,))
+        return response.json()

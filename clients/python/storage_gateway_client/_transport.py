@@ -1,0 +1,110 @@
+"""Sending requests: error mapping, and retries with backoff for idempotent calls."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ._exceptions import ClientClosed, TransportError, Unavailable, error_from_response
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+class RetryPolicy:
+    """Exponential backoff with jitter for connection errors and 503s."""
+
+    def __init__(self, attempts: int = 4, backoff: float = 0.1, max_backoff: float = 2.0) -> None:
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        base = min(self.max_backoff, self.backoff * (2**attempt))
+        if retry_after is not None:
+            base = min(self.max_backoff, max(base, retry_after))
+        return base * (0.5 + random.random() / 2)
+
+
+class Transport:
+    """Owns the lazily created ``httpx.AsyncClient`` and turns answers into values or errors."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str],
+        timeout: float | httpx.Timeout,
+        retry: RetryPolicy,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._base_url = base_url.rstrip("/")
+        self._headers = dict(headers)
+        self._timeout = timeout
+        self._retry = retry
+        self._client = http_client
+        self._owns_client = http_client is None
+        self._transport = transport
+        self._closed = False
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise ClientClosed("this GatewayClient is closed")
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self._base_url,
+                headers=self._headers,
+                timeout=self._timeout,
+                transport=self._transport,
+                limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is not None and self._owns_client:
+            await self._client.aclose()
+        self._client = None
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        idempotent: bool | None = None,
+        ok: tuple[int, ...] = (),
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send, retrying idempotent calls; error statuses other than ``ok`` raise."""
+        retryable = method.upper() in IDEMPOTENT_METHODS if idempotent is None else idempotent
+        if self._client is not None and not self._owns_client:
+            kwargs.setdefault("headers", {})
+            kwargs["headers"] = {**self._headers, **kwargs["headers"]}
+        attempts = self._retry.attempts if retryable else 1
+        for attempt in range(attempts):
+            try:
+                response = await self.client.request(method, url, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(self._retry.delay(attempt))
+                    continue
+                raise TransportError(f"{method} {url}: {exc.__class__.__name__}: {exc}", cause=exc) from exc
+            if response.status_code < 400 or response.status_code in ok:
+                return response
+            error = error_from_response(response)
+            if isinstance(error, Unavailable) and attempt + 1 < attempts:
+                await asyncio.sleep(self._retry.delay(attempt, error.retry_after))
+                continue
+            raise error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stream(self, method: str, url: str, **kwargs: Any):  # noqa: ANN201
+        """A streaming response context (``async with``); status errors are the caller's to check."""
+        return self.client.stream(method, url, **kwargs)

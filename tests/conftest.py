@@ -1,0 +1,242 @@
+"""Fixtures: both backends on real databases, migrated by the real migrations, and a real server.
+
+- ``backend`` (session, parametrized ``sqlite`` / ``postgres``): fresh SQLite files or three fresh
+  PostgreSQL databases (from ``pgserver``, or ``GATEWAY_TEST_POSTGRES_URL`` when set), as the
+  environment a gateway process is started with.
+- ``server``: one ``storage-gateway serve`` process per backend for the whole run.
+- ``namespace``: a fresh namespace per test: tests are isolated by name, never by order.
+- ``gw`` / ``http``: the Python client and a raw httpx client against that server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from storage_gateway_client import GatewayClient
+
+BACKENDS = ("sqlite", "postgres")
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Backend:
+    """What a gateway process needs to run on one backend."""
+
+    name: str
+    env: dict[str, str]
+    urls: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.name == "postgres"
+
+
+@dataclass
+class Server:
+    backend: Backend
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- PostgreSQL -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_base_url() -> Iterator[str]:
+    """A PostgreSQL server with pgvector: ``GATEWAY_TEST_POSTGRES_URL`` or a throwaway pgserver."""
+    external = os.environ.get("GATEWAY_TEST_POSTGRES_URL")
+    if external:
+        yield external
+        return
+    import pgserver
+
+    pgdata = Path(tempfile.mkdtemp(prefix="gw-pg-"))
+    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+def create_postgres_databases(base_url: str, prefix: str) -> dict[str, str]:
+    """Three new, empty databases; returns their SQLAlchemy URLs by role."""
+    import asyncio
+
+    import asyncpg
+
+    admin = make_url(base_url).set(drivername="postgresql")
+    names = {db: f"{prefix}_{db}" for db in ("metadata", "vectors", "checkpoints")}
+
+    async def create() -> None:
+        conn = await asyncpg.connect(
+            user=admin.username, password=admin.password or None, database=admin.database,
+            host=admin.query.get("host") or admin.host, port=admin.port,
+        )
+        try:
+            for name in names.values():
+                await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return {
+        db: make_url(base_url).set(drivername="postgresql+asyncpg", database=name).render_as_string(
+            hide_password=False
+        )
+        for db, name in names.items()
+    }
+
+
+def backend_env(urls: dict[str, str], data_dir: Path) -> dict[str, str]:
+    env = {f"GATEWAY_DATABASES__{db.upper()}__URL": url for db, url in urls.items()}
+    env["GATEWAY_DATA_DIR"] = str(data_dir)
+    return env
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backend:
+    data_dir = tmp_path_factory.mktemp(f"data-{request.param}")
+    if request.param == "sqlite":
+        urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    else:
+        base = request.getfixturevalue("postgres_base_url")
+        urls = create_postgres_databases(base, f"gw_{uuid.uuid4().hex[:8]}")
+    return Backend(request.param, backend_env(urls, data_dir), urls)
+
+
+@pytest.fixture
+def fresh_backend(backend: Backend, tmp_path: Path) -> Backend:
+    """Empty, unmigrated databases of the same kind as ``backend`` (for migration tests)."""
+    if backend.is_postgres:
+        base = os.environ.get("GATEWAY_TEST_POSTGRES_URL") or _postgres_base_of(backend)
+        urls = create_postgres_databases(base, f"gwf_{uuid.uuid4().hex[:8]}")
+    else:
+        urls = {db: f"sqlite+aiosqlite:///{tmp_path}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    return Backend(backend.name, backend_env(urls, tmp_path), urls)
+
+
+def _postgres_base_of(backend: Backend) -> str:
+    return make_url(backend.urls["metadata"]).set(drivername="postgresql", database="postgres").render_as_string(
+        hide_password=False
+    )
+
+
+# --- the gateway process ----------------------------------------------------------------
+
+
+def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(backend.env)
+    env.update(extra)
+    return env
+
+
+def run_cli(backend: Backend, *args: str, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "storage-gateway"), *args],
+        env=gateway_env(backend, **extra_env), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def start_server(backend: Backend, log_path: Path, *args: str, port: int | None = None, **extra_env: str) -> Server:
+    """Start ``storage-gateway serve`` and wait until ``/readyz`` answers 200."""
+    port = port or free_port()
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [str(BIN / "storage-gateway"), "serve", "--port", str(port), *args],
+        env=gateway_env(backend, **extra_env), stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return Server(backend, url, process, log_path)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"gateway did not become ready:\n{log_path.read_text()}")
+
+
+def stop_server(server: Server) -> int:
+    server.process.terminate()
+    try:
+        return server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        return server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    result = run_cli(backend, "migrate")
+    assert result.returncode == 0, result.stderr
+    srv = start_server(backend, tmp_path_factory.mktemp("logs") / f"gateway-{backend.name}.log")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def gw(server: Server, namespace: str) -> AsyncIterator[GatewayClient]:
+    async with GatewayClient(server.url, namespace=namespace) as client:
+        yield client
+
+
+@pytest.fixture
+async def http(server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+# --- the closing line names both backends -------------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in BACKENDS}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if outcome != "error" and getattr(report, "when", "call") != "call" and outcome != "skipped":
+                continue
+            for b in BACKENDS:
+                if f"[{b}" in nodeid or f"-{b}]" in nodeid or f"-{b}-" in nodeid:
+                    key = "failed" if outcome == "error" else outcome
+                    counts[b][key] += 1
+    line = "; ".join(
+        f"{b}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" for b, c in counts.items()
+    )
+    terminalreporter.write_line(f"backends -> {line}")
