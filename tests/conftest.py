@@ -211,14 +211,26 @@ def namespace() -> str:
 
 
 @pytest.fixture
-async def gw(server: Server, namespace: str) -> AsyncIterator[GatewayClient]:
-    async with GatewayClient(server.url, namespace=namespace) as client:
+def api_key(server: Server) -> str | None:
+    """A key allowed everything on the test server (None while it runs without keys)."""
+    return None
+
+
+@pytest.fixture
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """Headers any raw HTTP client in a test must send."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+@pytest.fixture
+async def gw(server: Server, namespace: str, api_key: str | None) -> AsyncIterator[GatewayClient]:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as client:
         yield client
 
 
 @pytest.fixture
-async def http(server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+async def http(server: Server, auth_headers: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=auth_headers) as client:
         yield client
 
 

@@ -1,6 +1,8 @@
 """Async client for storage-gateway."""
 
 from ._client import GatewayClient
+from ._persist import AsyncPersistStore, RemotePersistStore
+from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol
 from ._exceptions import (
     ClientClosed,
     Conflict,
@@ -17,6 +19,7 @@ from ._exceptions import (
 )
 
 __all__ = [
+    "AsyncPersistStore",
     "ClientClosed",
     "Conflict",
     "Forbidden",
@@ -27,7 +30,11 @@ __all__ = [
     "NotFound",
     "PreconditionFailed",
     "RateLimited",
+    "RemotePersistStore",
+    "RemoteVectorStore",
     "TransportError",
     "Unauthorized",
     "Unavailable",
+    "VectorRecord",
+    "VectorStoreProtocol",
 ]

@@ -8,8 +8,10 @@ import httpx
 
 from ._files import FilesAPI
 from ._kv import KeyValueAPI
+from ._persist import RemotePersistStore
 from ._records import RecordsAPI
 from ._transport import RetryPolicy, Transport
+from ._vector_store import RemoteVectorStore
 from ._vectors import VectorsAPI
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -52,6 +54,14 @@ class GatewayClient:
         self.kv = KeyValueAPI(self._transport, namespace)
         self.files = FilesAPI(self._transport, namespace)
         self.vectors = VectorsAPI(self._transport, namespace)
+
+    def persist_store(self, namespace: str = "default") -> RemotePersistStore:
+        """The seed's AsyncPersistStore on the kv collection ``namespace`` of this gateway namespace."""
+        return RemotePersistStore(self.kv, namespace)
+
+    def vector_store(self, collection: str) -> RemoteVectorStore:
+        """The seed's VectorStoreProtocol bound to one vector collection."""
+        return RemoteVectorStore(self.vectors, collection)
 
     async def close(self) -> None:
         """Release pooled connections; calling it again does nothing."""

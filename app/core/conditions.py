@@ -1,0 +1,74 @@
+"""Conditional requests (RFC 9110 section 13): ETags, ``If-Match`` and ``If-None-Match``.
+
+Shared by kv entries and files: both carry a strong ETag and both honour ``If-Match`` for
+compare-and-swap and ``If-None-Match: *`` for create-only writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Header
+
+from app.core.errors import PreconditionFailed
+
+
+def quote_etag(tag: str) -> str:
+    return f'"{tag}"'
+
+
+def parse_etags(header: str | None) -> list[str] | None:
+    """``None`` when absent, ``["*"]`` for any, else the listed tags without quotes or ``W/``."""
+    if header is None:
+        return None
+    header = header.strip()
+    if header == "*":
+        return ["*"]
+    tags = []
+    for part in header.split(","):
+        part = part.strip()
+        if part.startswith("W/"):
+            part = part[2:]
+        if len(part) >= 2 and part[0] == part[-1] == '"':
+            part = part[1:-1]
+        if part:
+            tags.append(part)
+    return tags
+
+
+@dataclass(frozen=True)
+class WriteConditions:
+    """What a conditional write requires of the current version (``None`` = nothing)."""
+
+    if_match: list[str] | None = None
+    if_none_match: list[str] | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.if_match is not None or self.if_none_match is not None
+
+    def check(self, current: str | None) -> None:
+        """Raise 412 unless the current ETag (``None`` = missing) satisfies the conditions."""
+        if self.if_match is not None:
+            if current is None or ("*" not in self.if_match and current not in self.if_match):
+                raise PreconditionFailed(
+                    "If-Match: the current version does not match" if current else "If-Match: it does not exist"
+                )
+        if self.if_none_match is not None:
+            if current is not None and ("*" in self.if_none_match or current in self.if_none_match):
+                raise PreconditionFailed("If-None-Match: it already exists in a matching version")
+
+
+def _write_conditions(
+    if_match: Annotated[str | None, Header(description="Write only if the current ETag is one of these.")] = None,
+    if_none_match: Annotated[
+        str | None, Header(description="`*`: write only if it does not exist yet.")
+    ] = None,
+) -> WriteConditions:
+    return WriteConditions(parse_etags(if_match), parse_etags(if_none_match))
+
+
+from fastapi import Depends  # noqa: E402
+
+Conditions = Annotated[WriteConditions, Depends(_write_conditions)]
