@@ -67,8 +67,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # Logging is configured once, here, and handed to uvicorn so that every worker logs the same way.
+    from app.core.logs import configure_logging
+
+    log_config = configure_logging(settings.log_level, settings.log_format)
+    logging.getLogger("app").info(
+        "starting storage-gateway on %s:%s", host, port,
+        extra={"workers": args.workers, "root_path": settings.root_path or "/"},
+    )
     migrated = asyncio.run(_preflight(settings, migrate_all=False))
     if migrated:
         logging.getLogger("app").info("migrated at start-up: %s", ", ".join(migrated))
@@ -85,11 +91,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
         port=port,
         workers=args.workers,
         proxy_headers=True,
-        forwarded_allow_ips=args.forwarded_allow_ips,
+        forwarded_allow_ips=args.forwarded_allow_ips or settings.forwarded_allow_ips,
         root_path=settings.root_path,
         log_level=settings.log_level,
+        log_config=log_config,
+        access_log=False,  # app.access writes one JSON line per request instead
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=args.graceful_timeout,
+        timeout_graceful_shutdown=(
+            args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds
+        ),
     )
 
 
@@ -110,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     serve.add_argument(
         "--forwarded-allow-ips",
-        default=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
-        help="proxy addresses whose X-Forwarded-* headers are trusted",
+        default=os.environ.get("FORWARDED_ALLOW_IPS"),
+        help="proxy addresses whose X-Forwarded-* headers are trusted "
+        "(default: GATEWAY_FORWARDED_ALLOW_IPS or 127.0.0.1)",
     )
-    serve.add_argument("--graceful-timeout", type=float, default=30.0,
-                       help="seconds to let in-flight requests finish on SIGTERM")
+    serve.add_argument("--graceful-timeout", type=float, default=None,
+                       help="seconds to let in-flight requests finish on SIGTERM "
+                       "(default: GATEWAY_SHUTDOWN_GRACE_SECONDS or 30)")
     serve.set_defaults(func=cmd_serve)
 
     migrate = sub.add_parser("migrate", help="upgrade all three databases to the latest schema")

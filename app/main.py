@@ -14,6 +14,7 @@ from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.core.limits import BodyLimitMiddleware
+from app.core import observability
 from app.core import migrations
 from app.files import router as files
 from app.kv import router as kv
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    observability.install(app)  # last: request ids and telemetry wrap everything above
     app.include_router(health_router)
     v1 = APIRouter(prefix="/v1/{namespace}")
     for capability in CAPABILITIES:

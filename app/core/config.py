@@ -133,6 +133,16 @@ class Settings(BaseSettings):
         description="Run migrations at start-up; default: on for SQLite databases, off for PostgreSQL.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="`json` lines, `text` for people; `auto`: text on a terminal, else json."
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="Comma-separated proxy addresses (or `*`) whose X-Forwarded-For/-Proto are trusted.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
+    )
     persistence: PersistenceSettings = PersistenceSettings()
     databases: DatabasesSettings = DatabasesSettings()
     limits: LimitsSettings = LimitsSettings()

@@ -16,6 +16,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.core.metrics import count_problem
+from app.core.requestid import current_request_id
+
 log = logging.getLogger("app.errors")
 
 PROBLEM_JSON = "application/problem+json"
@@ -133,13 +136,15 @@ def problem_response(
     body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status, "code": code}
     if detail:
         body["detail"] = detail
+    request_id = current_request_id()
     if request is not None:
         body["instance"] = request.url.path
-        request_id = getattr(request.state, "request_id", None)
-        if request_id:
-            body["request_id"] = request_id
+        request_id = getattr(request.state, "request_id", None) or request_id
+    if request_id:
+        body["request_id"] = request_id
     if errors:
         body["errors"] = errors
+    count_problem(code, status)
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 
