@@ -64,9 +64,14 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    # The address is part of the settings (auth may only be off on loopback), and workers
+    # re-read settings from the environment.
+    if args.host:
+        os.environ["GATEWAY_HOST"] = args.host
+    if args.port is not None:
+        os.environ["GATEWAY_PORT"] = str(args.port)
     settings = load_settings(args.config)
-    host = args.host or settings.host
-    port = args.port if args.port is not None else settings.port
+    host, port = settings.host, settings.port
     # Logging is configured once, here, and handed to uvicorn so that every worker logs the same way.
     from app.core.logs import configure_logging
 
@@ -109,6 +114,14 @@ def cmd_migrate(args: argparse.Namespace) -> None:
     print(f"migrated to head: {', '.join(done)}")
 
 
+def cmd_keys(args: argparse.Namespace) -> None:
+    from app.auth import cli as keys_cli
+
+    settings = load_settings(args.config)
+    asyncio.run(_preflight(settings, migrate_all=False))
+    keys_cli.run(args, settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="storage-gateway", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="upgrade all three databases to the latest schema")
     migrate.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     migrate.set_defaults(func=cmd_migrate)
+
+    from app.auth.cli import add_parser as add_keys_parser
+
+    add_keys_parser(sub, f"YAML settings file (or {CONFIG_ENV})")
+    sub.choices["keys"].set_defaults(func=cmd_keys)
     return parser
 
 

@@ -6,9 +6,12 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from app import __version__
+from app.auth.dependencies import authorize
+from app.auth.ratelimit import RateLimiter
+from app.auth.router import router as admin_router
 from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
@@ -66,6 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.databases = databases
         try:
             await prepare_databases(databases)
+            if settings.auth.mode == "disabled":
+                log.warning("auth is DISABLED: every request is allowed without a key (host %s)", settings.host)
             async with AsyncExitStack() as stack:
                 for capability in CAPABILITIES:
                     await stack.enter_async_context(capability.lifespan(app))
@@ -81,11 +86,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         root_path=settings.root_path,
     )
     app.state.settings = settings
+    app.state.auth_mode = settings.auth.mode
+    app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
     observability.install(app)  # last: request ids and telemetry wrap everything above
     app.include_router(health_router)
-    v1 = APIRouter(prefix="/v1/{namespace}")
+    app.include_router(admin_router)
+    v1 = APIRouter(prefix="/v1/{namespace}", dependencies=[Depends(authorize)])
     for capability in CAPABILITIES:
         v1.include_router(capability.router)
     app.include_router(v1)

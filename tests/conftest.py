@@ -150,8 +150,13 @@ def _postgres_base_of(backend: Backend) -> str:
 # --- the gateway process ----------------------------------------------------------------
 
 
+ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
+
+
 def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:
+    """The environment of a gateway process: the backend's databases and the test admin key."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["GATEWAY_AUTH__ADMIN_KEY"] = ADMIN_KEY
     env.update(backend.env)
     env.update(extra)
     return env
@@ -212,8 +217,8 @@ def namespace() -> str:
 
 @pytest.fixture
 def api_key(server: Server) -> str | None:
-    """A key allowed everything on the test server (None while it runs without keys)."""
-    return None
+    """A key allowed everything on the test server (its admin key)."""
+    return ADMIN_KEY
 
 
 @pytest.fixture

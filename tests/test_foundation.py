@@ -135,7 +135,8 @@ def test_defaults_are_sqlite_files_under_the_data_dir(tmp_path: Path, monkeypatc
     ("env", "needle"),
     [
         ({"GATEWAY_PERSISTENCE__VECTOR_STORE_BACKEND": "weaviate"}, "vector_store_backend"),
-        ({"GATEWAY_PORT": "not-a-port"}, "port"),
+        ({"GATEWAY_LIMITS__MAX_PAGE_SIZE": "lots"}, "limits.max_page_size"),
+        ({"GATEWAY_AUTH__MODE": "disabled", "GATEWAY_HOST": "0.0.0.0"}, "auth.mode"),
         ({"GATEWAY_DATABASES__METADATA__URL": "mysql://x/y"}, "databases.metadata.url"),
         ({"GATEWAY_DATABASES__VECTORS__POOL_SIZE": "0"}, "databases.vectors.pool_size"),
     ],

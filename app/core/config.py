@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -114,6 +114,48 @@ class LimitsSettings(_Strict):
         return self
 
 
+class AuthSettings(_Strict):
+    """API keys: required by default; off only on loopback unless explicitly forced."""
+
+    mode: Literal["required", "disabled"] = Field(
+        default="required", description="`disabled` serves without keys (loopback only unless forced)."
+    )
+    admin_key: SecretStr | None = Field(
+        default=None, description="A key allowed everything, including key management under /v1/admin/keys."
+    )
+    force_disabled_on_public_address: bool = Field(
+        default=False, description="Allow mode=disabled on a non-loopback address (dangerous)."
+    )
+    rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second per key; 0 = off.")
+    rate_limit_burst: int = Field(default=50, ge=1, description="Token bucket size for the rate limit.")
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key_strong(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+
+class KvSettings(_Strict):
+    """Key-value entries: expiry and its background sweep."""
+
+    sweep_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often expired kv entries are deleted in the background."
+    )
+    sweep_batch: int = Field(default=1000, ge=1, description="Most expired entries deleted per statement.")
+    max_ttl_seconds: int = Field(default=10 * 365 * 24 * 3600, ge=1, description="Largest `ttl_seconds`.")
+
+
+class FilesSettings(_Strict):
+    """Housekeeping of file uploads in progress."""
+
+    upload_stale_seconds: float = Field(
+        default=600.0, gt=0, description="An upload that stored no chunk for this long is abandoned and swept."
+    )
+    sweep_interval_seconds: float = Field(default=60.0, gt=0, description="How often abandoned uploads are swept.")
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up."""
 
@@ -146,11 +188,27 @@ class Settings(BaseSettings):
     persistence: PersistenceSettings = PersistenceSettings()
     databases: DatabasesSettings = DatabasesSettings()
     limits: LimitsSettings = LimitsSettings()
+    files: FilesSettings = FilesSettings()
+    kv: KvSettings = KvSettings()
+    auth: AuthSettings = AuthSettings()
 
     @field_validator("data_dir")
     @classmethod
     def _expand_data_dir(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @model_validator(mode="after")
+    def _auth_off_only_on_loopback(self) -> "Settings":
+        if (
+            self.auth.mode == "disabled"
+            and not is_loopback(self.host)
+            and not self.auth.force_disabled_on_public_address
+        ):
+            raise ValueError(
+                f"auth.mode: disabled is only allowed on a loopback host, not {self.host!r} "
+                "(set auth.force_disabled_on_public_address=true to override)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _backends_resolve(self) -> "Settings":
@@ -204,6 +262,17 @@ class Settings(BaseSettings):
 
     def migrates_at_startup(self, db: Database) -> bool:
         return self.auto_migrate if self.auto_migrate is not None else self.is_sqlite(db)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def normalize_url(url: str) -> str:

@@ -1,0 +1,164 @@
+"""API keys: issuing, listing, revoking, and deciding what a key may do.
+
+A key reads ``sgw_<key_id>_<secret>``. Only the sha256 of the whole key is stored; checks
+compare digests in constant time. Keys are looked up on every request (no cache), so a
+revocation holds on the next request on every worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.auth.models import api_keys
+from app.core.errors import InvalidInput
+from app.core.names import NAME_PATTERN
+
+CAPABILITIES = ("records", "kv", "files", "vectors")
+ACTIONS = ("read", "write")
+KEY_PREFIX = "sgw_"
+_KEY_RE = re.compile(r"^sgw_([0-9a-f]{16})_([A-Za-z0-9_-]{32,128})$")
+_NAME_RE = re.compile(NAME_PATTERN)
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,126}\*$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the admin, a key, or nobody (auth disabled)."""
+
+    key_id: str
+    namespace_pattern: str
+    scopes: frozenset[str]
+    is_admin: bool = False
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return namespace_matches(self.namespace_pattern, namespace)
+
+    def allows(self, capability: str, action: str) -> bool:
+        if self.is_admin:
+            return True
+        wanted = {f"{capability}:{action}", f"*:{action}", f"{capability}:*", "*:*"}
+        if action == "read":  # a write scope includes reading
+            wanted |= {f"{capability}:write", "*:write"}
+        return bool(wanted & self.scopes)
+
+
+ADMIN = Principal("admin", "*", frozenset({"*:*"}), is_admin=True)
+ANONYMOUS = Principal("anonymous", "*", frozenset({"*:*"}))
+
+
+def namespace_matches(pattern: str, namespace: str) -> bool:
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return namespace.startswith(pattern[:-1])
+    return namespace == pattern
+
+
+def validate_pattern(pattern: str) -> str:
+    if pattern == "*" or _NAME_RE.fullmatch(pattern) or _PREFIX_RE.fullmatch(pattern):
+        return pattern
+    raise InvalidInput("namespace", "must be a namespace, a prefix ending in `*` (e.g. `team-*`), or `*`")
+
+
+def validate_scopes(scopes: list[str]) -> list[str]:
+    if not scopes:
+        raise InvalidInput("scopes", "at least one CAP:ACTION scope is required")
+    out = []
+    for i, scope in enumerate(scopes):
+        cap, sep, action = scope.partition(":")
+        if not sep or cap not in (*CAPABILITIES, "*") or action not in (*ACTIONS, "*"):
+            raise InvalidInput(
+                f"scopes.{i}",
+                f"{scope!r} is not CAP:ACTION with CAP in {', '.join((*CAPABILITIES, '*'))} "
+                f"and ACTION in read, write, *",
+            )
+        out.append(scope)
+    return sorted(set(out))
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def same_secret(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key_id: str
+    secret: str
+    namespace_pattern: str
+    scopes: list[str]
+    description: str
+    created_at: datetime
+
+
+async def create_key(
+    conn: AsyncConnection, namespace_pattern: str, scopes: list[str], description: str = ""
+) -> IssuedKey:
+    pattern = validate_pattern(namespace_pattern)
+    scopes = validate_scopes(scopes)
+    key_id = secrets.token_hex(8)
+    secret = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+    now = datetime.now(UTC)
+    await conn.execute(
+        insert(api_keys).values(
+            key_id=key_id, secret_hash=digest(secret), namespace_pattern=pattern,
+            scopes=json.dumps(scopes), description=description, created_at=now,
+        )
+    )
+    return IssuedKey(key_id, secret, pattern, scopes, description, now)
+
+
+async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict]:
+    query = select(api_keys).order_by(api_keys.c.key_id).limit(limit)
+    if after:
+        query = query.where(api_keys.c.key_id > after)
+    rows = (await conn.execute(query)).mappings().all()
+    return [
+        {
+            "key_id": r["key_id"],
+            "namespace": r["namespace_pattern"],
+            "scopes": json.loads(r["scopes"]),
+            "description": r["description"],
+            "created_at": r["created_at"],
+            "revoked_at": r["revoked_at"],
+        }
+        for r in rows
+    ]
+
+
+async def revoke_key(conn: AsyncConnection, key_id: str) -> bool:
+    result = await conn.execute(
+        update(api_keys)
+        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=datetime.now(UTC))
+    )
+    return result.rowcount > 0
+
+
+async def verify(conn: AsyncConnection, presented: str) -> Principal | None:
+    """The principal for a presented key, or None when unknown, malformed or revoked."""
+    match = _KEY_RE.fullmatch(presented)
+    if match is None:
+        return None
+    row = (
+        await conn.execute(
+            select(api_keys.c.secret_hash, api_keys.c.namespace_pattern, api_keys.c.scopes,
+                   api_keys.c.revoked_at).where(api_keys.c.key_id == match.group(1))
+        )
+    ).first()
+    expected = row.secret_hash if row is not None else "0" * 64  # same work for unknown ids
+    if not same_secret(expected, digest(presented)) or row is None or row.revoked_at is not None:
+        return None
+    return Principal(match.group(1), row.namespace_pattern, frozenset(json.loads(row.scopes)))
