@@ -1,3 +1,19 @@
-"""Tables of the kv capability."""
+"""Tables of the kv capability (metadata database)."""
 
-from app.core.schema import METADATA  # noqa: F401
+from sqlalchemy import BigInteger, Column, DateTime, Table
+
+from app.core.schema import JsonText, KeyColumn, NameColumn, metadata_db
+
+# value: compact JSON text returned verbatim; version: the ETag (random start, +1 per write).
+kv_entries = Table(
+    "kv_entries",
+    metadata_db,
+    Column("namespace", NameColumn, primary_key=True),
+    Column("collection", NameColumn, primary_key=True),
+    Column("key", KeyColumn, primary_key=True),
+    Column("value", JsonText, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=True, index=True),
+)

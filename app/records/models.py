@@ -1,3 +1,16 @@
-"""Tables of the records capability."""
+"""Tables of the records capability (checkpoints database)."""
 
-from app.core.schema import METADATA  # noqa: F401
+from sqlalchemy import Column, DateTime, Table
+
+from app.core.schema import JsonText, KeyColumn, NameColumn, checkpoints_db
+
+# key: ordered by UTF-8 bytes on both backends; value: compact JSON text returned verbatim.
+records = Table(
+    "records",
+    checkpoints_db,
+    Column("namespace", NameColumn, primary_key=True),
+    Column("collection", NameColumn, primary_key=True),
+    Column("key", KeyColumn, primary_key=True),
+    Column("value", JsonText, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)

@@ -1,16 +1,161 @@
-"""HTTP routes of the records capability."""
+"""HTTP routes of the records capability: JSON records per collection, ordered by key."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Query, Request, Response
+
+from app.core.config import Database
+from app.core.dependencies import CheckpointsSession, CollectionPath, Key, NamespacePath, PageLimit
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.upsert import insert_builder
+from app.records.dependencies import RecordsServiceDep
+from app.records.repository import RecordsRepository
+from app.records.schemas import (
+    VALUE_REQUEST_BODY,
+    RecordBatchCreate,
+    RecordBatchResult,
+    RecordPage,
+    RecordRead,
+    SortOrder,
+    TrimRequest,
+    TrimResult,
+)
+from app.records.service import RecordsService
 
 router = APIRouter(prefix="/records", tags=["records"])
+
+JSON = "application/json"
+_ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
+
+
+@router.put(
+    "/{collection}/{key:path}",
+    summary="Upsert a record",
+    status_code=204,
+    openapi_extra=VALUE_REQUEST_BODY,
+    responses={204: {"description": "Stored."}, **problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)},
+)
+async def upsert_record(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    key: Key,
+    request: Request,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+) -> Response:
+    """Store the JSON request body as the record `key` (replacing any record with that key)."""
+    await service.upsert(await session.connection(), namespace, collection, key, await request.body())
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{collection}/trim",
+    summary="Trim a collection",
+    response_model=TrimResult,
+    responses=_ERRORS,
+)
+async def trim_records(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    trim: TrimRequest,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+) -> TrimResult:
+    """Delete keys strictly below `before` (the key `before` itself stays) and/or all but the `keep_last` largest, in one statement."""
+    deleted = await service.trim(
+        await session.connection(), namespace, collection, before=trim.before, keep_last=trim.keep_last
+    )
+    return TrimResult(deleted=deleted)
+
+
+@router.post(
+    "/{collection}",
+    summary="Upsert a batch of records",
+    response_model=RecordBatchResult,
+    responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
+)
+async def upsert_records(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    batch: RecordBatchCreate,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+) -> RecordBatchResult:
+    """Upsert every record of the batch atomically: all are stored, or (on any error) none."""
+    count = await service.upsert_batch(await session.connection(), namespace, collection, batch.records)
+    return RecordBatchResult(upserted=count)
+
+
+@router.get(
+    "/{collection}/{key:path}",
+    summary="Get a record",
+    response_model=RecordRead,
+    responses=problem_responses(InvalidInput, NotFound, ServiceUnavailable),
+)
+async def get_record(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    key: Key,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+) -> Response:
+    """The record `{key, value}`, its value exactly as stored; 404 when missing."""
+    body = await service.get(await session.connection(), namespace, collection, key)
+    return Response(content=body, media_type=JSON)
+
+
+@router.delete(
+    "/{collection}/{key:path}",
+    summary="Delete a record",
+    status_code=204,
+    responses=_ERRORS,
+)
+async def delete_record(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    key: Key,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+) -> Response:
+    """Delete the record `key`; 204 whether or not it existed."""
+    await service.delete(await session.connection(), namespace, collection, key)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{collection}",
+    summary="List records in key order",
+    response_model=RecordPage,
+    responses=_ERRORS,
+)
+async def list_records(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    session: CheckpointsSession,
+    service: RecordsServiceDep,
+    limit: PageLimit,
+    order: Annotated[
+        SortOrder | None, Query(description="`asc` (default) or `desc`: `desc` with `limit` n gives the n largest keys, largest first.")
+    ] = None,
+    after: Annotated[str | None, Query(max_length=1024, description="Only keys strictly greater.")] = None,
+    before: Annotated[str | None, Query(max_length=1024, description="Only keys strictly smaller.")] = None,
+    cursor: Annotated[str | None, Query(max_length=4096, description="`next_cursor` of the previous page.")] = None,
+) -> Response:
+    """Records `{key, value}` ordered by key (UTF-8 byte order), never by insertion time."""
+    body = await service.page(
+        await session.connection(), namespace, collection,
+        order=order, limit=limit, after=after, before=before, cursor=cursor,
+    )
+    return Response(content=body, media_type=JSON)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start-up and shutdown work of this capability (background tasks, backend choice)."""
+    """Build the records service for the checkpoints database's backend."""
+    repository = RecordsRepository(insert_builder(app.state.databases.dialect(Database.checkpoints)))
+    app.state.records_service = RecordsService(repository, app.state.settings.limits)
     yield

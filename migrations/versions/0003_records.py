@@ -37,9 +37,22 @@ def downgrade_vectors() -> None:
     pass
 
 
+def _byte_ordered(length: int) -> sa.types.TypeEngine:
+    """A string compared by UTF-8 bytes on both backends (``COLLATE "C"`` on PostgreSQL)."""
+    return sa.String(length).with_variant(sa.String(length, collation="C"), "postgresql")
+
+
 def upgrade_checkpoints() -> None:
-    pass
+    op.create_table(
+        "records",
+        sa.Column("namespace", _byte_ordered(128), nullable=False),
+        sa.Column("collection", _byte_ordered(128), nullable=False),
+        sa.Column("key", _byte_ordered(1024), nullable=False),
+        sa.Column("value", sa.Text(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("namespace", "collection", "key", name="pk_records"),
+    )
 
 
 def downgrade_checkpoints() -> None:
-    pass
+    op.drop_table("records")

@@ -1,0 +1,93 @@
+"""The rules of the records capability: values, batches, ordered pages with cursors, trim."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.config import LimitsSettings
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
+from app.core.jsonvalue import encode_value, parse_value
+from app.core.names import validate_key
+from app.core.pagination import decode_cursor, encode_cursor
+from app.records.repository import RecordsRepository
+from app.records.schemas import RecordCreate, SortOrder
+
+_dumps = json.dumps
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _record_json(key: str, value: str) -> str:
+    """``{"key": ..., "value": ...}`` with the stored value text embedded verbatim."""
+    return '{"key":' + _dumps(key, ensure_ascii=False) + ',"value":' + value + "}"
+
+
+class RecordsService:
+    def __init__(self, repository: RecordsRepository, limits: LimitsSettings) -> None:
+        self.repo = repository
+        self.limits = limits
+
+    async def upsert(self, conn: AsyncConnection, ns: str, c: str, k: str, body: bytes) -> None:
+        value = parse_value("value", body, self.limits.max_value_bytes)
+        await self.repo.upsert(conn, ns, c, k, value, _utcnow())
+
+    async def upsert_batch(self, conn: AsyncConnection, ns: str, c: str, records: list[RecordCreate]) -> int:
+        """Validate every record first, then write them all in the request's transaction."""
+        limit = self.limits.max_batch_items
+        if len(records) > limit:
+            message = f"at most {limit} records per batch (got {len(records)})"
+            raise PayloadTooLarge(f"records: {message}", errors=[{"loc": ["records"], "msg": message}])
+        items = []
+        for i, record in enumerate(records):
+            key = validate_key(f"records.{i}.key", record.key)
+            items.append((key, encode_value(f"records.{i}.value", record.value, self.limits.max_value_bytes)))
+        await self.repo.upsert_many(conn, ns, c, items, _utcnow())
+        return len(items)
+
+    async def get(self, conn: AsyncConnection, ns: str, c: str, k: str) -> str:
+        """The record as JSON text, or 404."""
+        value = await self.repo.get(conn, ns, c, k)
+        if value is None:
+            raise NotFound(f"record {k!r} does not exist in collection {c!r}")
+        return _record_json(k, value)
+
+    async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
+        await self.repo.delete(conn, ns, c, k)
+
+    async def page(
+        self, conn: AsyncConnection, ns: str, c: str, *, order: SortOrder | None, limit: int,
+        after: str | None, before: str | None, cursor: str | None,
+    ) -> str:
+        """A page ``{"items": [...], "next_cursor": ...}`` as JSON text."""
+        if cursor is not None:
+            position = decode_cursor(cursor, "k", "o")
+            last, cursor_order = position["k"], position["o"]
+            if not isinstance(last, str) or cursor_order not in (SortOrder.asc, SortOrder.desc):
+                raise InvalidInput("cursor", "is not a cursor returned by this list")
+            if order is not None and order != cursor_order:
+                raise InvalidInput("cursor", f"was made for order={cursor_order}, not order={order.value}")
+            order = SortOrder(cursor_order)
+            # The cursor narrows the exclusive bounds (str order is code point = UTF-8 byte order).
+            if order is SortOrder.asc:
+                after = last if after is None else max(after, last)
+            else:
+                before = last if before is None else min(before, last)
+        order = order or SortOrder.asc
+        rows = await self.repo.page(
+            conn, ns, c, descending=order is SortOrder.desc, limit=limit + 1, after=after, before=before
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = encode_cursor({"k": rows[-1][0], "o": order.value}) if more and rows else None
+        items = ",".join(_record_json(k, v) for k, v in rows)
+        return '{"items":[' + items + '],"next_cursor":' + _dumps(next_cursor) + "}"
+
+    async def trim(
+        self, conn: AsyncConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
+    ) -> int:
+        return await self.repo.trim(conn, ns, c, before=before, keep_last=keep_last)
