@@ -23,6 +23,11 @@ log = logging.getLogger("app.errors")
 
 def route_template(scope: Scope) -> str:
     """The matched route's path template, never the concrete path (bounded label values)."""
+    # FastAPI >= 0.16x keeps included routers nested: the route in scope has only its own
+    # path, and the full one (with the /v1/{namespace} prefix) is on the effective context.
+    effective = scope.get("fastapi", {}).get("effective_route_context")
+    if getattr(effective, "path_format", None):
+        return effective.path_format
     route = scope.get("route")  # FastAPI routes put themselves here
     if route is None and "endpoint" in scope:  # plain Starlette routes (/docs, /openapi.json)
         for candidate in getattr(scope.get("app"), "routes", ()):
