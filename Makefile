@@ -27,8 +27,9 @@ $(STAMP_TEST): $(STAMP_RUN) requirements-dev.lock clients/python/pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e clients/python
 	touch $@
 
+# Local development: loopback only, and without API keys unless GATEWAY_AUTH__MODE says otherwise.
 run: $(STAMP_RUN)
-	$(BIN)/storage-gateway serve
+	GATEWAY_AUTH__MODE=$${GATEWAY_AUTH__MODE:-disabled} $(BIN)/storage-gateway serve
 
 migrate: $(STAMP_RUN)
 	$(BIN)/storage-gateway migrate

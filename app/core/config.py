@@ -43,8 +43,8 @@ class DatabaseSettings(_Strict):
         default=None,
         description="Full SQLAlchemy or libpq URL; overrides the persistence block for this database.",
     )
-    pool_size: int = Field(default=10, ge=1, le=1000)
-    max_overflow: int = Field(default=10, ge=0, le=1000)
+    pool_size: int = Field(default=10, ge=1, le=1000, description="Connections kept open in the pool.")
+    max_overflow: int = Field(default=10, ge=0, le=1000, description="Extra connections allowed at peaks.")
     pool_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a pooled connection.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a new connection.")
     statement_timeout: float = Field(
@@ -62,9 +62,9 @@ class DatabasesSettings(_Strict):
 
 
 class PostgresDatabases(_Strict):
-    metadata: str = "soothe_metadata"
-    vectors: str = "soothe_vectors"
-    checkpoints: str = "soothe_checkpoints"
+    metadata: str = Field(default="soothe_metadata", description="Database name on the base DSN's server.")
+    vectors: str = Field(default="soothe_vectors", description="Database name on the base DSN's server.")
+    checkpoints: str = Field(default="soothe_checkpoints", description="Database name on the base DSN's server.")
 
 
 class PersistenceSettings(_Strict):
@@ -74,11 +74,15 @@ class PersistenceSettings(_Strict):
         default=None,
         description="pgvector or sqlite_vec; defaults to pgvector when postgres_base_dsn is set.",
     )
-    postgres_base_dsn: str | None = None
+    postgres_base_dsn: str | None = Field(
+        default=None, description="postgresql://user:pass@host:port; the three databases live on it."
+    )
     postgres_databases: PostgresDatabases = PostgresDatabases()
-    vector_sqlite_path: Path | None = None
-    metadata_sqlite_path: Path | None = None
-    checkpoints_sqlite_path: Path | None = None
+    vector_sqlite_path: Path | None = Field(default=None, description="SQLite file of vectors (default DATA_DIR/vectors.db).")
+    metadata_sqlite_path: Path | None = Field(default=None, description="SQLite file of metadata (default DATA_DIR/metadata.db).")
+    checkpoints_sqlite_path: Path | None = Field(
+        default=None, description="SQLite file of records (default DATA_DIR/checkpoints.db)."
+    )
 
     @field_validator("vector_sqlite_path", "metadata_sqlite_path", "checkpoints_sqlite_path")
     @classmethod
@@ -101,11 +105,11 @@ class LimitsSettings(_Strict):
     max_file_bytes: int = Field(default=1024**3, ge=1, description="Largest file upload.")
     file_chunk_bytes: int = Field(default=1024 * 1024, ge=4096, description="Size of stored file chunks.")
     max_page_size: int = Field(default=1000, ge=1, description="Largest `limit` on a list.")
-    default_page_size: int = Field(default=100, ge=1)
+    default_page_size: int = Field(default=100, ge=1, description="`limit` of a list when none is given.")
     max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")
-    max_vector_dimensions: int = Field(default=16000, ge=1)
-    max_filter_depth: int = Field(default=8, ge=1)
-    max_filter_terms: int = Field(default=128, ge=1)
+    max_vector_dimensions: int = Field(default=16000, ge=1, description="Largest vector_size of a collection.")
+    max_filter_depth: int = Field(default=8, ge=1, description="Deepest nesting of $and/$or in a filter.")
+    max_filter_terms: int = Field(default=128, ge=1, description="Most conditions in one filter.")
 
     @model_validator(mode="after")
     def _default_fits(self) -> "LimitsSettings":
@@ -166,15 +170,15 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    data_dir: Path = Path("./data")
+    host: str = Field(default="127.0.0.1", description="Address to listen on (`serve --host`).")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on (`serve --port`).")
+    data_dir: Path = Field(default=Path("./data"), description="Where the embedded SQLite files live.")
     root_path: str = Field(default="", description="Sub-path the gateway is served under behind a proxy.")
     auto_migrate: bool | None = Field(
         default=None,
         description="Run migrations at start-up; default: on for SQLite databases, off for PostgreSQL.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Least severe level logged.")
     log_format: Literal["auto", "json", "text"] = Field(
         default="auto", description="`json` lines, `text` for people; `auto`: text on a terminal, else json."
     )
