@@ -1,16 +1,316 @@
-"""HTTP routes of the files capability."""
+"""HTTP routes of the files capability: streamed uploads and downloads, Range, ETags.
+
+Uploads read ``request.stream()`` themselves (no body parameters: FastAPI would buffer them);
+downloads are a ``StreamingResponse`` that owns a snapshot connection until the last byte.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
+
+from app.core.conditions import Conditions, quote_etag
+from app.core.config import Database
+from app.core.databases import Databases
+from app.core.dependencies import CollectionPath, FileId, NamespacePath, PageLimit
+from app.core.errors import (
+    BadRequest,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    PreconditionFailed,
+    RangeNotSatisfiable,
+    UnsupportedMediaType,
+    problem_responses,
+)
+from app.core.names import validate_key
+from app.files.backend import backend_for
+from app.files.dependencies import STATE_KEY, Files
+from app.files.multipart import read_form
+from app.files.schemas import FilePage, FileRead, FilesUsage
+from app.files.service import (
+    DEFAULT_CONTENT_TYPE,
+    BlobReader,
+    FilesService,
+    file_headers,
+    new_file_id,
+    plan_download,
+)
+
+log = logging.getLogger("app.files")
 
 router = APIRouter(prefix="/files", tags=["files"])
+
+_UPLOAD_ERRORS = problem_responses(BadRequest, InvalidInput, PreconditionFailed, PayloadTooLarge)
+MULTIPART_OVERHEAD_BYTES = 64 * 1024  # part headers, boundaries and the file_id field
+_BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start-up and shutdown work of this capability (background tasks, backend choice)."""
-    yield
+    """Choose the backend once, sweep abandoned uploads at start-up and then periodically."""
+    databases: Databases = app.state.databases
+    settings = app.state.settings
+    service = FilesService(
+        databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings
+    )
+    setattr(app.state, STATE_KEY, service)
+
+    async def sweep_forever() -> None:
+        while True:
+            try:
+                swept = await service.sweep()
+                if swept:
+                    log.info("swept %d abandoned file uploads", swept)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("sweeping abandoned file uploads failed", exc_info=True)
+            await asyncio.sleep(settings.files.sweep_interval_seconds)
+
+    task = asyncio.create_task(sweep_forever(), name="files-sweeper")
+    try:
+        yield
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    """The request body as it arrives; a client that goes away mid-body is a 400 (never sent)."""
+    try:
+        async for piece in request.stream():
+            yield piece
+    except ClientDisconnect:
+        raise BadRequest("the upload was cut off before its end", code="upload_incomplete") from None
+
+
+def _content_type(value: str | None) -> str:
+    if value is None or not value.strip():
+        return DEFAULT_CONTENT_TYPE
+    value = value.strip()
+    if len(value) > 255 or not value.isprintable() or "/" not in value:
+        raise InvalidInput("Content-Type", "must be a media type of at most 255 printable characters")
+    return value
+
+
+def _stored_response(row_read: FileRead, etag: str, created: bool, location: str) -> Response:
+    headers = {"ETag": etag}
+    if created:
+        headers["Location"] = location
+    return Response(
+        row_read.model_dump_json(), status_code=201 if created else 200, headers=headers,
+        media_type="application/json",
+    )
+
+
+class BlobResponse(StreamingResponse):
+    """Streams a ``BlobReader`` and closes it however the response ends (done, error, disconnect)."""
+
+    def __init__(self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict) -> None:
+        super().__init__(content, status_code=status_code, headers=headers)
+        self._reader = reader
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass  # the client left; nothing to answer
+        finally:
+            await self._reader.close()
+
+
+# --- routes -------------------------------------------------------------------------------
+
+
+@router.get("", summary="Files usage of the namespace", response_model=FilesUsage)
+async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
+    """Total bytes and number of files stored under this namespace."""
+    total, count = await files.usage(namespace)
+    return FilesUsage(namespace=namespace, total_bytes=total, file_count=count)
+
+
+@router.put(
+    "/{collection}/{file_id:path}",
+    summary="Upload a file (raw body, streamed)",
+    response_model=FileRead,
+    status_code=200,
+    responses={201: {"model": FileRead, "description": "Created"}, **_UPLOAD_ERRORS},
+    openapi_extra={"requestBody": {"required": True, "content": _BINARY}},
+)
+async def put_file(
+    request: Request,
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    file_id: FileId,
+    files: Files,
+    conditions: Conditions,
+    content_type: Annotated[str | None, Header(description="Stored and served back.")] = None,
+) -> Response:
+    """Store the request body as the new version of the file; visible only once complete."""
+    files.check_declared_size(request.headers.get("content-length"))
+    stored = await files.store(
+        namespace, collection, file_id, _body(request), _content_type(content_type), conditions
+    )
+    return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, str(request.url))
+
+
+@router.post(
+    "/{collection}",
+    summary="Upload a file (multipart/form-data, streamed)",
+    response_model=FileRead,
+    status_code=201,
+    responses={200: {"model": FileRead, "description": "Replaced"}, **_UPLOAD_ERRORS,
+               **problem_responses(UnsupportedMediaType)},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["file"],
+                        "properties": {
+                            "file": {"type": "string", "format": "binary"},
+                            "file_id": {"type": "string", "description": "Generated when absent."},
+                        },
+                    }
+                }
+            },
+        }
+    },
+)
+async def post_file(
+    request: Request,
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    files: Files,
+    conditions: Conditions,
+) -> Response:
+    """Store the form's `file` part under `file_id` (or a generated id, returned)."""
+    files.check_declared_size(request.headers.get("content-length"), overhead=MULTIPART_OVERHEAD_BYTES)
+    async with files.new_blob() as writer:
+        form = await read_form(_body(request), request.headers.get("content-type"), writer)
+        file_id = validate_key("file_id", form.file_id) if form.file_id is not None else new_file_id()
+        stored = await writer.commit(
+            namespace, collection, file_id, _content_type(form.content_type), conditions
+        )
+    location = f"{str(request.url).split('?')[0].rstrip('/')}/{quote(file_id, safe='')}"
+    return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, location)
+
+
+@router.get(
+    "/{collection}",
+    summary="List files",
+    response_model=FilePage,
+    responses=problem_responses(InvalidInput),
+)
+async def list_files(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    files: Files,
+    limit: PageLimit,
+    prefix: Annotated[str | None, Query(max_length=1024, description="Only ids starting with this.")] = None,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+) -> FilePage:
+    """Metadata of the collection's files in id order (UTF-8 byte order), a page at a time."""
+    page = await files.list(namespace, collection, prefix=prefix, cursor=cursor, limit=limit)
+    return FilePage(items=[FileRead.of(r) for r in page.rows], next_cursor=page.next_cursor)
+
+
+@router.get(
+    "/{collection}/{file_id:path}",
+    summary="Download a file (streamed; Range supported)",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": _BINARY, "description": "The whole file."},
+        206: {"content": _BINARY, "description": "The requested single byte range."},
+        304: {"description": "Not modified (If-None-Match)."},
+        **problem_responses(NotFound, RangeNotSatisfiable),
+    },
+)
+async def get_file(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    file_id: FileId,
+    files: Files,
+    range: Annotated[str | None, Header(description="One range `bytes=a-b`, `a-` or `-n`.")] = None,
+    if_none_match: Annotated[str | None, Header()] = None,
+    if_range: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The file's bytes; a single Range gives 206, several ranges the whole file (200)."""
+    reader = await files.open(namespace, collection, file_id)
+    try:
+        row = reader.row
+        plan = plan_download(row, range, if_none_match, if_range)
+        headers = file_headers(row)
+        if plan.status == 304:
+            await reader.close()
+            return Response(status_code=304, headers=headers)
+        headers["Content-Type"] = row.content_type
+        headers["Content-Length"] = str(max(plan.byte_range.length, 0))
+        if plan.status == 206:
+            r = plan.byte_range
+            headers["Content-Range"] = f"bytes {r.start}-{r.end}/{row.size}"
+        return BlobResponse(reader, reader.iter_bytes(plan.byte_range), plan.status, headers)
+    except BaseException:
+        await reader.close()
+        raise
+
+
+@router.head(
+    "/{collection}/{file_id:path}",
+    summary="A file's headers",
+    responses=problem_responses(NotFound),
+)
+async def head_file(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    file_id: FileId,
+    files: Files,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The headers a GET would send (Content-Length, ETag, ...), without the bytes."""
+    row = await files.get(namespace, collection, file_id)
+    if row is None:
+        raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
+    plan = plan_download(row, None, if_none_match, None)
+    headers = file_headers(row)
+    if plan.status == 304:
+        return Response(status_code=304, headers=headers)
+    headers["Content-Type"] = row.content_type
+    headers["Content-Length"] = str(row.size)
+    return Response(status_code=200, headers=headers)
+
+
+@router.delete(
+    "/{collection}/{file_id:path}",
+    summary="Delete a file",
+    status_code=204,
+    responses=problem_responses(PreconditionFailed),
+)
+async def delete_file(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    file_id: FileId,
+    files: Files,
+    conditions: Conditions,
+) -> Response:
+    """Delete the file and its bytes; 204 whether or not it existed."""
+    await files.delete(namespace, collection, file_id, conditions)
+    return Response(status_code=204)

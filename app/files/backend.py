@@ -1,0 +1,77 @@
+"""What differs between SQLite and PostgreSQL for files, behind one small Protocol.
+
+Chosen once by the lifespan from ``Databases.dialect``; nothing else in the package looks at the
+dialect. The differences: how a write transaction takes its lock (SQLite: ``BEGIN IMMEDIATE``;
+PostgreSQL: row locks with ``FOR UPDATE``), how a download reads one consistent snapshot (SQLite:
+a read transaction in WAL mode; PostgreSQL: ``REPEATABLE READ``), and the ``ON CONFLICT`` builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Select, Table
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.core.databases import SQLITE_BEGIN_OPTION
+
+
+class FilesBackend(Protocol):
+    name: str
+
+    def write_options(self) -> dict[str, Any]:
+        """Execution options for a connection that is about to write."""
+
+    def snapshot_options(self) -> dict[str, Any]:
+        """Execution options for a connection whose transaction must see one snapshot throughout."""
+
+    def locked(self, stmt: Select) -> Select:
+        """``stmt`` locking the rows it reads until the transaction ends."""
+
+    def insert(self, table: Table) -> Any:
+        """An ``INSERT`` that supports ``on_conflict_do_nothing``."""
+
+
+@dataclass(frozen=True)
+class SqliteFiles:
+    name: str = "sqlite"
+
+    def write_options(self) -> dict[str, Any]:
+        # The whole database is locked by the first writer; later writers wait on busy_timeout.
+        return {SQLITE_BEGIN_OPTION: "IMMEDIATE"}
+
+    def snapshot_options(self) -> dict[str, Any]:
+        # In WAL mode a read transaction sees the database as of its first read until it ends.
+        return {SQLITE_BEGIN_OPTION: "DEFERRED"}
+
+    def locked(self, stmt: Select) -> Select:
+        return stmt  # BEGIN IMMEDIATE already serialises writers.
+
+    def insert(self, table: Table) -> Any:
+        return sqlite.insert(table)
+
+
+@dataclass(frozen=True)
+class PostgresFiles:
+    name: str = "postgresql"
+
+    def write_options(self) -> dict[str, Any]:
+        return {}
+
+    def snapshot_options(self) -> dict[str, Any]:
+        return {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
+
+    def locked(self, stmt: Select) -> Select:
+        return stmt.with_for_update()
+
+    def insert(self, table: Table) -> Any:
+        return postgresql.insert(table)
+
+
+def backend_for(dialect: str) -> FilesBackend:
+    backends: dict[str, FilesBackend] = {"sqlite": SqliteFiles(), "postgresql": PostgresFiles()}
+    try:
+        return backends[dialect]
+    except KeyError:
+        raise ValueError(f"files: unsupported database dialect {dialect!r}") from None

@@ -1,0 +1,179 @@
+"""All SQL of the files capability. Every statement on ``files`` starts from ``in_scope``.
+
+Functions take an open ``AsyncConnection`` (or session); the service decides the transactions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from app.core.scoping import in_scope
+from app.files.backend import FilesBackend
+from app.files.models import file_chunks, file_uploads, files
+
+Conn = AsyncConnection | AsyncSession
+
+
+def utc(value: datetime) -> datetime:
+    """SQLite hands datetimes back naive; every stored time is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class FileRow:
+    """One stored file version: what its headers and its chunks need."""
+
+    file_id: str
+    blob_id: str
+    size: int
+    chunk_bytes: int
+    content_type: str
+    sha256: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: Any) -> "FileRow":
+        return cls(
+            file_id=row.file_id,
+            blob_id=row.blob_id,
+            size=row.size,
+            chunk_bytes=row.chunk_bytes,
+            content_type=row.content_type,
+            sha256=row.sha256,
+            created_at=utc(row.created_at),
+            updated_at=utc(row.updated_at),
+        )
+
+
+_FILE_COLUMNS = (
+    files.c.file_id,
+    files.c.blob_id,
+    files.c.size,
+    files.c.chunk_bytes,
+    files.c.content_type,
+    files.c.sha256,
+    files.c.created_at,
+    files.c.updated_at,
+)
+
+
+class FilesRepository:
+    def __init__(self, backend: FilesBackend) -> None:
+        self.backend = backend
+
+    # --- files rows --------------------------------------------------------------------
+
+    def _one(self, namespace: str, collection: str, file_id: str):  # noqa: ANN202
+        return select(*_FILE_COLUMNS).where(in_scope(files, namespace, collection), files.c.file_id == file_id)
+
+    async def get(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
+        row = (await conn.execute(self._one(namespace, collection, file_id))).first()
+        return FileRow.of(row) if row else None
+
+    async def get_for_update(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
+        row = (await conn.execute(self.backend.locked(self._one(namespace, collection, file_id)))).first()
+        return FileRow.of(row) if row else None
+
+    async def insert_if_absent(
+        self, conn: Conn, namespace: str, collection: str, new: FileRow
+    ) -> bool:
+        """Insert ``new`` unless the id exists (a concurrent writer may have just created it)."""
+        stmt = (
+            self.backend.insert(files)
+            .values(namespace=namespace, collection=collection, **_row_values(new))
+            .on_conflict_do_nothing(index_elements=[files.c.namespace, files.c.collection, files.c.file_id])
+            .returning(files.c.file_id)
+        )
+        return (await conn.execute(stmt)).first() is not None
+
+    async def replace(self, conn: Conn, namespace: str, collection: str, new: FileRow) -> None:
+        values = _row_values(new)
+        values.pop("created_at")
+        values.pop("file_id")
+        await conn.execute(
+            update(files)
+            .where(in_scope(files, namespace, collection), files.c.file_id == new.file_id)
+            .values(**values)
+        )
+
+    async def delete(self, conn: Conn, namespace: str, collection: str, file_id: str) -> None:
+        await conn.execute(delete(files).where(in_scope(files, namespace, collection), files.c.file_id == file_id))
+
+    async def list(
+        self, conn: Conn, namespace: str, collection: str, *, prefix: str | None, after: str | None, limit: int
+    ) -> list[FileRow]:
+        stmt = select(*_FILE_COLUMNS).where(in_scope(files, namespace, collection))
+        if prefix:
+            stmt = stmt.where(files.c.file_id >= prefix, func.substr(files.c.file_id, 1, len(prefix)) == prefix)
+        if after is not None:
+            stmt = stmt.where(files.c.file_id > after)
+        stmt = stmt.order_by(files.c.file_id).limit(limit)
+        return [FileRow.of(r) for r in (await conn.execute(stmt)).all()]
+
+    async def usage(self, conn: Conn, namespace: str) -> tuple[int, int]:
+        """(total bytes, file count) of ``namespace``."""
+        row = (
+            await conn.execute(
+                select(func.coalesce(func.sum(files.c.size), 0), func.count()).where(in_scope(files, namespace))
+            )
+        ).one()
+        return int(row[0]), int(row[1])
+
+    # --- chunks ------------------------------------------------------------------------
+
+    async def add_chunk(self, conn: Conn, blob_id: str, seq: int, data: bytes) -> None:
+        await conn.execute(file_chunks.insert().values(blob_id=blob_id, seq=seq, data=data))
+
+    async def chunk(self, conn: Conn, blob_id: str, seq: int) -> bytes | None:
+        return (
+            await conn.execute(
+                select(file_chunks.c.data).where(file_chunks.c.blob_id == blob_id, file_chunks.c.seq == seq)
+            )
+        ).scalar()
+
+    async def drop_blob(self, conn: Conn, blob_id: str) -> None:
+        await conn.execute(delete(file_chunks).where(file_chunks.c.blob_id == blob_id))
+
+    # --- uploads in progress -----------------------------------------------------------
+
+    async def start_upload(self, conn: Conn, blob_id: str, now: datetime) -> None:
+        await conn.execute(file_uploads.insert().values(blob_id=blob_id, started_at=now, touched_at=now))
+
+    async def touch_upload(self, conn: Conn, blob_id: str, now: datetime) -> bool:
+        """Refresh the heartbeat; False when the sweeper already discarded this upload."""
+        result = await conn.execute(
+            update(file_uploads).where(file_uploads.c.blob_id == blob_id).values(touched_at=now)
+        )
+        return result.rowcount == 1
+
+    async def end_upload(self, conn: Conn, blob_id: str, *, touched_before: datetime | None = None) -> bool:
+        """Forget an upload (only if stale, when ``touched_before`` is given); False if it was gone."""
+        stmt = delete(file_uploads).where(file_uploads.c.blob_id == blob_id)
+        if touched_before is not None:
+            stmt = stmt.where(file_uploads.c.touched_at < touched_before)
+        return (await conn.execute(stmt)).rowcount == 1
+
+    async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> list[str]:
+        rows = await conn.execute(
+            select(file_uploads.c.blob_id).where(file_uploads.c.touched_at < touched_before).limit(limit)
+        )
+        return list(rows.scalars())
+
+
+def _row_values(row: FileRow) -> dict[str, Any]:
+    return {
+        "file_id": row.file_id,
+        "blob_id": row.blob_id,
+        "size": row.size,
+        "chunk_bytes": row.chunk_bytes,
+        "content_type": row.content_type,
+        "sha256": row.sha256,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    }
