@@ -16,6 +16,7 @@ from app.auth.ratelimit import RateLimiter
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret, verify
 from app.core.config import Database
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
+from app.core.observability import route_template
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_ONLY_POSTS = frozenset({
@@ -27,8 +28,7 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
 
 def required_permission(request: Request) -> tuple[str, str]:
     """(capability, action) of the matched route."""
-    route = request.scope.get("route")
-    template = getattr(route, "path_format", None) or request.url.path
+    template = route_template(request.scope)
     parts = template.split("/")
     capability = parts[3] if len(parts) > 3 else ""
     read = request.method in READ_METHODS or (request.method == "POST" and template in READ_ONLY_POSTS)
