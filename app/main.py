@@ -16,6 +16,7 @@ from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
+from app.core.openapi import install_openapi
 from app.core.limits import BodyLimitMiddleware
 from app.core import observability
 from app.core import migrations
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_mode = settings.auth.mode
     app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
     observability.install(app)  # last: request ids and telemetry wrap everything above
     app.include_router(health_router)
