@@ -201,6 +201,11 @@ def is_database_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.DBAPIError):
         if exc.connection_invalidated:
             return True
+        # PostgreSQL says why by SQLSTATE: 08xxx connection exceptions, 57P0x the server is
+        # shutting down / starting up / crashed, 53300 too many connections: all retryable.
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        if sqlstate.startswith(("08", "57P")) or sqlstate == "53300":
+            return True
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
             return True
         text = str(exc.orig).lower() if exc.orig is not None else ""
@@ -238,7 +243,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         if is_database_unavailable(exc):
-            log.warning("database unavailable: %s", exc.__class__.__name__, exc_info=exc)
+            # One line per refused request, not a traceback each: an outage would drown the log.
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            log.warning(
+                "database unavailable: %s: %s", exc.__class__.__name__, reason[0] if reason else "",
+                extra={"code": "database_unavailable"},
+            )
             return problem_response(
                 503, "Service Unavailable", "database_unavailable",
                 "a database needed for this request is unreachable; retry later",
