@@ -1,7 +1,9 @@
 """Async client for storage-gateway."""
 
 from ._client import GatewayClient
-from ._persist import AsyncPersistStore, RemotePersistStore
+from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
+from ._models import KvEntry, Record, SortOrder
+from ._persist import AsyncPersistStore, RemotePersistStore, create_persist_store
 from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol
 from ._exceptions import (
     ClientClosed,
@@ -22,19 +24,29 @@ __all__ = [
     "AsyncPersistStore",
     "ClientClosed",
     "Conflict",
+    "FileDownload",
+    "FileHead",
+    "FileInfo",
+    "FileList",
+    "FilesUsage",
     "Forbidden",
     "GatewayClient",
     "GatewayError",
     "HTTPStatusError",
+    "IntegrityError",
     "InvalidRequest",
+    "KvEntry",
     "NotFound",
     "PreconditionFailed",
     "RateLimited",
+    "Record",
     "RemotePersistStore",
     "RemoteVectorStore",
+    "SortOrder",
     "TransportError",
     "Unauthorized",
     "Unavailable",
     "VectorRecord",
     "VectorStoreProtocol",
+    "create_persist_store",
 ]
