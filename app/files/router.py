@@ -109,6 +109,12 @@ def _content_type(value: str | None) -> str:
     return value
 
 
+def _location(request: Request, namespace: str, collection: str, file_id: str) -> str:
+    """The file's URL path, percent-encoded (header values must be ASCII)."""
+    root = request.scope.get("root_path", "")
+    return f"{root}/v1/{namespace}/files/{collection}/{quote(file_id, safe='')}"
+
+
 def _stored_response(row_read: FileRead, etag: str, created: bool, location: str) -> Response:
     headers = {"ETag": etag}
     if created:
@@ -167,7 +173,8 @@ async def put_file(
     stored = await files.store(
         namespace, collection, file_id, _body(request), _content_type(content_type), conditions
     )
-    return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, str(request.url))
+    location = _location(request, namespace, collection, file_id)
+    return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, location)
 
 
 @router.post(
@@ -210,7 +217,7 @@ async def post_file(
         stored = await writer.commit(
             namespace, collection, file_id, _content_type(form.content_type), conditions
         )
-    location = f"{str(request.url).split('?')[0].rstrip('/')}/{quote(file_id, safe='')}"
+    location = _location(request, namespace, collection, file_id)
     return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, location)
 
 

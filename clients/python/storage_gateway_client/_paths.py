@@ -6,4 +6,6 @@ from urllib.parse import quote
 
 
 def segment(value: str) -> str:
-    return quote(value, safe="")
+    encoded = quote(value, safe="")
+    # "." and ".." would be removed as dot-segments by URL normalisation; encode their dots.
+    return encoded.replace(".", "%2E") if encoded in (".", "..") else encoded
