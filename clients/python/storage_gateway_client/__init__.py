@@ -2,7 +2,6 @@
 
 from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
-from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
 from ._models import KvEntry, Record, SortOrder
 from ._persist import AsyncPersistStore, RemotePersistStore, create_persist_store
 from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol
