@@ -160,6 +160,20 @@ class FilesSettings(_Strict):
     sweep_interval_seconds: float = Field(default=60.0, gt=0, description="How often abandoned uploads are swept.")
 
 
+class VectorsSettings(_Strict):
+    """Defaults of the vectors capability (each collection may override the index options)."""
+
+    hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
+    hnsw_ef_construction: int = Field(default=64, ge=4, le=1000, description="HNSW build breadth.")
+    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth per query.")
+    exact_search_threshold: int = Field(
+        default=10000,
+        ge=0,
+        description="A filtered search matching at most this many points is searched exactly (pgvector).",
+    )
+    idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
+
+
 class Settings(BaseSettings):
     """Everything the gateway reads at start-up."""
 
@@ -192,6 +206,7 @@ class Settings(BaseSettings):
     persistence: PersistenceSettings = PersistenceSettings()
     databases: DatabasesSettings = DatabasesSettings()
     limits: LimitsSettings = LimitsSettings()
+    vectors: VectorsSettings = VectorsSettings()
     files: FilesSettings = FilesSettings()
     kv: KvSettings = KvSettings()
     auth: AuthSettings = AuthSettings()

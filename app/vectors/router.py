@@ -1,16 +1,167 @@
-"""HTTP routes of the vectors capability."""
+"""HTTP routes of the vectors capability: collections, points, filtered and hybrid search."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
+
+from app.core.config import Database
+from app.core.dependencies import CollectionPath, PageLimit, PointId
+from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
+from app.vectors.encoding import json_response
+from app.vectors.schemas import (
+    CollectionCreate,
+    CollectionPage,
+    CollectionRead,
+    Deleted,
+    PointPage,
+    PointRead,
+    PointsDelete,
+    PointsList,
+    PointsUpsert,
+    PointsUpserted,
+    PointUpdate,
+    SearchRequest,
+    SearchResults,
+)
+
+log = logging.getLogger("app.vectors")
 
 router = APIRouter(prefix="/vectors", tags=["vectors"])
+
+_ERRORS = problem_responses(InvalidInput, NotFound, ServiceUnavailable)
+VectorFormat = Annotated[
+    Literal["json", "b64"], Query(description="`b64`: vectors as base64 little-endian float32 (`vector_b64`).")
+]
+
+
+@router.get("", summary="List collections", response_model=CollectionPage, responses=_ERRORS)
+async def list_collections(
+    service: VectorReadServiceDep, limit: PageLimit, cursor: Annotated[str | None, Query()] = None
+) -> Response:
+    """The namespace's vector collections, by name."""
+    return json_response(await service.list_collections(limit, cursor))
+
+
+@router.put(
+    "/{collection}",
+    summary="Create or ensure a collection",
+    response_model=CollectionRead,
+    status_code=201,
+    responses={200: {"description": "Already existed with these settings."}, **problem_responses(InvalidInput, Conflict, ServiceUnavailable)},
+)
+async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
+    """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
+    info, created = await service.create(collection, body)
+    return json_response(service.read(info), 201 if created else 200)
+
+
+@router.get("/{collection}", summary="Describe a collection", response_model=CollectionRead, responses=_ERRORS)
+async def describe_collection(collection: CollectionPath, service: VectorReadServiceDep) -> Response:
+    """Settings, point count and the index in use."""
+    return json_response(await service.describe(collection))
+
+
+@router.delete("/{collection}", summary="Drop a collection", status_code=204, responses=_ERRORS)
+async def drop_collection(collection: CollectionPath, service: VectorServiceDep) -> Response:
+    """Drop the collection and all its points; 204 whether or not it existed."""
+    await service.drop(collection)
+    return Response(status_code=204)
+
+
+@router.post("/{collection}/reset", summary="Remove all points", status_code=204, responses=_ERRORS)
+async def reset_collection(collection: CollectionPath, service: VectorServiceDep) -> Response:
+    """Remove every point and keep the collection and its settings."""
+    await service.reset(collection)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{collection}/points",
+    summary="Insert or update points",
+    response_model=PointsUpserted,
+    responses=problem_responses(InvalidInput, NotFound, Conflict, PayloadTooLarge, ServiceUnavailable),
+)
+async def upsert_points(
+    collection: CollectionPath,
+    body: PointsUpsert,
+    request: Request,
+    service: VectorServiceDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", description="A retry with the same key and body replays the first answer."),
+    ] = None,
+) -> Response:
+    """Upsert a batch in one statement; ids are generated for points without one."""
+    raw = await request.body()
+    return json_response(await service.upsert(collection, body, raw, idempotency_key))
+
+
+@router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
+async def search(collection: CollectionPath, body: SearchRequest, service: VectorReadServiceDep) -> Response:
+    """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
+    return json_response(await service.search(collection, body))
+
+
+@router.post("/{collection}/points/list", summary="List points", response_model=PointPage, responses=_ERRORS)
+async def list_points(collection: CollectionPath, body: PointsList, service: VectorReadServiceDep) -> Response:
+    """Points matching `filters`, by id, a page at a time."""
+    return json_response(await service.list_points(collection, body))
+
+
+@router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
+async def delete_points(collection: CollectionPath, body: PointsDelete, service: VectorServiceDep) -> Response:
+    """Delete the points in `ids` and/or matching `filters`; answers how many went."""
+    return json_response(await service.delete_points(collection, body))
+
+
+@router.get("/{collection}/points/{point_id:path}", summary="Get a point", response_model=PointRead, responses=_ERRORS)
+async def get_point(
+    collection: CollectionPath,
+    point_id: PointId,
+    service: VectorReadServiceDep,
+    vector_format: VectorFormat = "json",
+    with_vector: Annotated[bool, Query(description="Include the vector.")] = True,
+) -> Response:
+    """One point with its payload (and vector)."""
+    return json_response(await service.get_point(collection, point_id, with_vector, vector_format))
+
+
+@router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
+async def update_point(collection: CollectionPath, point_id: PointId, body: PointUpdate, service: VectorServiceDep) -> Response:
+    """Replace the vector and/or the payload; a field left out or null keeps what is stored."""
+    return json_response(await service.update_point(collection, point_id, body))
+
+
+@router.delete("/{collection}/points/{point_id:path}", summary="Delete a point", status_code=204, responses=_ERRORS)
+async def delete_point(collection: CollectionPath, point_id: PointId, service: VectorServiceDep) -> Response:
+    """Delete one point; 204 whether or not it existed."""
+    await service.delete_point(collection, point_id)
+    return Response(status_code=204)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start-up and shutdown work of this capability (background tasks, backend choice)."""
+    """Choose the vector backend once, from the vectors database's dialect."""
+    databases = app.state.databases
+    settings = app.state.settings
+    if databases.dialect(Database.vectors) == "postgresql":
+        from app.vectors.pgvector import PgVectorIndex, detect_version
+
+        async with databases.engine(Database.vectors).connect() as conn:
+            version = await detect_version(conn)
+        if version is None:
+            log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
+        app.state.vector_index = PgVectorIndex(
+            version or "0", exact_threshold=settings.vectors.exact_search_threshold
+        )
+    else:
+        from app.vectors.sqlite_vec import SqliteVecIndex
+
+        app.state.vector_index = SqliteVecIndex()
     yield

@@ -4,7 +4,8 @@ from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
 from ._models import KvEntry, Record, SortOrder
 from ._persist import AsyncPersistStore, RemotePersistStore, create_persist_store
-from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol
+from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol, create_vector_store
+from ._vectors import VectorsAPI
 from ._exceptions import (
     ClientClosed,
     Conflict,
@@ -48,5 +49,7 @@ __all__ = [
     "Unavailable",
     "VectorRecord",
     "VectorStoreProtocol",
+    "VectorsAPI",
     "create_persist_store",
+    "create_vector_store",
 ]

@@ -1,0 +1,145 @@
+"""What the service needs from a vector backend, and the values passed across that line.
+
+``VectorIndex`` has one PostgreSQL/pgvector and one SQLite/sqlite-vec implementation; the
+capability's lifespan picks one from the vectors database's dialect, once. Every method takes the
+request's session and the collection's registry row; data tables are named from the row's
+integer id only (``vec_<id>``, ``fts_<id>``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.vectors.filters import Node
+
+Distance = Literal["cosine", "l2", "ip"]
+IndexKind = Literal["hnsw", "hnsw_halfvec", "exact"]
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """A collection's registry row."""
+
+    id: int
+    namespace: str
+    collection: str
+    vector_size: int
+    distance: Distance
+    index: dict[str, Any]
+    text_field: str | None
+    created_at: datetime
+
+    @property
+    def data_table(self) -> str:
+        return f"vec_{int(self.id)}"
+
+    @property
+    def text_table(self) -> str:
+        return f"fts_{int(self.id)}"
+
+
+@dataclass
+class PointIn:
+    """A checked point to store: float32 vector, payload as compact JSON, and its hybrid text."""
+
+    id: str
+    vector: array
+    payload_json: str
+    text: str | None = None
+    norm: float = 0.0
+
+
+@dataclass
+class PointOut:
+    id: str
+    payload_json: str
+    vector: array | None = None
+
+
+@dataclass
+class Hit:
+    """A search candidate: raw distance (lower is nearer; ``-ip`` for inner product)."""
+
+    id: str
+    distance: float
+    payload_json: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class VectorIndex(Protocol):
+    """Storage and search of one backend."""
+
+    name: str
+
+    def index_kind(self, vector_size: int, requested: str) -> IndexKind:
+        """The index a collection of this size gets here (``requested`` is ``hnsw`` or ``exact``)."""
+        ...
+
+    async def create(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+
+    async def drop(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+
+    async def reset(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+
+    async def count(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None = None) -> int: ...
+
+    async def upsert(self, session: AsyncSession, coll: CollectionInfo, points: list[PointIn]) -> None: ...
+
+    async def get(
+        self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
+    ) -> PointOut | None: ...
+
+    async def update(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        point_id: str,
+        vector: PointIn | None,
+        payload_json: str | None,
+        text: str | None,
+    ) -> bool:
+        """Replace the vector and/or payload of an existing point; False when it does not exist."""
+        ...
+
+    async def delete(
+        self, session: AsyncSession, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
+    ) -> int: ...
+
+    async def list(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        flt: Node | None,
+        after: str | None,
+        limit: int,
+        with_vectors: bool,
+    ) -> list[PointOut]: ...
+
+    async def search(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        vector: array,
+        limit: int,
+        flt: Node | None,
+        ef_search: int,
+    ) -> list[Hit]:
+        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first."""
+        ...
+
+    async def text_search(
+        self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
+    ) -> list[str]:
+        """Ids of the best full-text matches of ``words`` (any of them), best first."""
+        ...
+
+    async def distances(
+        self, session: AsyncSession, coll: CollectionInfo, vector: array, ids: list[str]
+    ) -> list[Hit]:
+        """The distance of each stored point in ``ids`` to ``vector``."""
+        ...

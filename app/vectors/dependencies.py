@@ -1,0 +1,34 @@
+"""Request dependencies of the vectors capability: the backend chosen at start-up, the service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.core.dependencies import NamespacePath, VectorsReadSession, VectorsSession
+from app.vectors.backend import VectorIndex
+from app.vectors.service import VectorService
+
+
+def get_vector_index(request: Request) -> VectorIndex:
+    return request.app.state.vector_index
+
+
+VectorIndexDep = Annotated[VectorIndex, Depends(get_vector_index)]
+
+
+def _service(request: Request, namespace: NamespacePath, session: VectorsSession, index: VectorIndexDep) -> VectorService:
+    return VectorService(session, index, request.app.state.settings, namespace)
+
+
+def _read_service(
+    request: Request, namespace: NamespacePath, session: VectorsReadSession, index: VectorIndexDep
+) -> VectorService:
+    return VectorService(session, index, request.app.state.settings, namespace)
+
+
+VectorServiceDep = Annotated[VectorService, Depends(_service)]
+"""A service on a write session (SQLite: BEGIN IMMEDIATE)."""
+VectorReadServiceDep = Annotated[VectorService, Depends(_read_service)]
+"""A service on a read session (searches and lists sent as POST)."""

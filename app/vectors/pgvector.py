@@ -1,0 +1,412 @@
+"""PostgreSQL + pgvector: one table per collection, an HNSW index, JSONB payloads.
+
+Filtered search must return ``min(limit, matches)`` points. An HNSW scan applies the WHERE
+clause after the graph search, so before pgvector 0.8 (no iterative scans) a selective filter
+silently returns too few rows. The plan here:
+
+1. A filter that matches at most ``exact_threshold`` points is searched exactly over the matching
+   rows (index scans off for that statement; the payload GIN index still narrows the rows).
+2. Otherwise the HNSW index is used (with ``hnsw.iterative_scan`` on pgvector 0.8+, and a larger
+   ``ef_search`` for filtered queries).
+3. Whenever a search returns fewer than ``limit`` rows while more points match, it is redone exactly.
+
+Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
+dimensions on pgvector 0.7+, and exact search otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, PointIn, PointOut
+from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+
+HNSW_MAX_DIMS = 2000
+HALFVEC_MAX_DIMS = 4000
+EF_SEARCH_MAX = 1000
+
+_OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
+_OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
+_CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+TEXT_CONFIG = "english"
+
+
+def parse_version(value: str | None) -> tuple[int, ...]:
+    if not value:
+        return (0,)
+    parts = []
+    for piece in value.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def vector_literal(vec: array) -> str:
+    """pgvector's text form; float32 values printed with enough digits to round-trip."""
+    return "[" + ",".join(map(repr, vec)) + "]"
+
+
+def compile_filter(node: Node | None, sql: SqlBuilder) -> str:
+    """SQL for a filter tree on ``payload``; never NULL (missing keys are false)."""
+    if node is None:
+        return "TRUE"
+    if isinstance(node, Eq):
+        key = sql.bind(node.key)
+        value = sql.bind(json.dumps(node.value))
+        hint = sql.bind(json.dumps({node.key: node.value}))
+        return (
+            f"COALESCE(payload @> CAST({hint} AS jsonb) "
+            f"AND (payload -> CAST({key} AS text)) = CAST({value} AS jsonb), false)"
+        )
+    if isinstance(node, Compare):
+        key = sql.bind(node.key)
+        op = _CMP[node.op]
+        if isinstance(node.value, str):
+            value = sql.bind(node.value)
+            return (
+                f"COALESCE(jsonb_typeof(payload -> CAST({key} AS text)) = 'string' AND "
+                f"((payload ->> CAST({key} AS text)) COLLATE \"C\") {op} CAST({value} AS text), false)"
+            )
+        value = sql.bind(json.dumps(node.value))
+        return (
+            f"COALESCE(jsonb_typeof(payload -> CAST({key} AS text)) = 'number' AND "
+            f"(payload -> CAST({key} AS text)) {op} CAST({value} AS jsonb), false)"
+        )
+    if isinstance(node, Exists):
+        key = sql.bind(node.key)
+        return f"((payload -> CAST({key} AS text)) IS NOT NULL)"
+    if isinstance(node, Not):
+        return f"(NOT {compile_filter(node.node, sql)})"
+    if isinstance(node, And):
+        if not node.nodes:
+            return "TRUE"
+        return "(" + " AND ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+    if isinstance(node, Or):
+        if not node.nodes:
+            return "FALSE"
+        return "(" + " OR ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+    raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+
+class PgVectorIndex:
+    """``VectorIndex`` on PostgreSQL with pgvector."""
+
+    name = "pgvector"
+
+    def __init__(self, version: str, *, exact_threshold: int = 10000) -> None:
+        self.version = version
+        self._v = parse_version(version)
+        self.iterative_scan = self._v >= (0, 8)
+        self.halfvec = self._v >= (0, 7)
+        self.exact_threshold = exact_threshold
+
+    # --- shape -----------------------------------------------------------------------------
+
+    def index_kind(self, vector_size: int, requested: str) -> IndexKind:
+        if requested == "exact":
+            return "exact"
+        if vector_size <= HNSW_MAX_DIMS:
+            return "hnsw"
+        if self.halfvec and vector_size <= HALFVEC_MAX_DIMS:
+            return "hnsw_halfvec"
+        return "exact"
+
+    def _query_vector(self, coll: CollectionInfo) -> str:
+        return "CAST(CAST(:q AS text) AS vector)"
+
+    def _order_expr(self, coll: CollectionInfo) -> str:
+        op = _OPERATOR[coll.distance]
+        if coll.index.get("kind") == "hnsw_halfvec":
+            n = int(coll.vector_size)
+            return f"(CAST(embedding AS halfvec({n})) {op} CAST(CAST(:q AS text) AS halfvec({n})))"
+        return f"(embedding {op} CAST(CAST(:q AS text) AS vector))"
+
+    def _distance_expr(self, coll: CollectionInfo) -> str:
+        return f"(embedding {_OPERATOR[coll.distance]} CAST(CAST(:q AS text) AS vector))"
+
+    # --- collections -------------------------------------------------------------------------
+
+    async def create(self, session: AsyncSession, coll: CollectionInfo) -> None:
+        t = coll.data_table
+        n = int(coll.vector_size)
+        tsv = ", tsv tsvector" if coll.text_field is not None else ""
+        await session.execute(
+            text(
+                f'CREATE TABLE {t} (id text COLLATE "C" PRIMARY KEY, embedding vector({n}) NOT NULL, '
+                f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{tsv})"
+            )
+        )
+        kind = coll.index.get("kind")
+        m = int(coll.index.get("m", 16))
+        efc = int(coll.index.get("ef_construction", 64))
+        ops = _OPCLASS[coll.distance]
+        if kind == "hnsw":
+            await session.execute(
+                text(
+                    f"CREATE INDEX {t}_hnsw ON {t} USING hnsw (embedding vector_{ops}_ops) "
+                    f"WITH (m = {m}, ef_construction = {efc})"
+                )
+            )
+        elif kind == "hnsw_halfvec":
+            await session.execute(
+                text(
+                    f"CREATE INDEX {t}_hnsw ON {t} USING hnsw ((CAST(embedding AS halfvec({n}))) "
+                    f"halfvec_{ops}_ops) WITH (m = {m}, ef_construction = {efc})"
+                )
+            )
+        await session.execute(text(f"CREATE INDEX {t}_payload ON {t} USING gin (payload jsonb_path_ops)"))
+        if coll.text_field is not None:
+            await session.execute(text(f"CREATE INDEX {t}_tsv ON {t} USING gin (tsv)"))
+
+    async def drop(self, session: AsyncSession, coll: CollectionInfo) -> None:
+        await session.execute(text(f"DROP TABLE IF EXISTS {coll.data_table}"))
+
+    async def reset(self, session: AsyncSession, coll: CollectionInfo) -> None:
+        await session.execute(text(f"TRUNCATE {coll.data_table}"))
+
+    async def count(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None = None) -> int:
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        result = await session.execute(
+            text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params
+        )
+        return int(result.scalar_one())
+
+    async def _count_capped(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None, cap: int) -> int:
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        result = await session.execute(
+            text(f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} WHERE {where} LIMIT {int(cap)}) s"),
+            sql.params,
+        )
+        return int(result.scalar_one())
+
+    # --- points --------------------------------------------------------------------------------
+
+    async def upsert(self, session: AsyncSession, coll: CollectionInfo, points: list[PointIn]) -> None:
+        if not points:
+            return
+        t = coll.data_table
+        params: dict[str, Any] = {
+            "ids": [p.id for p in points],
+            "embs": [vector_literal(p.vector) for p in points],
+            "payloads": [p.payload_json for p in points],
+        }
+        if coll.text_field is not None:
+            params["texts"] = [p.text for p in points]
+            params["cfg"] = TEXT_CONFIG
+            stmt = (
+                f"INSERT INTO {t} (id, embedding, payload, tsv) "
+                "SELECT i, CAST(e AS vector), CAST(p AS jsonb), to_tsvector(CAST(:cfg AS regconfig), x) "
+                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS text[]), CAST(:payloads AS text[]), "
+                "CAST(:texts AS text[])) AS u(i, e, p, x) "
+                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
+                "payload = EXCLUDED.payload, tsv = EXCLUDED.tsv"
+            )
+        else:
+            stmt = (
+                f"INSERT INTO {t} (id, embedding, payload) "
+                "SELECT i, CAST(e AS vector), CAST(p AS jsonb) "
+                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS text[]), CAST(:payloads AS text[])) "
+                "AS u(i, e, p) "
+                "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload"
+            )
+        await session.execute(text(stmt), params)
+
+    async def get(
+        self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
+    ) -> PointOut | None:
+        vec = ", CAST(embedding AS real[])" if with_vector else ""
+        row = (
+            await session.execute(
+                text(f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} WHERE id = :id"),
+                {"id": point_id},
+            )
+        ).first()
+        if row is None:
+            return None
+        return PointOut(row[0], row[1], array("f", row[2]) if with_vector else None)
+
+    async def update(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        point_id: str,
+        vector: PointIn | None,
+        payload_json: str | None,
+        text_value: str | None,
+    ) -> bool:
+        sets = []
+        params: dict[str, Any] = {"id": point_id}
+        if vector is not None:
+            sets.append("embedding = CAST(CAST(:emb AS text) AS vector)")
+            params["emb"] = vector_literal(vector.vector)
+        if payload_json is not None:
+            sets.append("payload = CAST(:payload AS jsonb)")
+            params["payload"] = payload_json
+            if coll.text_field is not None:
+                sets.append("tsv = to_tsvector(CAST(:cfg AS regconfig), CAST(:txt AS text))")
+                params["cfg"] = TEXT_CONFIG
+                params["txt"] = text_value
+        if not sets:
+            sets.append("id = id")
+        result = await session.execute(
+            text(f"UPDATE {coll.data_table} SET {', '.join(sets)} WHERE id = :id RETURNING id"), params
+        )
+        return result.first() is not None
+
+    async def delete(
+        self, session: AsyncSession, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
+    ) -> int:
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        if ids is not None:
+            where += " AND id = ANY(CAST(:ids AS text[]))"
+            sql.params["ids"] = ids
+        result = await session.execute(text(f"DELETE FROM {coll.data_table} WHERE {where}"), sql.params)
+        return int(result.rowcount or 0)
+
+    async def list(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        flt: Node | None,
+        after: str | None,
+        limit: int,
+        with_vectors: bool,
+    ) -> list[PointOut]:
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        if after is not None:
+            where += " AND id > :after"
+            sql.params["after"] = after
+        sql.params["limit"] = limit
+        vec = ", CAST(embedding AS real[])" if with_vectors else ""
+        rows = await session.execute(
+            text(
+                f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} "
+                f"WHERE {where} ORDER BY id LIMIT :limit"
+            ),
+            sql.params,
+        )
+        return [PointOut(r[0], r[1], array("f", r[2]) if with_vectors else None) for r in rows]
+
+    # --- search --------------------------------------------------------------------------------
+
+    async def _set(self, session: AsyncSession, name: str, value: str) -> None:
+        await session.execute(text("SELECT set_config(:n, :v, true)"), {"n": name, "v": value})
+
+    async def search(
+        self,
+        session: AsyncSession,
+        coll: CollectionInfo,
+        vector: array,
+        limit: int,
+        flt: Node | None,
+        ef_search: int,
+    ) -> list[Hit]:
+        q = vector_literal(vector)
+        indexed = coll.index.get("kind") in ("hnsw", "hnsw_halfvec")
+        if not indexed:
+            return await self._exact(session, coll, q, limit, flt)
+        if flt is not None:
+            matches = await self._count_capped(session, coll, flt, self.exact_threshold + 1)
+            if matches <= self.exact_threshold:
+                return await self._exact(session, coll, q, limit, flt)
+        ef = max(ef_search, limit)
+        if flt is not None:
+            ef *= 2
+        await self._set(session, "hnsw.ef_search", str(min(EF_SEARCH_MAX, ef)))
+        if self.iterative_scan and flt is not None:
+            await self._set(session, "hnsw.iterative_scan", "strict_order")
+        hits = await self._indexed(session, coll, q, limit, flt)
+        if len(hits) < limit:
+            total = await self.count(session, coll, flt)
+            if total > len(hits):
+                return await self._exact(session, coll, q, limit, flt)
+        return hits
+
+    async def _indexed(
+        self, session: AsyncSession, coll: CollectionInfo, q: str, limit: int, flt: Node | None
+    ) -> list[Hit]:
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        sql.params.update(q=q, limit=limit)
+        order = self._order_expr(coll)
+        dist = self._distance_expr(coll)
+        stmt = (
+            f"SELECT id, CAST(payload AS text), {dist} AS d FROM {coll.data_table} "
+            f"WHERE {where} ORDER BY {order} LIMIT :limit"
+        )
+        if coll.index.get("kind") == "hnsw_halfvec":
+            # The index orders by half precision; re-rank the candidates by the exact distance.
+            stmt = f"SELECT * FROM ({stmt}) c ORDER BY d, id"
+        rows = await session.execute(text(stmt), sql.params)
+        return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+
+    async def _exact(
+        self, session: AsyncSession, coll: CollectionInfo, q: str, limit: int, flt: Node | None
+    ) -> list[Hit]:
+        # Bitmap scans (the payload GIN index) stay available; the HNSW index scan does not.
+        await self._set(session, "enable_indexscan", "off")
+        try:
+            sql = SqlBuilder()
+            where = compile_filter(flt, sql)
+            sql.params.update(q=q, limit=limit)
+            dist = self._distance_expr(coll)
+            rows = await session.execute(
+                text(
+                    f"SELECT id, CAST(payload AS text), {dist} AS d FROM {coll.data_table} "
+                    f"WHERE {where} ORDER BY d, id LIMIT :limit"
+                ),
+                sql.params,
+            )
+            return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+        finally:
+            await self._set(session, "enable_indexscan", "on")
+
+    async def text_search(
+        self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
+    ) -> list[str]:
+        if coll.text_field is None or not words:
+            return []
+        sql = SqlBuilder()
+        where = compile_filter(flt, sql)
+        sql.params.update(
+            cfg=TEXT_CONFIG, tq=" | ".join(f"'{w}'" for w in words), limit=limit
+        )
+        rows = await session.execute(
+            text(
+                f"SELECT id FROM {coll.data_table}, to_tsquery(CAST(:cfg AS regconfig), CAST(:tq AS text)) tq "
+                f"WHERE tsv @@ tq AND {where} ORDER BY ts_rank_cd(tsv, tq) DESC, id LIMIT :limit"
+            ),
+            sql.params,
+        )
+        return [r[0] for r in rows]
+
+    async def distances(
+        self, session: AsyncSession, coll: CollectionInfo, vector: array, ids: list[str]
+    ) -> list[Hit]:
+        if not ids:
+            return []
+        rows = await session.execute(
+            text(
+                f"SELECT id, CAST(payload AS text), {self._distance_expr(coll)} FROM {coll.data_table} "
+                "WHERE id = ANY(CAST(:ids AS text[]))"
+            ),
+            {"q": vector_literal(vector), "ids": ids},
+        )
+        return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+
+
+async def detect_version(session_or_conn: Any) -> str | None:
+    """The installed pgvector version, or None when the extension is missing."""
+    result = await session_or_conn.execute(
+        text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+    )
+    return result.scalar_one_or_none()

@@ -1,0 +1,184 @@
+"""HTTP schemas of the vectors capability.
+
+Vectors travel as JSON arrays of numbers or, more compactly, as base64 of little-endian float32
+(``vector_b64``, ``vectors_b64``): a 500 x 384 batch is about 4x smaller that way and needs no
+float parsing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+StrictNumber = Annotated[float, Strict()]
+DistanceName = Literal["cosine", "l2", "ip"]
+Filters = Annotated[
+    dict[str, Any] | None,
+    Field(
+        description="AND-ed JSON-typed conditions on top-level payload keys; operators "
+        "`$eq $ne $in $nin $gt $gte $lt $lte $exists`, `$and`/`$or`.",
+        examples=[{"user_id": "u1", "n": {"$gte": 3}}],
+    ),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IndexOptions(_Body):
+    """How a collection is indexed (PostgreSQL; SQLite always searches exactly)."""
+
+    kind: Literal["hnsw", "exact"] = Field(default="hnsw", description="`exact` skips the ANN index.")
+    m: int | None = Field(default=None, ge=2, le=100, description="HNSW graph degree.")
+    ef_construction: int | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth.")
+
+
+class CollectionCreate(_Body):
+    """Create a collection, or ensure it exists with these settings."""
+
+    vector_size: int = Field(ge=1, description="Dimension of every vector.", examples=[384])
+    distance: DistanceName = Field(default="cosine", description="cosine, l2 or ip (inner product).")
+    index: IndexOptions | None = Field(default=None, description="Index options (defaults from settings).")
+    text_field: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Payload field indexed for full text; searches with a `query` then fuse both rankings.",
+        examples=["text"],
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"vector_size": 384, "distance": "cosine", "text_field": "text"}]},
+    )
+
+
+class IndexRead(BaseModel):
+    kind: Literal["hnsw", "hnsw_halfvec", "exact"] = Field(
+        description="hnsw; hnsw_halfvec (half-precision index above 2000 dims); exact (no ANN index)."
+    )
+    m: int | None = None
+    ef_construction: int | None = None
+    ef_search: int | None = Field(default=None, description="Default search breadth.")
+    backend: str = Field(description="pgvector or sqlite-vec.", examples=["pgvector"])
+
+
+class CollectionRead(BaseModel):
+    """A collection's settings (and, when described, its size)."""
+
+    collection: str = Field(examples=["memories"])
+    vector_size: int = Field(examples=[384])
+    distance: DistanceName
+    text_field: str | None = None
+    index: IndexRead
+    count: int | None = Field(default=None, description="Number of points (describe only).")
+    created_at: datetime
+
+
+class CollectionPage(BaseModel):
+    items: list[CollectionRead]
+    next_cursor: str | None = None
+
+
+class PointWrite(_Body):
+    """One point: `vector` or `vector_b64`, an optional id (generated when absent) and payload."""
+
+    id: str | None = Field(default=None, description="Point id (1-1024 bytes); generated when absent.")
+    vector: list[StrictNumber] | None = Field(default=None, examples=[[0.1, 0.2, 0.3]])
+    vector_b64: str | None = Field(default=None, description="base64 of little-endian float32.")
+    payload: dict[str, Any] | None = Field(default=None, examples=[{"user_id": "u1", "text": "hello"}])
+
+
+class PointsUpsert(_Body):
+    """A batch of points, as a list of `points` or as parallel lists (`vectors`/`vectors_b64`,
+    `payloads`, `ids`) whose lengths must match."""
+
+    points: list[PointWrite] | None = None
+    vectors: list[list[StrictNumber]] | None = None
+    vectors_b64: list[str] | None = Field(
+        default=None, description="The vectors of the batch, each as base64 of little-endian float32."
+    )
+    payloads: list[dict[str, Any] | None] | None = None
+    ids: list[str | None] | None = None
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"points": [{"id": "p1", "vector": [0.1, 0.2, 0.3], "payload": {"user_id": "u1"}}]}]
+        },
+    )
+
+
+class PointsUpserted(BaseModel):
+    ids: list[str] = Field(description="The id of every point, in request order.")
+
+
+class PointUpdate(_Body):
+    """New vector and/or payload; a field left out or null keeps the stored one."""
+
+    vector: list[StrictNumber] | None = None
+    vector_b64: str | None = None
+    payload: dict[str, Any] | None = None
+
+
+class PointRead(BaseModel):
+    id: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    vector: list[float] | None = None
+    vector_b64: str | None = None
+
+
+class PointPage(BaseModel):
+    items: list[PointRead]
+    next_cursor: str | None = None
+
+
+class SearchRequest(_Body):
+    """Nearest points to `vector` among those matching `filters`."""
+
+    vector: list[StrictNumber] | None = None
+    vector_b64: str | None = Field(default=None, description="The query vector as base64 float32.")
+    query: str | None = Field(default=None, description="Text for hybrid search (needs a text_field).")
+    limit: int = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
+    filters: Filters = None
+    score_threshold: float | None = Field(default=None, description="Drop results whose vector score is lower.")
+    ef_search: int | None = Field(default=None, ge=1, le=1000, description="HNSW search breadth (pgvector).")
+    with_vectors: bool = False
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"vector": [0.1, 0.2, 0.3], "limit": 5, "filters": {"user_id": "u1"}}]},
+    )
+
+
+class SearchHit(BaseModel):
+    id: str
+    score: float = Field(description="Higher is better: 1-cosine distance, inner product, or -L2 (RRF when hybrid).")
+    distance: float = Field(description="The raw distance (-inner product for ip).")
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class SearchResults(BaseModel):
+    results: list[SearchHit]
+
+
+class PointsList(_Body):
+    filters: Filters = None
+    limit: int | None = Field(default=None, ge=1)
+    cursor: str | None = None
+    with_vectors: bool = False
+    vector_format: Literal["json", "b64"] = "json"
+
+
+class PointsDelete(_Body):
+    """Delete the points in `ids`, or matching `filters` (both: those in `ids` that match)."""
+
+    ids: list[str] | None = None
+    filters: Filters = None
+
+
+class Deleted(BaseModel):
+    deleted: int

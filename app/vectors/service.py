@@ -1,0 +1,498 @@
+"""The rules of the vectors capability: collections, checked points, search and hybrid fusion.
+
+SQL on per-collection tables is the backend's (``VectorIndex``); this module owns the registry
+rows, validation (sizes, finiteness, limits), ids, idempotent inserts and rank fusion, and never
+looks at the dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from array import array
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.core.config import Settings
+from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.names import key_problem
+from app.core.pagination import decode_cursor, encode_cursor
+from app.core.scoping import in_scope
+from app.vectors import encoding
+from app.vectors.backend import CollectionInfo, Hit, PointIn, PointOut, VectorIndex
+from app.vectors.filters import Node, parse_filter
+from app.vectors.models import vector_collections as vc
+from app.vectors.models import vector_idempotency as vi
+from app.vectors.schemas import (
+    CollectionCreate,
+    PointsDelete,
+    PointsList,
+    PointsUpsert,
+    PointUpdate,
+    SearchRequest,
+)
+
+RRF_K = 60
+HYBRID_POOL_FACTOR = 4
+MAX_QUERY_WORDS = 32
+_WORD = re.compile(r"\w+", re.UNICODE)
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _score(distance_name: str, distance: float) -> float:
+    """Higher is better: cosine 1 - d; ip: the inner product (d is its negation); l2: -d."""
+    if distance_name == "cosine":
+        return 1.0 - distance
+    return -distance
+
+
+def _text_of(payload: dict[str, Any] | None, field: str | None) -> str | None:
+    if field is None or not payload:
+        return None
+    value = payload.get(field)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(value)
+    return None
+
+
+class VectorService:
+    """One request's view of the vectors capability in one namespace."""
+
+    def __init__(self, session: AsyncSession, index: VectorIndex, settings: Settings, namespace: str) -> None:
+        self.session = session
+        self.index = index
+        self.settings = settings
+        self.namespace = namespace
+
+    # --- collections ---------------------------------------------------------------------------
+
+    def _info(self, row: Any) -> CollectionInfo:
+        return CollectionInfo(
+            id=row.id,
+            namespace=row.namespace,
+            collection=row.collection,
+            vector_size=row.vector_size,
+            distance=row.distance,
+            index=json.loads(row.index_options),
+            text_field=row.text_field,
+            created_at=row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=timezone.utc),
+        )
+
+    async def find(self, collection: str, *, lock: bool = False) -> CollectionInfo | None:
+        stmt = select(vc).where(in_scope(vc, self.namespace, collection))
+        if lock:
+            stmt = stmt.with_for_update(read=True)
+        row = (await self.session.execute(stmt)).first()
+        return self._info(row) if row is not None else None
+
+    async def get(self, collection: str, *, lock: bool = False) -> CollectionInfo:
+        info = await self.find(collection, lock=lock)
+        if info is None:
+            raise NotFound(f"vector collection {collection!r} does not exist", code="collection_not_found")
+        return info
+
+    def read(self, info: CollectionInfo, count: int | None = None) -> dict[str, Any]:
+        idx = dict(info.index)
+        kind = idx.get("kind", "exact")
+        return {
+            "collection": info.collection,
+            "vector_size": info.vector_size,
+            "distance": info.distance,
+            "text_field": info.text_field,
+            "index": {
+                "kind": kind,
+                "m": idx.get("m") if kind != "exact" else None,
+                "ef_construction": idx.get("ef_construction") if kind != "exact" else None,
+                "ef_search": self.settings.vectors.ef_search if kind != "exact" else None,
+                "backend": self.index.name,
+            },
+            "count": count,
+            "created_at": info.created_at.isoformat(),
+        }
+
+    async def create(self, collection: str, body: CollectionCreate) -> tuple[CollectionInfo, bool]:
+        """Create the collection, or return the existing one when its settings agree (else 409)."""
+        limit = self.settings.limits.max_vector_dimensions
+        if body.vector_size > limit:
+            raise InvalidInput("vector_size", f"must be at most {limit}")
+        if body.text_field is not None and key_problem(body.text_field):
+            raise InvalidInput("text_field", key_problem(body.text_field) or "")
+        existing = await self.find(collection)
+        if existing is not None:
+            self._check_same(existing, body)
+            return existing, False
+        vs = self.settings.vectors
+        requested = body.index.kind if body.index else "hnsw"
+        kind = self.index.index_kind(body.vector_size, requested)
+        options: dict[str, Any] = {"kind": kind}
+        if kind != "exact":
+            options["m"] = (body.index.m if body.index and body.index.m else None) or vs.hnsw_m
+            options["ef_construction"] = (
+                body.index.ef_construction if body.index and body.index.ef_construction else None
+            ) or vs.hnsw_ef_construction
+        try:
+            async with self.session.begin_nested():
+                new_id = (
+                    await self.session.execute(
+                        insert(vc)
+                        .values(
+                            namespace=self.namespace,
+                            collection=collection,
+                            vector_size=body.vector_size,
+                            distance=body.distance,
+                            index_options=json.dumps(options, sort_keys=True),
+                            text_field=body.text_field,
+                            created_at=_now(),
+                        )
+                        .returning(vc.c.id)
+                    )
+                ).scalar_one()
+        except IntegrityError:
+            # Created concurrently: the same rules apply to the winner's settings.
+            existing = await self.get(collection)
+            self._check_same(existing, body)
+            return existing, False
+        info = await self.get(collection)
+        assert info.id == new_id
+        await self.index.create(self.session, info)
+        return info, True
+
+    def _check_same(self, existing: CollectionInfo, body: CollectionCreate) -> None:
+        differences = []
+        if existing.vector_size != body.vector_size:
+            differences.append(f"vector_size {existing.vector_size}")
+        if existing.distance != body.distance:
+            differences.append(f"distance {existing.distance}")
+        if body.text_field is not None and body.text_field != existing.text_field:
+            differences.append(f"text_field {existing.text_field!r}")
+        if differences:
+            raise Conflict(
+                f"vector collection {existing.collection!r} exists with {', '.join(differences)}; "
+                "drop it first to change that (data is never dropped implicitly)",
+                code="collection_conflict",
+            )
+
+    async def list_collections(self, limit: int, cursor: str | None) -> dict[str, Any]:
+        stmt = select(vc).where(in_scope(vc, self.namespace)).order_by(vc.c.collection).limit(limit + 1)
+        if cursor:
+            after = decode_cursor(cursor, "after")["after"]
+            stmt = stmt.where(vc.c.collection > str(after))
+        rows = (await self.session.execute(stmt)).all()
+        items = [self.read(self._info(r)) for r in rows[:limit]]
+        next_cursor = encode_cursor({"after": rows[limit - 1].collection}) if len(rows) > limit else None
+        return {"items": items, "next_cursor": next_cursor}
+
+    async def describe(self, collection: str) -> dict[str, Any]:
+        info = await self.get(collection)
+        return self.read(info, await self.index.count(self.session, info))
+
+    async def drop(self, collection: str) -> None:
+        info = await self.find(collection, lock=True)
+        if info is None:
+            return
+        await self.index.drop(self.session, info)
+        await self.session.execute(delete(vc).where(in_scope(vc, self.namespace, collection)))
+        await self.session.execute(delete(vi).where(in_scope(vi, self.namespace, collection)))
+
+    async def reset(self, collection: str) -> None:
+        info = await self.get(collection, lock=True)
+        await self.index.reset(self.session, info)
+
+    # --- points ------------------------------------------------------------------------------------
+
+    def _filter(self, raw: Any, field: str = "filters") -> Node | None:
+        limits = self.settings.limits
+        return parse_filter(raw, field=field, max_depth=limits.max_filter_depth, max_terms=limits.max_filter_terms)
+
+    def _payload_json(self, payload: dict[str, Any] | None, where: str) -> str:
+        try:
+            text = json.dumps(payload or {}, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        except ValueError:
+            raise InvalidInput(where, "must be JSON without NaN or infinity") from None
+        if len(text.encode("utf-8")) > self.settings.limits.max_value_bytes:
+            raise InvalidInput(where, f"must be at most {self.settings.limits.max_value_bytes} bytes of JSON")
+        if "\u0000" in text:
+            raise InvalidInput(where, "must not contain NUL characters")
+        return text
+
+    def _point(self, info: CollectionInfo, pid: str | None, vec: array, payload: dict | None, where: str) -> PointIn:
+        if pid is None:
+            pid = uuid.uuid4().hex
+        else:
+            problem = key_problem(pid)
+            if problem:
+                raise InvalidInput(f"{where}.id", problem)
+        return PointIn(
+            id=pid,
+            vector=vec,
+            payload_json=self._payload_json(payload, f"{where}.payload"),
+            text=_text_of(payload, info.text_field),
+            norm=encoding.norm(vec),
+        )
+
+    def _points(self, info: CollectionInfo, body: PointsUpsert) -> list[PointIn]:
+        dim = info.vector_size
+        nonzero = info.distance == "cosine"
+        columnar = body.vectors is not None or body.vectors_b64 is not None
+        if body.points is not None and (columnar or body.payloads is not None or body.ids is not None):
+            raise InvalidInput("points", "send either `points` or the parallel lists, not both")
+        if body.points is not None:
+            self._check_batch("points", len(body.points))
+            out = []
+            for i, p in enumerate(body.points):
+                where = f"points.{i}"
+                if (p.vector is None) == (p.vector_b64 is None):
+                    raise InvalidInput(f"{where}.vector", "give exactly one of vector or vector_b64")
+                if p.vector is not None:
+                    vec = encoding.from_numbers(p.vector, dim, f"{where}.vector", nonzero=nonzero)
+                else:
+                    vec = encoding.from_b64(p.vector_b64 or "", dim, f"{where}.vector_b64", nonzero=nonzero)
+                out.append(self._point(info, p.id, vec, p.payload, where))
+            return out
+        if body.vectors is not None and body.vectors_b64 is not None:
+            raise InvalidInput("vectors", "give exactly one of vectors or vectors_b64")
+        if body.vectors is not None:
+            self._check_batch("vectors", len(body.vectors))
+            vecs = [
+                encoding.from_numbers(v, dim, f"vectors.{i}", nonzero=nonzero) for i, v in enumerate(body.vectors)
+            ]
+        elif body.vectors_b64 is not None:
+            self._check_batch("vectors_b64", len(body.vectors_b64))
+            vecs = [
+                encoding.from_b64(v, dim, f"vectors_b64.{i}", nonzero=nonzero)
+                for i, v in enumerate(body.vectors_b64)
+            ]
+        else:
+            raise InvalidInput("points", "required (or the parallel lists vectors / vectors_b64)")
+        n = len(vecs)
+        if body.payloads is not None and len(body.payloads) != n:
+            raise InvalidInput("payloads", f"has {len(body.payloads)} items for {n} vectors; lengths must match")
+        if body.ids is not None and len(body.ids) != n:
+            raise InvalidInput("ids", f"has {len(body.ids)} items for {n} vectors; lengths must match")
+        return [
+            self._point(
+                info,
+                body.ids[i] if body.ids is not None else None,
+                vecs[i],
+                body.payloads[i] if body.payloads is not None else None,
+                f"points.{i}",
+            )
+            for i in range(n)
+        ]
+
+    def _check_batch(self, field: str, n: int) -> None:
+        limit = self.settings.limits.max_batch_items
+        if n > limit:
+            raise InvalidInput(field, f"holds {n} points; at most {limit} per request")
+
+    async def upsert(
+        self, collection: str, body: PointsUpsert, raw_body: bytes, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        info = await self.get(collection, lock=True)
+        if idempotency_key is not None:
+            replay = await self._claim_key(collection, idempotency_key, raw_body)
+            if replay is not None:
+                return replay
+        points = self._points(info, body)
+        # One statement per batch; a repeated id in the batch: the last one wins.
+        unique: dict[str, PointIn] = {}
+        for p in points:
+            unique.pop(p.id, None)
+            unique[p.id] = p
+        await self.index.upsert(self.session, info, list(unique.values()))
+        answer = {"ids": [p.id for p in points]}
+        if idempotency_key is not None:
+            await self.session.execute(
+                update(vi)
+                .where(in_scope(vi, self.namespace, collection), vi.c.idempotency_key == idempotency_key)
+                .values(response=json.dumps(answer))
+            )
+        return answer
+
+    async def _claim_key(self, collection: str, key: str, raw_body: bytes) -> dict[str, Any] | None:
+        """Record ``key`` as ours, or return the answer recorded for it by an earlier request."""
+        if not key or len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
+            raise InvalidInput("Idempotency-Key", f"must be 1-{IDEMPOTENCY_KEY_MAX} printable characters")
+        digest = hashlib.sha256(raw_body).hexdigest()
+        now = _now()
+        ttl = timedelta(seconds=self.settings.vectors.idempotency_ttl_seconds)
+        await self.session.execute(
+            delete(vi).where(in_scope(vi, self.namespace, collection), vi.c.created_at < now - ttl)
+        )
+        try:
+            async with self.session.begin_nested():
+                await self.session.execute(
+                    insert(vi).values(
+                        namespace=self.namespace,
+                        collection=collection,
+                        idempotency_key=key,
+                        request_hash=digest,
+                        response=None,
+                        created_at=now,
+                    )
+                )
+            return None
+        except IntegrityError:
+            pass
+        row = (
+            await self.session.execute(
+                select(vi.c.request_hash, vi.c.response).where(
+                    in_scope(vi, self.namespace, collection), vi.c.idempotency_key == key
+                )
+            )
+        ).first()
+        if row is None or row.response is None or row.request_hash != digest:
+            raise Conflict(
+                "Idempotency-Key was already used with a different request body",
+                code="idempotency_key_reused",
+            )
+        return json.loads(row.response)
+
+    def _point_read(self, p: PointOut, vector_format: str = "json") -> dict[str, Any]:
+        out: dict[str, Any] = {"id": p.id, "payload": encoding.raw_json(p.payload_json)}
+        if p.vector is not None:
+            if vector_format == "b64":
+                out["vector_b64"] = encoding.to_b64(p.vector)
+            else:
+                out["vector"] = p.vector.tolist()
+        return out
+
+    async def get_point(self, collection: str, point_id: str, with_vector: bool, vector_format: str) -> dict[str, Any]:
+        info = await self.get(collection)
+        point = await self.index.get(self.session, info, point_id, with_vector)
+        if point is None:
+            raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
+        return self._point_read(point, vector_format)
+
+    async def update_point(self, collection: str, point_id: str, body: PointUpdate) -> dict[str, Any]:
+        info = await self.get(collection, lock=True)
+        new_vector: PointIn | None = None
+        nonzero = info.distance == "cosine"
+        if body.vector is not None and body.vector_b64 is not None:
+            raise InvalidInput("vector", "give at most one of vector or vector_b64")
+        if body.vector is not None:
+            vec = encoding.from_numbers(body.vector, info.vector_size, "vector", nonzero=nonzero)
+        elif body.vector_b64 is not None:
+            vec = encoding.from_b64(body.vector_b64, info.vector_size, "vector_b64", nonzero=nonzero)
+        else:
+            vec = None
+        if vec is not None:
+            new_vector = PointIn(point_id, vec, "", None, encoding.norm(vec))
+        payload_json = self._payload_json(body.payload, "payload") if body.payload is not None else None
+        found = await self.index.update(
+            self.session, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
+        )
+        if not found:
+            raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
+        point = await self.index.get(self.session, info, point_id, False)
+        assert point is not None
+        return self._point_read(point)
+
+    async def delete_point(self, collection: str, point_id: str) -> None:
+        info = await self.find(collection, lock=True)
+        if info is not None:
+            await self.index.delete(self.session, info, [point_id], None)
+
+    async def delete_points(self, collection: str, body: PointsDelete) -> dict[str, int]:
+        if body.ids is None and body.filters is None:
+            raise InvalidInput("ids", "give `ids`, `filters` or both")
+        flt = self._filter(body.filters) if body.filters is not None else None
+        if body.ids is not None:
+            self._check_batch("ids", len(body.ids))
+            for i, pid in enumerate(body.ids):
+                if key_problem(pid):
+                    raise InvalidInput(f"ids.{i}", key_problem(pid) or "")
+        info = await self.get(collection, lock=True)
+        deleted = await self.index.delete(self.session, info, body.ids, flt)
+        return {"deleted": deleted}
+
+    async def list_points(self, collection: str, body: PointsList) -> dict[str, Any]:
+        limits = self.settings.limits
+        limit = body.limit or limits.default_page_size
+        if limit > limits.max_page_size:
+            raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
+        flt = self._filter(body.filters)
+        after = str(decode_cursor(body.cursor, "after")["after"]) if body.cursor else None
+        info = await self.get(collection)
+        points = await self.index.list(self.session, info, flt, after, limit + 1, body.with_vectors)
+        items = [self._point_read(p, body.vector_format) for p in points[:limit]]
+        next_cursor = encode_cursor({"after": points[limit - 1].id}) if len(points) > limit else None
+        return {"items": items, "next_cursor": next_cursor}
+
+    # --- search ------------------------------------------------------------------------------------
+
+    async def search(self, collection: str, body: SearchRequest) -> dict[str, Any]:
+        limits = self.settings.limits
+        if body.limit > limits.max_page_size:
+            raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
+        flt = self._filter(body.filters)
+        info = await self.get(collection)
+        nonzero = info.distance == "cosine"
+        if (body.vector is None) == (body.vector_b64 is None):
+            raise InvalidInput("vector", "give exactly one of vector or vector_b64")
+        if body.vector is not None:
+            query_vec = encoding.from_numbers(body.vector, info.vector_size, "vector", nonzero=nonzero)
+        else:
+            query_vec = encoding.from_b64(body.vector_b64 or "", info.vector_size, "vector_b64", nonzero=nonzero)
+        ef = body.ef_search or self.settings.vectors.ef_search
+        words = _WORD.findall(body.query or "")[:MAX_QUERY_WORDS] if info.text_field else []
+        threshold = body.score_threshold
+        if not words:
+            hits = await self.index.search(self.session, info, query_vec, body.limit, flt, ef)
+            results = []
+            for h in hits:
+                score = _score(info.distance, h.distance)
+                if threshold is not None and score < threshold:
+                    continue
+                results.append(self._hit(h, score))
+            return {"results": results}
+        return {"results": await self._hybrid(info, query_vec, words, body.limit, flt, ef, threshold)}
+
+    def _hit(self, h: Hit, score: float) -> dict[str, Any]:
+        return {"id": h.id, "score": score, "distance": h.distance, "payload": encoding.raw_json(h.payload_json)}
+
+    async def _hybrid(
+        self,
+        info: CollectionInfo,
+        vector: array,
+        words: list[str],
+        limit: int,
+        flt: Node | None,
+        ef: int,
+        threshold: float | None,
+    ) -> list[dict[str, Any]]:
+        """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking."""
+        pool = min(self.settings.limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
+        vector_hits = await self.index.search(self.session, info, vector, pool, flt, ef)
+        text_ids = await self.index.text_search(self.session, info, words, pool, flt)
+        by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
+        fused: dict[str, float] = {}
+        for rank, h in enumerate(vector_hits):
+            fused[h.id] = fused.get(h.id, 0.0) + 1.0 / (RRF_K + rank + 1)
+        for rank, pid in enumerate(text_ids):
+            fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank + 1)
+        missing = [pid for pid in text_ids if pid not in by_id]
+        for h in await self.index.distances(self.session, info, vector, missing):
+            by_id[h.id] = h
+        ranked = sorted(fused, key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
+        out = []
+        for pid in ranked:
+            h = by_id[pid]
+            if threshold is not None and _score(info.distance, h.distance) < threshold:
+                continue
+            out.append(self._hit(h, fused[pid]))
+            if len(out) == limit:
+                break
+        return out

@@ -1,0 +1,393 @@
+"""Vectors through the client and a real server on both backends: collections, points, filters,
+scores, hybrid search, validation, idempotency, isolation and the seed's VectorStoreProtocol."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from storage_gateway_client import (
+    Conflict,
+    GatewayClient,
+    InvalidRequest,
+    NotFound,
+    RemoteVectorStore,
+    VectorRecord,
+    VectorStoreProtocol,
+    create_vector_store,
+)
+
+
+def rand_vectors(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+
+
+def vpath(namespace: str, *parts: str) -> str:
+    return "/v1/" + namespace + "/vectors" + "".join("/" + p for p in parts)
+
+
+# --- collections ------------------------------------------------------------------------------
+
+
+async def test_collection_lifecycle(gw: GatewayClient) -> None:
+    created = await gw.vectors.setup_collection("mem", 8, "l2")
+    assert created["vector_size"] == 8 and created["distance"] == "l2"
+    again = await gw.vectors.setup_collection("mem", 8, "l2")
+    assert again["collection"] == "mem"
+    with pytest.raises(Conflict):
+        await gw.vectors.setup_collection("mem", 16, "l2")
+    with pytest.raises(Conflict):
+        await gw.vectors.setup_collection("mem", 8, "cosine")
+    ids = await gw.vectors.upsert_points("mem", rand_vectors(5, 8).tolist())
+    assert len(ids) == 5 and len(set(ids)) == 5
+    # A conflicting re-create never drops data.
+    with pytest.raises(Conflict):
+        await gw.vectors.setup_collection("mem", 4, "ip")
+    info = await gw.vectors.describe_collection("mem")
+    assert info["count"] == 5
+    assert info["index"]["kind"] in ("hnsw", "exact")
+    await gw.vectors.setup_collection("other", 3)
+    page = await gw.vectors.list_collections(limit=1)
+    assert [c["collection"] for c in page["items"]] == ["mem"]
+    page2 = await gw.vectors.list_collections(limit=1, cursor=page["next_cursor"])
+    assert [c["collection"] for c in page2["items"]] == ["other"] and page2["next_cursor"] is None
+    await gw.vectors.reset_collection("mem")
+    assert (await gw.vectors.describe_collection("mem"))["count"] == 0
+    await gw.vectors.drop_collection("mem")
+    await gw.vectors.drop_collection("mem")  # 204 either way
+    with pytest.raises(NotFound):
+        await gw.vectors.describe_collection("mem")
+    # Re-created with other settings after a drop: a fresh, empty collection.
+    assert (await gw.vectors.setup_collection("mem", 4, "ip"))["vector_size"] == 4
+    assert (await gw.vectors.describe_collection("mem"))["count"] == 0
+
+
+async def test_bad_collection_settings(http: httpx.AsyncClient, namespace: str) -> None:
+    r = await http.put(vpath(namespace, "c"), json={"vector_size": 0})
+    assert r.status_code == 422 and "vector_size" in r.json()["detail"]
+    r = await http.put(vpath(namespace, "c"), json={"vector_size": 3, "distance": "dot"})
+    assert r.status_code == 422 and "distance" in r.json()["detail"]
+    r = await http.put(vpath(namespace, "c"), json={"vector_size": 10**6})
+    assert r.status_code == 422 and "vector_size" in r.json()["detail"]
+    r = await http.put(vpath(namespace, "bad name!"), json={"vector_size": 3})
+    assert r.status_code == 422
+    r = await http.post(vpath(namespace, "missing", "search"), json={"vector": [1, 2, 3]})
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json")
+
+
+# --- points -----------------------------------------------------------------------------------
+
+
+async def test_points_crud_and_update_semantics(gw: GatewayClient) -> None:
+    await gw.vectors.setup_collection("c", 3, "cosine")
+    ids = await gw.vectors.upsert_points(
+        "c", [[1, 0, 0], [0, 1, 0]], [{"k": "a", "n": 1}, {"k": "b"}], ["p/1 x:y", None]
+    )
+    assert ids[0] == "p/1 x:y" and len(ids[1]) == 32
+    p = await gw.vectors.get_point("c", "p/1 x:y")
+    assert p is not None and p["payload"] == {"k": "a", "n": 1} and p["vector"] == [1.0, 0.0, 0.0]
+    # vector only: payload kept
+    await gw.vectors.update_point("c", "p/1 x:y", vector=[0, 0, 1])
+    p = await gw.vectors.get_point("c", "p/1 x:y")
+    assert p["payload"] == {"k": "a", "n": 1} and p["vector"] == [0.0, 0.0, 1.0]
+    # payload only: replaced (not merged), vector kept
+    await gw.vectors.update_point("c", "p/1 x:y", payload={"z": True})
+    p = await gw.vectors.get_point("c", "p/1 x:y")
+    assert p["payload"] == {"z": True} and p["vector"] == [0.0, 0.0, 1.0]
+    with pytest.raises(NotFound):
+        await gw.vectors.update_point("c", "nope", payload={})
+    assert await gw.vectors.get_point("c", "nope") is None
+    await gw.vectors.delete_point("c", "p/1 x:y")
+    await gw.vectors.delete_point("c", "p/1 x:y")
+    assert await gw.vectors.get_point("c", "p/1 x:y") is None
+    # upsert replaces an existing id
+    await gw.vectors.upsert_points("c", [[1, 1, 0]], [{"v": 2}], [ids[1]])
+    p = await gw.vectors.get_point("c", ids[1])
+    assert p["payload"] == {"v": 2}
+    assert (await gw.vectors.describe_collection("c"))["count"] == 1
+
+
+async def test_list_points_with_cursor_and_filters(gw: GatewayClient) -> None:
+    await gw.vectors.setup_collection("c", 2, "l2")
+    n = 23
+    ids = [f"id{i:03d}" for i in range(n)]
+    await gw.vectors.upsert_points("c", [[i, 1] for i in range(n)], [{"even": i % 2 == 0} for i in range(n)], ids)
+    seen, cursor = [], None
+    while True:
+        page = await gw.vectors.list_points("c", limit=5, cursor=cursor, with_vectors=True)
+        seen += page["items"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert [p["id"] for p in seen] == ids
+    assert seen[3]["vector"] == [3.0, 1.0]
+    evens = [p["id"] async for p in gw.vectors.iter_points("c", {"even": True}, page_size=4)]
+    assert evens == ids[::2]
+    assert await gw.vectors.delete_points("c", filters={"even": False}) == n // 2
+    assert await gw.vectors.delete_points("c", ids=["id000", "id002", "missing"]) == 2
+    assert await gw.vectors.delete_vectors("c", "even", True) == len(ids[::2]) - 2
+    assert (await gw.vectors.describe_collection("c"))["count"] == 0
+
+
+async def test_validation_names_the_offender(http: httpx.AsyncClient, gw: GatewayClient, namespace: str) -> None:
+    await gw.vectors.setup_collection("c", 3, "cosine")
+    url = vpath(namespace, "c", "points")
+    good = {"vector": [1, 2, 3]}
+    r = await http.post(url, json={"points": [good, good, good, {"vector": [1, 2]}]})
+    assert r.status_code == 422 and "points.3.vector" in r.json()["detail"]
+    r = await http.post(url, content=b'{"points": [{"vector": [1, 2, 3]}, {"vector": [1, NaN, 3]}]}',
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "points.1" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector": [1, "2", 3]}]})
+    assert r.status_code == 422 and "points.0.vector" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector": [1e39, 0, 0]}]})
+    assert r.status_code == 422 and "points.0.vector" in r.json()["detail"]
+    r = await http.post(url, json={"vectors": [[1, 2, 3], [1, 2, 3]], "payloads": [{}]})
+    assert r.status_code == 422 and "payloads" in r.json()["detail"]
+    r = await http.post(url, json={"vectors": [[1, 2, 3]], "ids": ["a", "b"]})
+    assert r.status_code == 422 and "ids" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector": [0, 0, 0]}]})
+    assert r.status_code == 422 and "points.0.vector" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector": [1, 2, 3], "id": "bad\u0001id"}]})
+    assert r.status_code == 422 and "points.0.id" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector_b64": "!!!"}]})
+    assert r.status_code == 422 and "points.0.vector_b64" in r.json()["detail"]
+    r = await http.post(url, json={"points": [{"vector": [1, 2, 3]}] * 1001})
+    assert r.status_code == 422 and "points" in r.json()["detail"]
+    # Through the client: wrong dimension, NaN, mismatched lengths.
+    with pytest.raises(InvalidRequest) as exc:
+        await gw.vectors.upsert_points("c", [[1, 2, 3], [1, 2]])
+    assert "vectors_b64.1" in str(exc.value)
+    with pytest.raises(InvalidRequest):
+        await gw.vectors.upsert_points("c", [[1, float("nan"), 3]])
+    with pytest.raises(InvalidRequest) as exc:
+        await gw.vectors.upsert_points("c", [[1, 2, 3]], payloads=[{}, {}])
+    assert "payloads" in str(exc.value)
+    with pytest.raises(InvalidRequest):
+        await gw.vectors.search("c", [1, 2], 3)
+    with pytest.raises(InvalidRequest):
+        await gw.vectors.search("c", [1, 2, 3], 3, filters={"$bogus": 1})
+    # Nothing was stored by any of the rejected requests.
+    assert (await gw.vectors.describe_collection("c"))["count"] == 0
+
+
+async def test_filter_limits_and_shapes(http: httpx.AsyncClient, gw: GatewayClient, namespace: str) -> None:
+    await gw.vectors.setup_collection("c", 2, "l2")
+    url = vpath(namespace, "c", "search")
+    deep: dict = {"a": 1}
+    for _ in range(10):
+        deep = {"$or": [deep, {"b": 2}]}
+    r = await http.post(url, json={"vector": [0, 0], "filters": deep})
+    assert r.status_code == 422 and "filters" in r.json()["detail"]
+    r = await http.post(url, json={"vector": [0, 0], "filters": {"a": {"$in": list(range(500))}}})
+    assert r.status_code == 422 and "filters.a.$in" in r.json()["detail"]
+    for bad in ({"a": {"$gt": True}}, {"a": {"$in": 3}}, {"a": [1, 2]}, {"a": {"$exists": 1}}, {"a\"b": 1}):
+        r = await http.post(url, json={"vector": [0, 0], "filters": bad})
+        assert r.status_code == 422, bad
+    r = await http.post(url, json={"vector": [0, 0], "limit": 5000})
+    assert r.status_code == 422 and "limit" in r.json()["detail"]
+
+
+# --- search -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("distance", ["cosine", "l2", "ip"])
+async def test_scores_follow_the_formula(gw: GatewayClient, distance: str) -> None:
+    dim = 16
+    data = rand_vectors(200, dim, seed=1) * 2.0
+    await gw.vectors.setup_collection("s", dim, distance)
+    ids = await gw.vectors.upsert_points("s", data, [{"i": i} for i in range(len(data))])
+    q = rand_vectors(1, dim, seed=2)[0]
+    hits = await gw.vectors.search("s", q, 20)
+    assert len(hits) == 20
+    d64, q64 = data.astype(np.float64), q.astype(np.float64)
+    if distance == "cosine":
+        expected = d64 @ q64 / (np.linalg.norm(d64, axis=1) * np.linalg.norm(q64))
+    elif distance == "ip":
+        expected = d64 @ q64
+    else:
+        expected = -np.linalg.norm(d64 - q64, axis=1)
+    scores = [h["score"] for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    for h in hits:
+        i = h["payload"]["i"]
+        assert ids[i] == h["id"]
+        assert abs(h["score"] - expected[i]) < 1e-4
+        raw = 1 - h["score"] if distance == "cosine" else -h["score"]
+        assert abs(h["distance"] - raw) < 1e-6
+    top = set(np.argsort(-expected)[:20].tolist())
+    assert {h["payload"]["i"] for h in hits} == top
+    # score_threshold drops the worse results and keeps the order.
+    cut = scores[5]
+    kept = await gw.vectors.search("s", q, 20, score_threshold=cut)
+    assert [h["id"] for h in kept] == [h["id"] for h in hits[:6]]
+
+
+async def test_hybrid_ranks_exact_text_match_first(gw: GatewayClient) -> None:
+    dim = 8
+    await gw.vectors.setup_collection("h", dim, "cosine", text_field="text")
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=dim).astype(np.float32)
+    near = q + 0.01 * rng.normal(size=dim).astype(np.float32)   # very similar vector, unrelated text
+    far = q + 0.6 * rng.normal(size=dim).astype(np.float32)     # less similar vector, the exact text
+    others = rng.normal(size=(30, dim)).astype(np.float32)
+    vectors = [near, far, *others]
+    payloads = [
+        {"text": "weather report for tomorrow"},
+        {"text": "the quarterly budget spreadsheet"},
+        *({"text": f"note number {i} about gardening"} for i in range(30)),
+    ]
+    ids = await gw.vectors.upsert_points("h", vectors, payloads, ["near", "far", *(f"o{i}" for i in range(30))])
+    plain = await gw.vectors.search("h", q, 5)
+    assert plain[0]["id"] == "near"
+    hybrid = await gw.vectors.search("h", q, 5, query="quarterly budget spreadsheet")
+    assert hybrid[0]["id"] == "far"
+    assert [h["score"] for h in hybrid] == sorted((h["score"] for h in hybrid), reverse=True)
+    # Filters still apply in hybrid mode.
+    filtered = await gw.vectors.search("h", q, 5, query="quarterly budget", filters={"text": {"$ne": payloads[1]["text"]}})
+    assert "far" not in [h["id"] for h in filtered]
+    # Updating the payload re-indexes the text; deleting removes it.
+    await gw.vectors.update_point("h", "near", payload={"text": "quarterly budget spreadsheet"})
+    again = await gw.vectors.search("h", q, 5, query="quarterly budget spreadsheet")
+    assert again[0]["id"] == "near"
+    await gw.vectors.delete_point("h", "near")
+    await gw.vectors.delete_points("h", filters={"text": payloads[1]["text"]})
+    gone = await gw.vectors.search("h", q, 40, query="quarterly budget spreadsheet")
+    assert {"near", "far"}.isdisjoint(h["id"] for h in gone) and len(gone) == 30
+    # Without a text field, query is ignored.
+    await gw.vectors.setup_collection("plain", dim, "cosine")
+    await gw.vectors.upsert_points("plain", vectors, payloads, ids)
+    ignored = await gw.vectors.search("plain", q, 3, query="quarterly budget spreadsheet")
+    assert ignored[0]["id"] == "near"
+
+
+async def test_true_never_matches_one(gw: GatewayClient) -> None:
+    await gw.vectors.setup_collection("t", 2, "l2")
+    payloads = [{"v": True}, {"v": 1}, {"v": 1.0}, {"v": "1"}, {"v": "true"}, {"v": None}, {}, {"v": False}, {"v": 0}]
+    await gw.vectors.upsert_points("t", [[i, 0] for i in range(len(payloads))], payloads, [str(i) for i in range(len(payloads))])
+
+    async def match(flt: dict) -> set[str]:
+        return {h["id"] for h in await gw.vectors.search("t", [0, 0], 50, filters=flt)}
+
+    assert await match({"v": True}) == {"0"}
+    assert await match({"v": 1}) == {"1", "2"}
+    assert await match({"v": "1"}) == {"3"}
+    assert await match({"v": None}) == {"5"}
+    assert await match({"v": False}) == {"7"}
+    assert await match({"v": 0}) == {"8"}
+    assert await match({"v": {"$in": [True, "true"]}}) == {"0", "4"}
+    assert await match({"v": {"$ne": 1}}) == {"0", "3", "4", "5", "6", "7", "8"}
+    assert await match({"v": {"$gte": 0}}) == {"1", "2", "8"}
+    assert await match({"v": {"$exists": False}}) == {"6"}
+
+
+async def test_namespaces_are_isolated(server, api_key: str | None) -> None:
+    a_ns, b_ns = f"a{uuid.uuid4().hex[:8]}", f"b{uuid.uuid4().hex[:8]}"
+    async with GatewayClient(server.url, a_ns, api_key) as a, GatewayClient(server.url, b_ns, api_key) as b:
+        await a.vectors.setup_collection("shared", 2, "l2")
+        await b.vectors.setup_collection("shared", 2, "l2")
+        await a.vectors.upsert_points("shared", [[0, 0], [1, 1]], [{"who": "a"}] * 2, ["x", "y"])
+        await b.vectors.upsert_points("shared", [[0, 0]], [{"who": "b"}], ["x"])
+        assert {h["payload"]["who"] for h in await b.vectors.search("shared", [0, 0], 10)} == {"b"}
+        assert len(await b.vectors.search("shared", [0, 0], 10, filters={"who": "a"})) == 0
+        assert await b.vectors.delete_points("shared", filters={"who": "a"}) == 0
+        assert await b.vectors.get_point("shared", "y") is None
+        await b.vectors.reset_collection("shared")
+        assert (await a.vectors.describe_collection("shared"))["count"] == 2
+        await b.vectors.drop_collection("shared")
+        assert len(await a.vectors.search("shared", [0, 0], 10)) == 2
+        assert [c["collection"] for c in (await a.vectors.list_collections())["items"]] == ["shared"]
+        assert (await b.vectors.list_collections())["items"] == []
+
+
+async def test_idempotency_key_replays(http: httpx.AsyncClient, gw: GatewayClient, namespace: str) -> None:
+    await gw.vectors.setup_collection("c", 2, "l2")
+    url = vpath(namespace, "c", "points")
+    body = {"points": [{"vector": [1, 2]}, {"vector": [3, 4]}]}
+    first = await http.post(url, json=body, headers={"Idempotency-Key": "k1"})
+    second = await http.post(url, json=body, headers={"Idempotency-Key": "k1"})
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json()
+    assert (await gw.vectors.describe_collection("c"))["count"] == 2
+    other = await http.post(url, json={"points": [{"vector": [5, 6]}]}, headers={"Idempotency-Key": "k1"})
+    assert other.status_code == 409
+    third = await http.post(url, json=body, headers={"Idempotency-Key": "k2"})
+    assert third.json() != first.json()
+    assert (await gw.vectors.describe_collection("c"))["count"] == 4
+
+
+async def test_compact_wire_form_round_trips(http: httpx.AsyncClient, gw: GatewayClient, namespace: str) -> None:
+    import base64
+
+    await gw.vectors.setup_collection("c", 4, "l2")
+    vec = np.array([0.1, -2.5, 3.25, 1e-8], dtype="<f4")
+    r = await http.post(vpath(namespace, "c", "points"), json={"points": [{"id": "a", "vector_b64": base64.b64encode(vec.tobytes()).decode()}]})
+    assert r.status_code == 200
+    r = await http.get(vpath(namespace, "c", "points", "a"), params={"vector_format": "b64"})
+    assert np.frombuffer(base64.b64decode(r.json()["vector_b64"]), dtype="<f4").tolist() == vec.tolist()
+    r = await http.get(vpath(namespace, "c", "points", "a"))
+    assert r.json()["vector"] == vec.tolist()
+
+
+# --- the seed's VectorStoreProtocol -------------------------------------------------------------
+
+
+async def test_vector_store_protocol(gw: GatewayClient, server, namespace: str, api_key: str | None) -> None:
+    vs = gw.vector_store("memories")
+    assert isinstance(vs, VectorStoreProtocol) and isinstance(vs, RemoteVectorStore)
+    await vs.create_collection(4)
+    await vs.create_collection(4, distance="cosine")
+    await vs.insert([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], [{"t": "a"}, {"t": "b"}, {"t": "c"}], ["1", "2", "3"])
+    await vs.insert([[0, 0, 0, 1]])
+    res = await vs.search("", [1, 0.1, 0, 0], limit=2)
+    assert all(isinstance(r, VectorRecord) for r in res)
+    assert [r.id for r in res][0] == "1" and res[0].score is not None and abs(res[0].score - 1 / math.sqrt(1.01)) < 1e-4
+    assert [r.id for r in await vs.search("q", [1, 0, 0, 0], 5, filters={"t": "b"})] == ["2"]
+    got = await vs.get("2")
+    assert got == VectorRecord(id="2", score=None, payload={"t": "b"})
+    assert await vs.get("missing") is None
+    await vs.update("2", payload=None, vector=[0, 0, 0.5, 0.5])
+    assert (await vs.get("2")).payload == {"t": "b"}
+    await vs.update("2", payload={"t": "B"})
+    assert (await vs.get("2")).payload == {"t": "B"}
+    await vs.delete("missing")
+    await vs.delete("3")
+    records = await vs.list_records()
+    assert len(records) == 3 and all(r.score is None for r in records)
+    assert [r.id for r in await vs.list_records(filters={"t": "B"})] == ["2"]
+    assert len(await vs.list_records(limit=2)) == 2
+    await vs.reset()
+    assert await vs.list_records() == []
+    await vs.delete_collection()
+    await vs.close()
+    await vs.close()
+    # The factory owns its client; closing twice is safe.
+    store = create_vector_store("m2", {"base_url": server.url, "namespace": namespace, "api_key": api_key})
+    assert isinstance(store, VectorStoreProtocol)
+    await store.create_collection(2, "l2")
+    await store.insert([[1, 2]], [{"x": 1}])
+    assert (await store.list_records())[0].payload == {"x": 1}
+    await store.close()
+    await store.close()
+
+
+async def test_rust_vector_store_surface(gw: GatewayClient) -> None:
+    await gw.vectors.setup_collection("r", 3)
+    ids = await gw.vectors.insert_vectors(
+        "r",
+        [
+            {"id": "m1", "embedding": [1, 0, 0], "text": "hello", "user": "u1"},
+            {"embedding": [0, 1, 0], "text": "world", "user": "u2"},
+        ],
+    )
+    assert ids[0] == "m1"
+    found = await gw.vectors.search_vectors("r", [1, 0.1, 0], 2)
+    assert found[0]["id"] == "m1" and found[0]["text"] == "hello" and found[0]["user"] == "u1"
+    assert found[0]["score"] >= found[1]["score"]
+    assert await gw.vectors.delete_vectors("r", "user", "u1") == 1
+    assert [f["id"] for f in await gw.vectors.search_vectors("r", [1, 0, 0], 5)] == [ids[1]]
