@@ -1,8 +1,8 @@
 """Tables of the auth capability: API keys (metadata database). Only a hash of each secret is kept."""
 
-from sqlalchemy import Column, DateTime, String, Table, Text
+from sqlalchemy import Column, String, Table, Text
 
-from app.core.schema import metadata_db
+from app.core.schema import UtcDateTime, metadata_db
 
 api_keys = Table(
     "api_keys",
@@ -12,6 +12,6 @@ api_keys = Table(
     Column("namespace_pattern", String(129), nullable=False, comment="Exact namespace, `prefix*`, or `*`."),
     Column("scopes", Text, nullable=False, comment="JSON list of CAP:ACTION."),
     Column("description", Text, nullable=False, server_default=""),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime, nullable=True),
 )

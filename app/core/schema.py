@@ -6,8 +6,11 @@ Capabilities define their tables on the ``MetaData`` of the database they live i
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData, String, Text
-from sqlalchemy.types import TypeEngine
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, MetaData, String, Text
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from app.core.config import Database
 
@@ -39,3 +42,24 @@ def byte_ordered(length: int) -> TypeEngine[str]:
 NameColumn = byte_ordered(128)
 KeyColumn = byte_ordered(1024)
 JsonText = Text  # JSON kept as its compact text: returned exactly as stored, no re-encoding.
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC when read back, on both backends.
+
+    SQLite keeps no zone, so an aware value written there would come back naive; this stores
+    UTC and re-attaches it, so answers always carry a zone (RFC 3339 ``date-time``).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value

@@ -1,0 +1,142 @@
+"""The isolation matrix: every /v1 endpoint, with keys for the wrong namespace, read-only keys and none.
+
+Namespace B is seeded with data in every capability; every operation the OpenAPI document lists
+is then sent at B with (1) a key for namespace A, (2) a read-only key for B, (3) no key. B's data
+must be exactly the same afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server
+
+READ_ONLY_POSTS = {"/v1/{namespace}/vectors/{collection}/search", "/v1/{namespace}/vectors/{collection}/points/list"}
+PARAMS = {"collection": "c1", "key": "k1", "file_id": "f1", "point_id": "p1"}
+
+
+def operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    ops = []
+    for path, item in spec["paths"].items():
+        if not path.startswith("/v1/{namespace}/"):
+            continue
+        for method, op in item.items():
+            if method in ("get", "put", "post", "patch", "delete", "head"):
+                ops.append((method.upper(), path, op))
+    return ops
+
+
+def is_read(method: str, template: str) -> bool:
+    return method in ("GET", "HEAD") or (method == "POST" and template in READ_ONLY_POSTS)
+
+
+def request_for(method: str, template: str, op: dict[str, Any], namespace: str) -> dict[str, Any]:
+    path = template.replace("{namespace}", namespace)
+    for name, value in PARAMS.items():
+        path = path.replace("{" + name + "}", value)
+    kwargs: dict[str, Any] = {"method": method, "url": path}
+    content = op.get("requestBody", {}).get("content", {})
+    if "multipart/form-data" in content:
+        kwargs["files"] = {"file": ("x.bin", b"evil", "application/octet-stream")}
+    elif "application/json" in content:
+        kwargs["json"] = {}
+    elif method in ("PUT", "POST", "PATCH"):
+        kwargs["content"] = b"evil"
+    return kwargs
+
+
+async def seed(http: httpx.AsyncClient, ns: str) -> None:
+    assert (await http.put(f"/v1/{ns}/kv/c1/k1", json={"v": "kv"})).is_success
+    assert (await http.put(f"/v1/{ns}/records/c1/k1", json={"v": "record"})).is_success
+    assert (await http.put(f"/v1/{ns}/files/c1/f1", content=b"file-bytes")).is_success
+    assert (await http.put(f"/v1/{ns}/vectors/c1", json={"vector_size": 3, "distance": "cosine"})).is_success
+    r = await http.post(f"/v1/{ns}/vectors/c1/points", json={"points": [{"id": "p1", "vector": [1, 0, 0], "payload": {"a": 1}}]})
+    assert r.is_success, r.text
+
+
+async def snapshot(http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
+    async def get(url: str, raw: bool = False) -> Any:
+        r = await http.get(url)
+        return (r.status_code, r.content if raw else r.json())
+
+    return {
+        "kv": await get(f"/v1/{ns}/kv/c1"),
+        "records": await get(f"/v1/{ns}/records/c1"),
+        "file": await get(f"/v1/{ns}/files/c1/f1", raw=True),
+        "files": (await http.get(f"/v1/{ns}/files/c1")).json()["items"],
+        "collection": await get(f"/v1/{ns}/vectors/c1"),
+        "points": await get(f"/v1/{ns}/vectors/c1/points/p1"),
+    }
+
+
+async def make_key(http: httpx.AsyncClient, namespace: str, *scopes: str) -> str:
+    r = await http.post("/v1/admin/keys", json={"namespace": namespace, "scopes": list(scopes)})
+    assert r.status_code == 201, r.text
+    return r.json()["key"]
+
+
+async def test_isolation_matrix(server: Server, http: httpx.AsyncClient, namespace: str) -> None:
+    ns_a, ns_b = f"{namespace}a", f"{namespace}b"
+    await seed(http, ns_a)
+    await seed(http, ns_b)
+    before = await snapshot(http, ns_b)
+    spec = (await http.get("/openapi.json")).json()
+    ops = operations(spec)
+    capabilities = {template.split("/")[3] for _, template, _ in ops}
+    assert capabilities == {"records", "kv", "files", "vectors"}, capabilities
+
+    key_a = await make_key(http, ns_a, "*:*")
+    reader_b = await make_key(http, ns_b, "*:read")
+    outcomes = []
+    async with (
+        httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {key_a}"}) as as_a,
+        httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {reader_b}"}) as as_reader,
+        httpx.AsyncClient(base_url=server.url) as anonymous,
+    ):
+        for method, template, op in ops:
+            req = request_for(method, template, op, ns_b)
+            r = await as_a.request(**req)
+            outcomes.append((method, template, "A-key", r.status_code))
+            assert r.status_code == 403, (method, template, r.status_code, r.text)
+            assert ns_b not in r.text.replace(req["url"], ""), "a refusal must not describe B's data"
+
+            r = await anonymous.request(**req)
+            assert r.status_code == 401, (method, template, r.status_code)
+
+            r = await as_reader.request(**req)
+            if is_read(method, template):
+                assert r.status_code != 403, (method, template, r.text)
+                assert r.status_code < 500
+            else:
+                assert r.status_code == 403, (method, template, r.status_code, r.text)
+    assert await snapshot(http, ns_b) == before
+    assert len(outcomes) == len(ops) >= 20
+
+
+@pytest.mark.parametrize("capability", ["kv", "records", "files", "vectors"])
+async def test_same_names_in_two_namespaces_never_meet(http: httpx.AsyncClient, namespace: str, capability: str) -> None:
+    """Admin writes the same names in two namespaces; each reads back only its own."""
+    a, b = f"{namespace}a", f"{namespace}b"
+    await seed(http, a)
+    await seed(http, b)
+    if capability == "kv":
+        await http.put(f"/v1/{a}/kv/c1/k1", json="only-a")
+        assert (await http.get(f"/v1/{b}/kv/c1/k1")).json() == {"v": "kv"}
+        await http.delete(f"/v1/{a}/kv/c1/k1")
+        assert (await http.get(f"/v1/{b}/kv/c1/k1")).status_code == 200
+    elif capability == "records":
+        await http.post(f"/v1/{a}/records/c1/trim", json={"before": "zzzz"})
+        assert [i["key"] for i in (await http.get(f"/v1/{b}/records/c1")).json()["items"]] == ["k1"]
+    elif capability == "files":
+        await http.put(f"/v1/{a}/files/c1/f1", content=b"only-a")
+        assert (await http.get(f"/v1/{b}/files/c1/f1")).content == b"file-bytes"
+    else:
+        await http.post(f"/v1/{a}/vectors/c1/reset")
+        hits = (await http.post(f"/v1/{b}/vectors/c1/search", json={"vector": [1, 0, 0], "limit": 5})).json()
+        assert [h["id"] for h in hits["results"]] == ["p1"]
+        deleted = (await http.post(f"/v1/{a}/vectors/c1/points/delete", json={"filters": {"a": 1}})).json()
+        assert deleted["deleted"] == 0
+        assert (await http.get(f"/v1/{b}/vectors/c1/points/p1")).status_code == 200
