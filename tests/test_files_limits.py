@@ -1,0 +1,115 @@
+"""Files with non-default settings, each on its own gateway process: the size limit (413), a
+chunk size other than the default, and chunks of an upload cut off by a crash being swept."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from storage_gateway_client import GatewayClient, InvalidRequest
+from tests.conftest import Backend, Server, start_server, stop_server
+from tests.test_files import sha, storage_state, url, wait_clean
+
+LIMIT = 300_000
+SMALL_CHUNK = 65_536
+
+
+def keyed(api_key: str | None) -> dict[str, str]:
+    """The fixtures' key for a gateway started here (``tests.conftest`` imported again has its own)."""
+    return {"GATEWAY_AUTH__ADMIN_KEY": api_key} if api_key else {}
+
+
+@pytest.fixture
+def small_server(server: Server, backend: Backend, tmp_path: Path, api_key: str | None) -> Iterator[Server]:
+    """A second gateway on the same (migrated) databases with a small file limit and chunks."""
+    srv = start_server(
+        backend, tmp_path / "small.log", **keyed(api_key),
+        GATEWAY_LIMITS__MAX_FILE_BYTES=str(LIMIT), GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(SMALL_CHUNK),
+    )
+    yield srv
+    stop_server(srv)
+
+
+async def test_size_limit_is_413_and_changes_nothing(
+    small_server: Server, backend: Backend, namespace: str, api_key: str | None, auth_headers: dict[str, str]
+) -> None:
+    old = os.urandom(LIMIT)  # exactly the limit is allowed
+    async with GatewayClient(small_server.url, namespace=namespace, api_key=api_key) as gw, \
+            httpx.AsyncClient(base_url=small_server.url, headers=auth_headers, timeout=30) as http:
+        assert (await gw.files.save_file("lim", "f", old)).size == LIMIT
+        # Declared too large: refused before the body is read.
+        r = await http.put(url(namespace, "lim", "f"), content=os.urandom(LIMIT + 1))
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+        # Streamed (chunked, no length) past the limit: 413 as soon as it passes.
+        async def endless() -> AsyncIterator[bytes]:
+            for _ in range(8):
+                yield os.urandom(50_000)
+
+        r = await http.put(url(namespace, "lim", "f"), content=endless())
+        assert r.status_code == 413
+        with pytest.raises(InvalidRequest) as err:
+            await gw.files.upload("lim", "f", endless())
+        assert err.value.status_code == 413
+        # A multipart form whose file is too large.
+        r = await http.post(url(namespace, "lim"), files={"file": ("x", os.urandom(LIMIT + 10))},
+                            data={"file_id": "f"})
+        assert r.status_code == 413
+        assert await gw.files.get_file("lim", "f") == old
+        assert (await gw.files.usage()).total_bytes == LIMIT
+    assert (await wait_clean(backend))["unreferenced"] == 0
+
+
+async def test_other_chunk_size_round_trip_and_ranges(
+    small_server: Server, server: Server, namespace: str, api_key: str | None, auth_headers: dict[str, str]
+) -> None:
+    data = os.urandom(4 * SMALL_CHUNK + 123)
+    async with GatewayClient(small_server.url, namespace=namespace, api_key=api_key) as gw:
+        await gw.files.save_file("c", "f", data)
+        part = b"".join([p async for p in gw.files.download("c", "f", start=SMALL_CHUNK - 1, end=3 * SMALL_CHUNK)])
+        assert part == data[SMALL_CHUNK - 1 : 3 * SMALL_CHUNK + 1]
+    # The main server (1 MiB chunks) reads it with the chunk size it was written with.
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+        assert sha(await gw.files.get_file("c", "f") or b"") == sha(data)
+
+
+async def test_chunks_of_a_crashed_upload_are_swept(
+    server: Server, backend: Backend, namespace: str, tmp_path: Path, auth_headers: dict[str, str],
+    api_key: str | None,
+) -> None:
+    assert (await wait_clean(backend))["unreferenced"] == 0
+    doomed = start_server(
+        backend, tmp_path / "doomed.log", GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(SMALL_CHUNK), **keyed(api_key)
+    )
+    parts = urlsplit(doomed.url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        head = [f"PUT {url(namespace, 'crash', 'f')} HTTP/1.1", f"Host: {parts.hostname}",
+                f"Content-Length: {20 * SMALL_CHUNK}"] + [f"{k}: {v}" for k, v in auth_headers.items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + os.urandom(8 * SMALL_CHUNK))
+        await writer.drain()
+        for _ in range(100):  # until the gateway has stored some chunks
+            state = await storage_state(backend)
+            if state["uploads"] == 1 and state["unreferenced"] >= 5:
+                break
+            await asyncio.sleep(0.1)
+        doomed.process.kill()  # no cleanup can run: the chunks stay behind
+        doomed.process.wait()
+    finally:
+        writer.transport.abort()
+    state = await storage_state(backend)
+    assert state["uploads"] == 1 and state["unreferenced"] >= 5 and state["orphans"] == 0
+    sweeper = start_server(
+        backend, tmp_path / "sweeper.log", **keyed(api_key),
+        GATEWAY_FILES__UPLOAD_STALE_SECONDS="0.5", GATEWAY_FILES__SWEEP_INTERVAL_SECONDS="0.2",
+    )
+    try:
+        assert await wait_clean(backend) == {"orphans": 0, "uploads": 0, "unreferenced": 0}
+    finally:
+        stop_server(sweeper)
