@@ -1,0 +1,311 @@
+"""Two gateway replicas behind nginx at ``/storage/``, sharing one set of databases.
+
+nginx is the Debian package, installed by the test when missing (the CI machine is fresh). The
+client talks only to nginx (``http://127.0.0.1:<port>/storage``); every capability whose routes
+exist works through it, 200 concurrent compare-and-swap increments spread over both replicas end
+with the exact count, request ids pass through both ways, ``/docs`` works under the sub-path, and
+``X-Forwarded-For`` is honoured from the proxy only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from storage_gateway_client import GatewayClient
+from tests.conftest import ADMIN_KEY, Backend, Server, free_port, start_server, stop_server
+
+ROOT_PATH = "/storage"
+INCREMENTS = 200
+RACERS = 12  # increments contending at any moment (all 200 are started at once)
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+user {user};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    # Keep the caller's X-Request-ID, or make one, and log it on both sides.
+    map $http_x_request_id $gateway_request_id {{
+        default $http_x_request_id;
+        ""      $request_id;
+    }}
+    log_format gateway '$remote_addr "$request" $status rid=$gateway_request_id upstream=$upstream_addr';
+    access_log {dir}/access.log gateway;
+    upstream storage_gateway {{
+        server 127.0.0.1:{port_a};
+        server 127.0.0.1:{port_b};
+        keepalive 32;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location {root_path}/ {{
+            proxy_pass http://storage_gateway/;   # trailing slash: strips {root_path}
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Request-ID $gateway_request_id;
+            proxy_request_buffering off;          # stream uploads straight through
+            proxy_buffering off;                  # and downloads
+            client_max_body_size 0;               # the gateway enforces its own limits
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    """nginx from the Debian package; installed here when missing (fresh CI machines)."""
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if found:
+        return found
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for attempt in range(3):
+        update = subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=300)
+        install = subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "nginx"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        if install.returncode == 0:
+            break
+        time.sleep(2 + attempt * 3)  # another apt may hold the lock
+    else:
+        raise RuntimeError(f"cannot install nginx:\n{update.stderr[-2000:]}\n{install.stderr[-2000:]}")
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert Path(found).exists(), "nginx installed but not found"
+    return found
+
+
+@dataclass
+class Proxied:
+    url: str  # what the client uses: http://127.0.0.1:<nginx port>/storage
+    replicas: list[Server]
+    nginx: subprocess.Popen
+    nginx_dir: Path
+
+    def nginx_access_log(self) -> str:
+        return (self.nginx_dir / "access.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def proxied(backend: Backend, server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    """nginx at /storage/ in front of two replicas on the backend's (already migrated) databases."""
+    binary = nginx_binary()
+    tmp = tmp_path_factory.mktemp(f"proxy-{backend.name}")
+    env = {"GATEWAY_ROOT_PATH": ROOT_PATH, "GATEWAY_FORWARDED_ALLOW_IPS": "127.0.0.1"}
+    replicas = []
+    try:
+        with ThreadPoolExecutor(2) as pool:  # start both at once: half the wait
+            starting = [pool.submit(start_server, backend, tmp / f"replica-{n}.log", **env) for n in "ab"]
+            for future in starting:
+                try:
+                    replicas.append(future.result())
+                except Exception:
+                    for other in starting:
+                        if other is not future and other.exception() is None:
+                            stop_server(other.result())
+                    raise
+        nginx_dir = tmp / "nginx"
+        nginx_dir.mkdir()
+        port = free_port()
+        user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
+        conf = NGINX_CONF.format(
+            dir=nginx_dir, port=port, root_path=ROOT_PATH, user=user,
+            port_a=httpx.URL(replicas[0].url).port, port_b=httpx.URL(replicas[1].url).port,
+        )
+        (nginx_dir / "nginx.conf").write_text(conf)
+        check = subprocess.run([binary, "-t", "-c", str(nginx_dir / "nginx.conf")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        process = subprocess.Popen(
+            [binary, "-c", str(nginx_dir / "nginx.conf")],
+            stdout=subprocess.DEVNULL, stderr=open(nginx_dir / "stderr.log", "wb"),
+        )
+        url = f"http://127.0.0.1:{port}{ROOT_PATH}"
+        deadline = time.monotonic() + 20
+        while True:
+            assert process.poll() is None, (nginx_dir / "stderr.log").read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "nginx did not come up"
+            time.sleep(0.1)
+        yield Proxied(url, replicas, process, nginx_dir)
+        process.terminate()
+        process.wait(timeout=10)
+    finally:
+        for replica in replicas:
+            stop_server(replica)
+
+
+def logged_by(replicas: list[Server], needle: str, timeout: float = 5.0) -> int:
+    """How many replicas logged ``needle`` (access lines are written just after the answer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = sum(needle in replica.log() for replica in replicas)
+        if count or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def routes(openapi: dict) -> set[str]:
+    return set(openapi["paths"])
+
+
+async def test_docs_and_openapi_work_under_the_sub_path(proxied: Proxied) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        docs = await http.get(f"{proxied.url}/docs")
+        assert docs.status_code == 200
+        assert f"{ROOT_PATH}/openapi.json" in docs.text  # the page loads the spec through the proxy
+        spec = await http.get(f"{proxied.url}/openapi.json")
+        assert spec.status_code == 200 and spec.json()["info"]["title"] == "storage-gateway"
+        assert {"url": ROOT_PATH} in spec.json().get("servers", [])
+        # Outside the sub-path nginx has nothing: the gateway is only reachable under /storage/.
+        assert (await http.get(proxied.url.removesuffix(ROOT_PATH) + "/healthz")).status_code == 404
+
+
+async def test_every_capability_works_through_the_proxy(proxied: Proxied, namespace: str) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        paths = routes((await http.get(f"{proxied.url}/openapi.json")).json())
+    done = []
+    async with GatewayClient(proxied.url, namespace=namespace, api_key=ADMIN_KEY) as gw:
+        assert "/v1/{namespace}/kv/{collection}/{key}" in paths
+        await gw.kv.set("settings", "theme/dark mode", {"on": True})
+        assert await gw.kv.get("settings", "theme/dark mode") == {"on": True}
+        assert await gw.kv.get_all("settings") == [{"on": True}]
+        await gw.kv.delete("settings", "theme/dark mode")
+        assert await gw.kv.get("settings", "theme/dark mode") is None
+        done.append("kv")
+        if "/v1/{namespace}/records/{collection}/{key}" in paths:
+            for i in range(5):
+                await gw.records.upsert_record("history", f"{i:05d}", {"i": i})
+            assert await gw.records.trim_records_before("history", "00002") == 2
+            ordered = await gw.records.get_ordered_records("history")
+            assert [k for k, _ in ordered] == ["00002", "00003", "00004"]
+            done.append("records")
+        if "/v1/{namespace}/files/{collection}/{file_id}" in paths:
+            data = os.urandom(3 * 1024 * 1024 + 17)  # streamed through nginx both ways
+            await gw.files.save_file("avatars", "u1/pic.png", data)
+            assert await gw.files.get_file("avatars", "u1/pic.png") == data
+            await gw.files.delete_file("avatars", "u1/pic.png")
+            assert await gw.files.get_file("avatars", "u1/pic.png") is None
+            done.append("files")
+        if "/v1/{namespace}/vectors/{collection}" in paths:
+            await gw.vectors.setup_collection("memories", 3)
+            await gw.vectors.insert_vectors("memories", [
+                {"id": "a", "embedding": [1.0, 0.0, 0.0], "text": "a"},
+                {"id": "b", "embedding": [0.0, 1.0, 0.0], "text": "b"},
+            ])
+            found = await gw.vectors.search_vectors("memories", [0.9, 0.1, 0.0], 1)
+            assert found and found[0].get("text") == "a"
+            done.append("vectors")
+    assert "kv" in done
+
+
+async def test_compare_and_swap_increments_across_replicas_end_exact(
+    proxied: Proxied, namespace: str, auth_headers: dict[str, str]
+) -> None:
+    url = f"{proxied.url}/v1/{namespace}/kv/counters/hits"
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    conflicts = 0
+    async with httpx.AsyncClient(timeout=60, headers=headers, limits=limits) as http:
+        r = await http.put(url, json=0, headers={"If-None-Match": "*"})
+        assert r.status_code in (200, 201, 204), r.text
+
+        racing = asyncio.Semaphore(RACERS)
+
+        async def increment() -> None:
+            async with racing:
+                await try_until_it_counts()
+
+        async def try_until_it_counts() -> None:
+            nonlocal conflicts
+            for attempt in range(500):
+                current = await http.get(url)
+                assert current.status_code == 200, current.text
+                r = await http.put(url, json=current.json() + 1, headers={"If-Match": current.headers["etag"]})
+                if r.status_code in (200, 201, 204):
+                    return
+                assert r.status_code in (412, 503), r.text  # lost the race (or busy): try again
+                conflicts += 1
+                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 25)))
+            raise AssertionError("an increment never got through")
+
+        await asyncio.gather(*(increment() for _ in range(INCREMENTS)))
+        final = await http.get(url)
+    assert final.json() == INCREMENTS
+    assert conflicts > 0  # the increments really raced
+    # Both replicas took part in the conditional writes.
+    for replica in proxied.replicas:
+        puts = [
+            line for line in replica.log().splitlines()
+            if '"logger": "app.access"' in line and f'"namespace": "{namespace}"' in line and '"method": "PUT"' in line
+        ]
+        assert puts, f"replica {replica.url} served no increment"
+
+
+async def test_request_ids_pass_through_the_proxy_both_ways(proxied: Proxied, namespace: str) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        # Sent by the client: reaches a replica (its log line) and comes back unchanged.
+        rid = f"proxy-{uuid.uuid4().hex}"
+        r = await http.put(f"{proxied.url}/v1/{namespace}/kv/c/k", json=1, headers={"X-Request-ID": rid})
+        assert r.status_code in (200, 201, 204) and r.headers["x-request-id"] == rid
+        assert logged_by(proxied.replicas, rid) == 1
+        # Problems carry it too, in the header and the body.
+        r = await http.get(f"{proxied.url}/v1/{namespace}/kv/c/missing", headers={"X-Request-ID": rid + "-404"})
+        assert r.status_code == 404 and r.headers["x-request-id"] == rid + "-404"
+        assert r.json()["request_id"] == rid + "-404"
+        # Not sent: nginx makes one, and the gateway, nginx's log and the answer all agree on it.
+        r = await http.get(f"{proxied.url}/v1/{namespace}/kv/c/k")
+        made = r.headers["x-request-id"]
+        assert len(made) == 32
+        assert f"rid={made}" in proxied.nginx_access_log()
+        assert logged_by(proxied.replicas, made) == 1
+
+
+async def test_forwarded_for_is_trusted_from_the_proxy_only(proxied: Proxied, namespace: str) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "X-Forwarded-For": "203.0.113.7"}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+        via_proxy = f"via-proxy-{uuid.uuid4().hex}"
+        await http.get(f"{proxied.url}/healthz", headers={"X-Request-ID": via_proxy})
+    # A client that is not a configured proxy (another loopback address) cannot claim an address.
+    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with httpx.AsyncClient(timeout=30, headers=headers, transport=transport) as http:
+        direct = f"direct-{uuid.uuid4().hex}"
+        await http.get(f"{proxied.replicas[0].url}/healthz", headers={"X-Request-ID": direct})
+
+    def client_of(rid: str) -> str:
+        for replica in proxied.replicas:
+            for line in replica.log().splitlines():
+                if rid in line and '"logger": "app.access"' in line:
+                    return json.loads(line)["client"]
+        raise AssertionError(f"no access log line for {rid}")
+
+    assert client_of(via_proxy) == "203.0.113.7"
+    assert client_of(direct) == "127.0.0.2"
