@@ -120,14 +120,10 @@ def proxied(backend: Backend, server: Server, tmp_path_factory: pytest.TempPathF
     try:
         with ThreadPoolExecutor(2) as pool:  # start both at once: half the wait
             starting = [pool.submit(start_server, backend, tmp / f"replica-{n}.log", **env) for n in "ab"]
+            replicas.extend(f.result() for f in starting if f.exception() is None)  # stopped below
             for future in starting:
-                try:
-                    replicas.append(future.result())
-                except Exception:
-                    for other in starting:
-                        if other is not future and other.exception() is None:
-                            stop_server(other.result())
-                    raise
+                if future.exception() is not None:
+                    raise future.exception()
         nginx_dir = tmp / "nginx"
         nginx_dir.mkdir()
         port = free_port()
