@@ -1,13 +1,34 @@
 """Request body limits enforced before a handler reads anything.
 
 JSON routes are bounded by ``limits.max_body_bytes``: a declared ``Content-Length`` over it is
-refused at once, and a chunked body is counted as it arrives. File uploads stream and count
-their own bytes against ``limits.max_file_bytes`` instead, so they are passed through.
+refused before the handler runs, and a chunked body is counted as it arrives. File uploads
+stream and count their own bytes against ``limits.max_file_bytes`` instead, so they are passed
+through.
+
+Before answering 413 the rest of the body is read and dropped (up to ``DRAIN_MAX_BYTES``): an
+HTTP/1.1 client that is still sending would otherwise see a reset connection instead of the
+answer. Past that bound the connection is closed.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+
+
+async def drain(receive: Receive, max_bytes: int = DRAIN_MAX_BYTES) -> bool:
+    """Read and drop the rest of a request body; False when it was longer than ``max_bytes``."""
+    drained = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        drained += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+        if drained > max_bytes:
+            return False
 
 from app.core.errors import PayloadTooLarge, render
 
@@ -30,7 +51,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     declared = -1
                 if declared > limit:
-                    await self._refuse(scope, receive, send, limit)
+                    await self._refuse(scope, receive, send, limit, drain_first=declared <= DRAIN_MAX_BYTES)
                     return
         # Read the whole (bounded) body now; JSON handlers would hold it in memory anyway.
         chunks: list[bytes] = []
@@ -41,12 +62,12 @@ class BodyLimitMiddleware:
             if message["type"] == "http.disconnect":
                 return
             body = message.get("body", b"")
+            more = message.get("more_body", False)
             size += len(body)
             if size > limit:
-                await self._refuse(scope, receive, send, limit)
+                await self._refuse(scope, receive, send, limit, drain_first=more)
                 return
             chunks.append(body)
-            more = message.get("more_body", False)
         payload = b"".join(chunks)
         sent = False
 
@@ -59,7 +80,10 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int, drain_first: bool) -> None:
+        if drain_first and not await drain(receive):
+            drain_first = False
         response = render(PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
-        response.headers["Connection"] = "close"
+        if not drain_first:
+            response.headers["Connection"] = "close"
         await response(scope, receive, send)
