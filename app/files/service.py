@@ -14,6 +14,7 @@ download that overlaps a replace or delete sends the old version whole, never a 
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import hashlib
 import logging
@@ -81,7 +82,8 @@ class BlobWriter:
         self._hash = hashlib.sha256()
         self._buffer = bytearray()
         self._stored = 0  # chunks already committed
-        self._started = False  # the file_uploads row exists
+        self._started = False  # the file_uploads row exists (or is being inserted)
+        self._pending: asyncio.Task[None] | None = None
         self.finished = False
 
     async def write(self, data: bytes) -> None:
@@ -96,17 +98,25 @@ class BlobWriter:
         while len(self._buffer) > self.chunk_bytes:
             chunk = bytes(self._buffer[: self.chunk_bytes])
             del self._buffer[: self.chunk_bytes]
-            await self._store(chunk)
+            # One chunk is written while the next one arrives: at most two chunks in memory.
+            await self._settle()
+            self._pending = asyncio.create_task(self._store(chunk))
+
+    async def _settle(self) -> None:
+        """Wait for the chunk being written (re-raising its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await pending
 
     async def _store(self, chunk: bytes) -> None:
         now = utcnow()
-        async with self._service.write() as conn:
+        async with self._service.write(chunks=True) as conn:
             if not self._started:
+                self._started = True  # set first: if the insert commits, abort() must see it
                 await self._repo.start_upload(conn, self.blob_id, now)
             elif not await self._repo.touch_upload(conn, self.blob_id, now):
                 raise UploadAbandoned("the upload stalled and was discarded; send it again")
             await self._repo.add_chunk(conn, self.blob_id, self._stored, chunk)
-        self._started = True
         self._stored += 1
 
     async def commit(
@@ -116,6 +126,7 @@ class BlobWriter:
         repo = self._repo
         now = utcnow()
         sha256 = self._hash.hexdigest()
+        await self._settle()
         async with self._service.write() as conn:
             if self._buffer:
                 await repo.add_chunk(conn, self.blob_id, self._stored, bytes(self._buffer))
@@ -141,9 +152,16 @@ class BlobWriter:
 
     async def abort(self) -> None:
         """Drop whatever this upload stored (shielded: runs even while the request is cancelled)."""
-        if not self._started or self.finished:
+        if self.finished:
             return
         with anyio.CancelScope(shield=True):
+            if self._pending is not None:
+                try:
+                    await self._settle()
+                except BaseException:
+                    pass
+            if not self._started:
+                return
             try:
                 async with self._service.write() as conn:
                     await self._repo.drop_blob(conn, self.blob_id)
@@ -224,6 +242,7 @@ class FilesService:
 
     def __init__(self, engine: AsyncEngine, backend: FilesBackend, settings: Settings) -> None:
         self.repo = FilesRepository(backend)
+        self._backend = backend
         self._engine = engine
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
@@ -232,9 +251,11 @@ class FilesService:
         self.stale_after = timedelta(seconds=settings.files.upload_stale_seconds)
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
-        """One short write transaction."""
+    async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
+        """One short write transaction (``chunks``: one that only stores chunks of an upload)."""
         async with self._write_engine.begin() as conn:
+            if chunks:
+                await self._backend.prepare_chunk_write(conn)
             yield conn
 
     # --- uploads -----------------------------------------------------------------------
