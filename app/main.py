@@ -91,7 +91,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
     install_error_handlers(app)
     install_openapi(app)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.limits.max_body_bytes,
+        idle_timeout_seconds=settings.limits.body_idle_timeout_seconds,
+    )
     observability.install(app)  # last: request ids and telemetry wrap everything above
     app.include_router(health_router)
     app.include_router(admin_router)

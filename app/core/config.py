@@ -110,6 +110,9 @@ class LimitsSettings(_Strict):
     max_vector_dimensions: int = Field(default=16000, ge=1, description="Largest vector_size of a collection.")
     max_filter_depth: int = Field(default=8, ge=1, description="Deepest nesting of $and/$or in a filter.")
     max_filter_terms: int = Field(default=128, ge=1, description="Most conditions in one filter.")
+    body_idle_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="A request body that sends nothing for this long is answered 408."
+    )
 
     @model_validator(mode="after")
     def _default_fits(self) -> "LimitsSettings":
@@ -167,7 +170,7 @@ class VectorsSettings(_Strict):
     hnsw_ef_construction: int = Field(default=64, ge=4, le=1000, description="HNSW build breadth.")
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth per query.")
     exact_search_threshold: int = Field(
-        default=10000,
+        default=5000,
         ge=0,
         description="A filtered search matching at most this many points is searched exactly (pgvector).",
     )

@@ -82,6 +82,10 @@ class MethodNotAllowed(ProblemError):
     status, code, title = 405, "method_not_allowed", "Method Not Allowed"
 
 
+class RequestTimeout(ProblemError):
+    status, code, title = 408, "request_timeout", "Request Timeout"
+
+
 class Conflict(ProblemError):
     status, code, title = 409, "conflict", "Conflict"
 
@@ -183,6 +187,7 @@ _STATUS_CODES = {
     403: Forbidden,
     404: NotFound,
     405: MethodNotAllowed,
+    408: RequestTimeout,
     409: Conflict,
     412: PreconditionFailed,
     413: PayloadTooLarge,

@@ -8,9 +8,14 @@ through.
 Before answering 413 the rest of the body is read and dropped (up to ``DRAIN_MAX_BYTES``): an
 HTTP/1.1 client that is still sending would otherwise see a reset connection instead of the
 answer. Past that bound the connection is closed.
+
+A body that stops arriving (a slow or stalled client) is cut off after
+``limits.body_idle_timeout_seconds`` without a byte, with 408, on every route.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,19 +35,58 @@ async def drain(receive: Receive, max_bytes: int = DRAIN_MAX_BYTES) -> bool:
         if drained > max_bytes:
             return False
 
-from app.core.errors import PayloadTooLarge, render
+from app.core.errors import PayloadTooLarge, RequestTimeout, render
+
+
+def idle_timeout(receive: Receive, seconds: float) -> Receive:
+    """``receive`` that raises ``RequestTimeout`` when the body stalls for ``seconds``.
+
+    Only while the body is still arriving: afterwards ``receive`` waits for the disconnect,
+    which may rightly take as long as the response does.
+    """
+    body_done = False
+
+    async def timed() -> Message:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), seconds)
+        except TimeoutError:
+            raise RequestTimeout(f"the request body sent nothing for {seconds:g} seconds") from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_done = True
+        return message
+
+    return timed
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, streamed_marker: str = "/files/") -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, idle_timeout_seconds: float = 30.0,
+        streamed_marker: str = "/files/",
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.idle_timeout_seconds = idle_timeout_seconds
         self.streamed_marker = streamed_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.streamed_marker in scope.get("path", ""):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        receive = idle_timeout(receive, self.idle_timeout_seconds)
+        if self.streamed_marker in scope.get("path", ""):
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self._buffered(scope, receive, send)
+        except RequestTimeout as exc:
+            response = render(exc)
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+
+    async def _buffered(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.max_body_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
