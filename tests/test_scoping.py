@@ -1,0 +1,103 @@
+"""No query bypasses namespace scoping: every statement a request sends to a namespaced table
+carries the caller's namespace as a bound parameter.
+
+The app runs in-process on the test databases with a listener on all three engines; a workload
+touches every capability. Tables keyed by ids that only a scoped row hands out (file chunks by
+blob id, per-collection vector tables by registry id, API keys) are the only exceptions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import event
+
+import app.models  # noqa: F401
+from app.core.config import Settings
+from app.core.schema import METADATA
+from app.main import create_app
+from tests.conftest import Backend, Server
+
+NAMESPACED = sorted(t.name for md in METADATA.values() for t in md.tables.values() if "namespace" in t.c)
+capturing: contextvars.ContextVar[bool] = contextvars.ContextVar("capturing", default=False)
+
+
+async def workload(client: httpx.AsyncClient, ns: str) -> None:
+    async def ok(method: str, url: str, **kw: Any) -> httpx.Response:
+        r = await client.request(method, url, **kw)
+        assert r.status_code < 400 or r.status_code == 404, (method, url, r.status_code, r.text)
+        return r
+
+    await ok("PUT", f"/v1/{ns}/kv/c/k", json={"a": 1})
+    etag = (await ok("GET", f"/v1/{ns}/kv/c/k")).headers["etag"]
+    await ok("PUT", f"/v1/{ns}/kv/c/k", json={"a": 2}, headers={"If-Match": etag})
+    await ok("PUT", f"/v1/{ns}/kv/c/t", json=1, params={"ttl_seconds": 60})
+    await ok("GET", f"/v1/{ns}/kv/c", params={"prefix": "k", "limit": 1})
+    await ok("DELETE", f"/v1/{ns}/kv/c/k")
+    await ok("PUT", f"/v1/{ns}/records/h/001", json={"m": 1})
+    await ok("POST", f"/v1/{ns}/records/h", json={"records": [{"key": "002", "value": 2}, {"key": "003", "value": 3}]})
+    await ok("GET", f"/v1/{ns}/records/h", params={"order": "desc", "limit": 2})
+    await ok("GET", f"/v1/{ns}/records/h/002")
+    await ok("POST", f"/v1/{ns}/records/h/trim", json={"before": "002"})
+    await ok("POST", f"/v1/{ns}/records/h/trim", json={"keep_last": 1})
+    await ok("DELETE", f"/v1/{ns}/records/h/003")
+    await ok("PUT", f"/v1/{ns}/files/f/a.txt", content=b"hello")
+    await ok("GET", f"/v1/{ns}/files/f/a.txt", headers={"Range": "bytes=1-2"})
+    await ok("POST", f"/v1/{ns}/files/f", files={"file": ("b.txt", b"multi", "text/plain")})
+    await ok("GET", f"/v1/{ns}/files/f")
+    await ok("DELETE", f"/v1/{ns}/files/f/a.txt")
+    await ok("PUT", f"/v1/{ns}/vectors/v", json={"vector_size": 2, "distance": "cosine", "text_field": "text"})
+    await ok("POST", f"/v1/{ns}/vectors/v/points", headers={"Idempotency-Key": "i1"},
+             json={"points": [{"id": "p", "vector": [1, 0], "payload": {"u": 1, "text": "tea"}}]})
+    await ok("POST", f"/v1/{ns}/vectors/v/search", json={"vector": [1, 0], "query": "tea", "filters": {"u": 1}})
+    await ok("PATCH", f"/v1/{ns}/vectors/v/points/p", json={"payload": {"u": 2}})
+    await ok("GET", f"/v1/{ns}/vectors/v/points/p")
+    await ok("POST", f"/v1/{ns}/vectors/v/points/list", json={"filters": {"u": 2}})
+    await ok("POST", f"/v1/{ns}/vectors/v/points/delete", json={"ids": ["p"]})
+    await ok("GET", f"/v1/{ns}/vectors")
+    await ok("GET", f"/v1/{ns}/vectors/v")
+    await ok("POST", f"/v1/{ns}/vectors/v/reset")
+    await ok("DELETE", f"/v1/{ns}/vectors/v")
+
+
+async def test_every_statement_on_a_namespaced_table_is_scoped(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()},
+        data_dir=tmp_path, auth={"mode": "disabled"}, auto_migrate=False,
+    )
+    app = create_app(settings)
+    captured: list[tuple[str, Any]] = []
+
+    def listener(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        if capturing.get():
+            captured.append((statement, parameters))
+
+    async with app.router.lifespan_context(app):
+        for engine in app.state.databases.engines.values():
+            event.listen(engine.sync_engine, "before_cursor_execute", listener)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            token = capturing.set(True)
+            try:
+                await workload(client, namespace)
+            finally:
+                capturing.reset(token)
+
+    table_re = {name: re.compile(rf'\b"?{name}"?\b') for name in NAMESPACED}
+    checked = 0
+    for statement, parameters in captured:
+        touched = [name for name, rx in table_re.items() if rx.search(statement)]
+        if not touched:
+            continue
+        checked += 1
+        flat = repr(parameters)
+        assert "namespace" in statement, statement
+        assert namespace in flat, f"statement on {touched} without the caller's namespace bound:\n{statement}\n{flat}"
+    assert checked >= 30, f"only {checked} statements on namespaced tables were seen"
+    assert {t for s, _ in captured for t in NAMESPACED if table_re[t].search(s)} == set(NAMESPACED)
