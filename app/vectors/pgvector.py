@@ -17,11 +17,13 @@ dimensions on pgvector 0.7+, and exact search otherwise.
 from __future__ import annotations
 
 import json
+import struct
+import sys
 from array import array
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, PointIn, PointOut
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
@@ -46,9 +48,39 @@ def parse_version(value: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def vector_literal(vec: array) -> str:
-    """pgvector's text form; float32 values printed with enough digits to round-trip."""
-    return "[" + ",".join(map(repr, vec)) + "]"
+_LITTLE = sys.byteorder == "little"
+
+
+def encode_vector(vec: array | bytes) -> bytes:
+    """pgvector's binary form: dimensions (int16), unused (int16), big-endian float32 values."""
+    if isinstance(vec, bytes):
+        return vec
+    data = array("f", vec)
+    if _LITTLE:
+        data.byteswap()
+    return struct.pack(">HH", len(data), 0) + data.tobytes()
+
+
+def decode_vector(data: bytes) -> array:
+    out = array("f")
+    out.frombytes(data[4:])
+    if _LITTLE:
+        out.byteswap()
+    return out
+
+
+def install_vector_codec(engine: AsyncEngine) -> None:
+    """Send and receive ``vector`` values in binary on every new connection of ``engine``
+    (about 6x faster than pgvector's text form for a 500 x 384 batch)."""
+
+    async def register(conn: Any) -> None:
+        await conn.set_type_codec(
+            "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
+        )
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.run_async(register)
 
 
 def compile_filter(node: Node | None, sql: SqlBuilder) -> str:
@@ -98,7 +130,7 @@ class PgVectorIndex:
 
     name = "pgvector"
 
-    def __init__(self, version: str, *, exact_threshold: int = 10000) -> None:
+    def __init__(self, version: str, *, exact_threshold: int = 5000) -> None:
         self.version = version
         self._v = parse_version(version)
         self.iterative_scan = self._v >= (0, 8)
@@ -117,17 +149,17 @@ class PgVectorIndex:
         return "exact"
 
     def _query_vector(self, coll: CollectionInfo) -> str:
-        return "CAST(CAST(:q AS text) AS vector)"
+        return "CAST(:q AS vector)"
 
     def _order_expr(self, coll: CollectionInfo) -> str:
         op = _OPERATOR[coll.distance]
         if coll.index.get("kind") == "hnsw_halfvec":
             n = int(coll.vector_size)
-            return f"(CAST(embedding AS halfvec({n})) {op} CAST(CAST(:q AS text) AS halfvec({n})))"
-        return f"(embedding {op} CAST(CAST(:q AS text) AS vector))"
+            return f"(CAST(embedding AS halfvec({n})) {op} CAST(CAST(:q AS vector) AS halfvec({n})))"
+        return f"(embedding {op} CAST(:q AS vector))"
 
     def _distance_expr(self, coll: CollectionInfo) -> str:
-        return f"(embedding {_OPERATOR[coll.distance]} CAST(CAST(:q AS text) AS vector))"
+        return f"(embedding {_OPERATOR[coll.distance]} CAST(:q AS vector))"
 
     # --- collections -------------------------------------------------------------------------
 
@@ -194,7 +226,7 @@ class PgVectorIndex:
         t = coll.data_table
         params: dict[str, Any] = {
             "ids": [p.id for p in points],
-            "embs": [vector_literal(p.vector) for p in points],
+            "embs": [encode_vector(p.vector) for p in points],
             "payloads": [p.payload_json for p in points],
         }
         if coll.text_field is not None:
@@ -202,8 +234,8 @@ class PgVectorIndex:
             params["cfg"] = TEXT_CONFIG
             stmt = (
                 f"INSERT INTO {t} (id, embedding, payload, tsv) "
-                "SELECT i, CAST(e AS vector), CAST(p AS jsonb), to_tsvector(CAST(:cfg AS regconfig), x) "
-                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS text[]), CAST(:payloads AS text[]), "
+                "SELECT i, e, CAST(p AS jsonb), to_tsvector(CAST(:cfg AS regconfig), x) "
+                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS vector[]), CAST(:payloads AS text[]), "
                 "CAST(:texts AS text[])) AS u(i, e, p, x) "
                 "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
                 "payload = EXCLUDED.payload, tsv = EXCLUDED.tsv"
@@ -211,8 +243,8 @@ class PgVectorIndex:
         else:
             stmt = (
                 f"INSERT INTO {t} (id, embedding, payload) "
-                "SELECT i, CAST(e AS vector), CAST(p AS jsonb) "
-                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS text[]), CAST(:payloads AS text[])) "
+                "SELECT i, e, CAST(p AS jsonb) "
+                "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS vector[]), CAST(:payloads AS text[])) "
                 "AS u(i, e, p) "
                 "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload"
             )
@@ -221,7 +253,7 @@ class PgVectorIndex:
     async def get(
         self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
     ) -> PointOut | None:
-        vec = ", CAST(embedding AS real[])" if with_vector else ""
+        vec = ", embedding" if with_vector else ""
         row = (
             await session.execute(
                 text(f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} WHERE id = :id"),
@@ -230,7 +262,7 @@ class PgVectorIndex:
         ).first()
         if row is None:
             return None
-        return PointOut(row[0], row[1], array("f", row[2]) if with_vector else None)
+        return PointOut(row[0], row[1], row[2] if with_vector else None)
 
     async def update(
         self,
@@ -244,8 +276,8 @@ class PgVectorIndex:
         sets = []
         params: dict[str, Any] = {"id": point_id}
         if vector is not None:
-            sets.append("embedding = CAST(CAST(:emb AS text) AS vector)")
-            params["emb"] = vector_literal(vector.vector)
+            sets.append("embedding = CAST(:emb AS vector)")
+            params["emb"] = encode_vector(vector.vector)
         if payload_json is not None:
             sets.append("payload = CAST(:payload AS jsonb)")
             params["payload"] = payload_json
@@ -286,7 +318,7 @@ class PgVectorIndex:
             where += " AND id > :after"
             sql.params["after"] = after
         sql.params["limit"] = limit
-        vec = ", CAST(embedding AS real[])" if with_vectors else ""
+        vec = ", embedding" if with_vectors else ""
         rows = await session.execute(
             text(
                 f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} "
@@ -294,7 +326,7 @@ class PgVectorIndex:
             ),
             sql.params,
         )
-        return [PointOut(r[0], r[1], array("f", r[2]) if with_vectors else None) for r in rows]
+        return [PointOut(r[0], r[1], r[2] if with_vectors else None) for r in rows]
 
     # --- search --------------------------------------------------------------------------------
 
@@ -310,7 +342,7 @@ class PgVectorIndex:
         flt: Node | None,
         ef_search: int,
     ) -> list[Hit]:
-        q = vector_literal(vector)
+        q = encode_vector(vector)
         indexed = coll.index.get("kind") in ("hnsw", "hnsw_halfvec")
         if not indexed:
             return await self._exact(session, coll, q, limit, flt)
@@ -332,7 +364,7 @@ class PgVectorIndex:
         return hits
 
     async def _indexed(
-        self, session: AsyncSession, coll: CollectionInfo, q: str, limit: int, flt: Node | None
+        self, session: AsyncSession, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
     ) -> list[Hit]:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
@@ -350,7 +382,7 @@ class PgVectorIndex:
         return [Hit(r[0], float(r[2]), r[1]) for r in rows]
 
     async def _exact(
-        self, session: AsyncSession, coll: CollectionInfo, q: str, limit: int, flt: Node | None
+        self, session: AsyncSession, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
     ) -> list[Hit]:
         # Bitmap scans (the payload GIN index) stay available; the HNSW index scan does not.
         await self._set(session, "enable_indexscan", "off")
@@ -399,7 +431,7 @@ class PgVectorIndex:
                 f"SELECT id, CAST(payload AS text), {self._distance_expr(coll)} FROM {coll.data_table} "
                 "WHERE id = ANY(CAST(:ids AS text[]))"
             ),
-            {"q": vector_literal(vector), "ids": ids},
+            {"q": encode_vector(vector), "ids": ids},
         )
         return [Hit(r[0], float(r[2]), r[1]) for r in rows]
 

@@ -151,12 +151,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     databases = app.state.databases
     settings = app.state.settings
     if databases.dialect(Database.vectors) == "postgresql":
-        from app.vectors.pgvector import PgVectorIndex, detect_version
+        from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
 
-        async with databases.engine(Database.vectors).connect() as conn:
+        engine = databases.engine(Database.vectors)
+        async with engine.connect() as conn:
             version = await detect_version(conn)
         if version is None:
             log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
+        else:
+            install_vector_codec(engine)
+            await engine.dispose()  # connections opened before the codec existed are replaced
         app.state.vector_index = PgVectorIndex(
             version or "0", exact_threshold=settings.vectors.exact_search_threshold
         )
