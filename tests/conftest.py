@@ -150,7 +150,8 @@ def _postgres_base_of(backend: Backend) -> str:
 # --- the gateway process ----------------------------------------------------------------
 
 
-ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
+# One key per test run, the same however this module is imported (it is set in the environment).
+ADMIN_KEY = os.environ.setdefault("GATEWAY_TEST_ADMIN_KEY", "test-admin-key-" + uuid.uuid4().hex)
 
 
 def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:

@@ -283,7 +283,12 @@ async def get_file(
 @router.head(
     "/{collection}/{file_id:path}",
     summary="A file's headers",
-    responses=problem_responses(NotFound),
+    response_class=Response,
+    responses={
+        200: {"content": _BINARY, "description": "The headers a GET would send, no body."},
+        304: {"description": "Not modified (If-None-Match)."},
+        **problem_responses(NotFound),
+    },
 )
 async def head_file(
     namespace: NamespacePath,
