@@ -178,3 +178,33 @@ def test_dockerfile_runs_the_same_serve_command_the_tests_start() -> None:
         *sources, _dest = shlex.split(copy)
         for src in sources:
             assert src.endswith("*") or (ROOT / src).exists(), src
+
+
+def test_log_format_is_json_for_machines_and_text_on_a_terminal() -> None:
+    import io
+    import logging
+
+    from app.core.logs import JsonFormatter, RequestIdFilter, TextFormatter, logging_config, wants_json
+    from app.core.requestid import _current
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert wants_json("auto", io.StringIO()) and not wants_json("auto", Tty())
+    assert wants_json("json", Tty()) and not wants_json("text", io.StringIO())
+    config = logging_config("info", "json")
+    assert config["handlers"]["stderr"]["formatter"] == "json"
+    assert config["loggers"]["uvicorn.access"]["propagate"] is False  # replaced by app.access
+    record = logging.LogRecord("app.access", logging.INFO, __file__, 1, "GET %s", ("/x",), None)
+    record.status = 200
+    token = _current.set("rid-123")
+    try:
+        RequestIdFilter().filter(record)
+    finally:
+        _current.reset(token)
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["request_id"] == "rid-123" and entry["message"] == "GET /x" and entry["status"] == 200
+    assert entry["level"] == "info" and entry["logger"] == "app.access"
+    text = TextFormatter().format(record)
+    assert "[rid-123]" in text and "GET /x" in text and not text.startswith("{")
