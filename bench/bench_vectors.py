@@ -1,0 +1,328 @@
+"""Vectors benchmark: the gateway (SQLite and PostgreSQL) vs Chroma's server vs pgvector direct.
+
+Same clustered 384-d vectors for every target, in one run: insert throughput (batches of 500) and
+search QPS, p50/p99 latency at concurrency 1 and 8, recall@10 against exact numpy ground truth
+(cosine). Chroma runs from its own virtualenv (``--chroma-python``, default
+``$CHROMA_PYTHON`` or ``/tmp/vt/chroma-venv/bin/python``) so its many dependencies stay out of
+the gateway's lock files; this script re-runs itself there as the Chroma worker.
+
+    .venv/bin/python bench/bench_vectors.py            # 50,000 vectors
+    .venv/bin/python bench/bench_vectors.py --quick    # 10,000 vectors
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 500
+WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "2"))
+K = 10
+
+
+def clustered(n: int, dim: int, seed: int, centers: int = 100, latent: int = 32) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(centers, latent)) * 2.0
+    labels = rng.integers(0, centers, size=n)
+    points = c[labels] + rng.normal(size=(n, latent))
+    projection = rng.normal(size=(latent, dim)) / np.sqrt(latent)
+    scale = rng.uniform(0.5, 1.5, size=(n, 1))
+    return ((points @ projection + 0.05 * rng.normal(size=(n, dim))) * scale).astype(np.float32)
+
+
+def ground_truth(data: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    d = data / np.linalg.norm(data, axis=1, keepdims=True)
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    return np.argsort(-(q @ d.T), axis=1)[:, :K]
+
+
+def recall(found: list[list[int]], truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f[:K]) & set(t.tolist())) / K for f, t in zip(found, truth)]))
+
+
+async def timed_searches(search, queries: np.ndarray, concurrency: int) -> tuple[float, float, float, list[list[int]]]:
+    """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+    lat: list[float] = [0.0] * len(queries)
+    found: list[list[int]] = [[] for _ in queries]
+
+    async def one(i: int) -> None:
+        async with sem:
+            t = time.perf_counter()
+            found[i] = await search(queries[i])
+            lat[i] = time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(len(queries))))
+    wall = time.perf_counter() - t0
+    return len(queries) / wall, float(np.percentile(lat, 50) * 1000), float(np.percentile(lat, 99) * 1000), found
+
+
+# --- the gateway ---------------------------------------------------------------------------
+
+
+async def bench_gateway(server_url: str, api_key: str | None, data: np.ndarray, queries: np.ndarray, truth) -> list[dict]:
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    from storage_gateway_client import GatewayClient
+
+    rows = []
+    async with GatewayClient(server_url, namespace="bench", api_key=api_key, timeout=300) as gw:
+        await gw.vectors.drop_collection("b")
+        await gw.vectors.setup_collection("b", data.shape[1], "cosine")
+        ids = [str(i) for i in range(len(data))]
+        t = time.perf_counter()
+        for s in range(0, len(data), BATCH):
+            await gw.vectors.upsert_points("b", data[s : s + BATCH], ids=ids[s : s + BATCH])
+        insert_rate = len(data) / (time.perf_counter() - t)
+
+        async def search(q: np.ndarray) -> list[int]:
+            return [int(h["id"]) for h in await gw.vectors.search("b", q, K)]
+
+        await timed_searches(search, queries[:10], 1)  # warm-up
+        for conc in (1, 8):
+            qps, p50, p99, found = await timed_searches(search, queries, conc)
+            rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50,
+                         "p99_ms": p99, "recall@10": recall(found, truth)})
+    return rows
+
+
+def start_gateway(kind: str, workdir: Path, pg_uri: str | None):
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import ADMIN_KEY, Backend, backend_env, create_postgres_databases, run_cli, start_server
+
+    data_dir = workdir / f"gw-{kind}"
+    data_dir.mkdir()
+    if kind == "sqlite":
+        urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    else:
+        urls = create_postgres_databases(pg_uri, f"bench_{os.getpid()}_{kind}")
+    backend = Backend(kind, backend_env(urls, data_dir), urls)
+    result = run_cli(backend, "migrate")
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr)
+    # Two workers: the machine's cores (Chroma's server is multi-threaded too).
+    return start_server(backend, workdir / f"gateway-{kind}.log", "--workers", str(WORKERS)), ADMIN_KEY
+
+
+# --- pgvector direct (the reference) -----------------------------------------------------------
+
+
+async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarray, truth) -> list[dict]:
+    import asyncpg
+
+    from app.vectors.pgvector import decode_vector, encode_vector
+
+    async def init(conn) -> None:  # noqa: ANN001
+        await conn.set_type_codec("vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary")
+
+    admin = await asyncpg.connect(pg_uri)
+    await admin.execute("DROP DATABASE IF EXISTS bench_direct")
+    await admin.execute("CREATE DATABASE bench_direct")
+    await admin.close()
+    uri = pg_uri.rsplit("/", 1)[0] + "/bench_direct" if "?" not in pg_uri else pg_uri.replace("/postgres?", "/bench_direct?")
+    conn = await asyncpg.connect(uri)
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    await init(conn)
+    dim = data.shape[1]
+    await conn.execute(f"CREATE TABLE items (id text PRIMARY KEY, embedding vector({dim}) NOT NULL)")
+    await conn.execute("CREATE INDEX ON items USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)")
+    t = time.perf_counter()
+    for s in range(0, len(data), BATCH):
+        stop = min(s + BATCH, len(data))
+        await conn.execute(
+            "INSERT INTO items SELECT * FROM unnest($1::text[], $2::vector[])",
+            [str(i) for i in range(s, stop)],
+            [encode_vector(_arr(data[i])) for i in range(s, stop)],
+        )
+    insert_rate = len(data) / (time.perf_counter() - t)
+    await conn.close()
+    pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
+    rows = []
+
+    async def search(q: np.ndarray) -> list[int]:
+        async with pool.acquire() as c, c.transaction():
+            await c.execute("SET LOCAL hnsw.ef_search = 100")
+            res = await c.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
+            return [int(r[0]) for r in res]
+
+    await timed_searches(search, queries[:10], 1)
+    for conc in (1, 8):
+        qps, p50, p99, found = await timed_searches(search, queries, conc)
+        rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50, "p99_ms": p99,
+                     "recall@10": recall(found, truth)})
+    await pool.close()
+    return rows
+
+
+def _arr(v: np.ndarray):
+    from array import array
+
+    return array("f", v.astype(np.float32).tobytes())
+
+
+# --- Chroma (run in its own virtualenv) ----------------------------------------------------------
+
+
+def chroma_worker(args: argparse.Namespace) -> None:
+    """Runs under Chroma's Python: start ``chroma run``, insert, search, print JSON rows."""
+    import socket
+
+    import chromadb
+
+    data = np.load(args.data)
+    queries = np.load(args.queries)
+    truth = np.load(args.truth)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tempfile.mkdtemp(prefix="chroma-bench-")
+    chroma_bin = str(Path(sys.executable).parent / "chroma")
+    log = open(Path(path) / "chroma.log", "wb")
+    proc = subprocess.Popen([chroma_bin, "run", "--path", path, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                chromadb.HttpClient(host="127.0.0.1", port=port).heartbeat()
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("chroma did not start: " + (Path(path) / "chroma.log").read_text()[-2000:])
+                time.sleep(0.3)
+
+        async def run() -> list[dict]:
+            client = await chromadb.AsyncHttpClient(host="127.0.0.1", port=port)
+            coll = await client.create_collection("bench", metadata={"hnsw:space": "cosine"})
+            t = time.perf_counter()
+            for s in range(0, len(data), BATCH):
+                await coll.add(ids=[str(i) for i in range(s, min(s + BATCH, len(data)))], embeddings=data[s : s + BATCH])
+            insert_rate = len(data) / (time.perf_counter() - t)
+
+            async def search(q: np.ndarray) -> list[int]:
+                res = await coll.query(query_embeddings=[q], n_results=K, include=[])
+                return [int(i) for i in res["ids"][0]]
+
+            await timed_searches(search, queries[:10], 1)
+            rows = []
+            for conc in (1, 8):
+                qps, p50, p99, found = await timed_searches(search, queries, conc)
+                rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50,
+                             "p99_ms": p99, "recall@10": recall(found, truth)})
+            return rows
+
+        print(json.dumps(asyncio.run(run())))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def bench_chroma(chroma_python: str, workdir: Path, data, queries, truth) -> list[dict]:
+    for name, arr in (("data", data), ("queries", queries), ("truth", truth)):
+        np.save(workdir / f"{name}.npy", arr)
+    result = subprocess.run(
+        [chroma_python, __file__, "--chroma-worker", "--data", str(workdir / "data.npy"),
+         "--queries-file", str(workdir / "queries.npy"), "--truth", str(workdir / "truth.npy")],
+        capture_output=True, text=True, timeout=3600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int) -> None:
+    print(f"\nvectors: {n} x {dim} clustered, cosine, {nq} queries, top-{K}, batches of {BATCH}")
+    header = f"{'target':<28}{'conc':>5}{'insert v/s':>12}{'QPS':>9}{'p50 ms':>9}{'p99 ms':>9}{'recall@10':>11}"
+    print(header)
+    print("-" * len(header))
+    for name, rows in results.items():
+        if isinstance(rows, str):
+            print(f"{name:<28}  not measured: {rows}")
+            continue
+        for r in rows:
+            print(f"{name:<28}{r['concurrency']:>5}{r['insert_vps']:>12.0f}{r['qps']:>9.1f}{r['p50_ms']:>9.2f}"
+                  f"{r['p99_ms']:>9.2f}{r['recall@10']:>11.3f}")
+    pg, ch = results.get("gateway postgres (pgvector)"), results.get("chroma server")
+    if isinstance(pg, list) and isinstance(ch, list):
+        for a, b in zip(pg, ch):
+            print(f"gateway-pg / chroma at concurrency {a['concurrency']}: QPS x{a['qps'] / b['qps']:.2f}, "
+                  f"insert x{a['insert_vps'] / b['insert_vps']:.2f}, recall {a['recall@10']:.3f} vs {b['recall@10']:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=50_000)
+    parser.add_argument("--quick", action="store_true", help="10,000 vectors, 100 queries")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--targets", default="sqlite,postgres,direct,chroma")
+    parser.add_argument("--chroma-python", default=os.environ.get("CHROMA_PYTHON", "/tmp/vt/chroma-venv/bin/python"))
+    parser.add_argument("--chroma-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data")
+    parser.add_argument("--queries-file", dest="queries_file")
+    parser.add_argument("--truth")
+    args, _ = parser.parse_known_args()
+    if args.chroma_worker:
+        chroma_worker(argparse.Namespace(data=args.data, queries=args.queries_file, truth=args.truth))
+        return
+    n, nq = (10_000, 100) if args.quick else (args.n, args.queries)
+    both = clustered(n + nq, args.dim, seed=1)
+    data, queries = both[:n], both[n:]
+    truth = ground_truth(data, queries)
+    targets = args.targets.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-vectors-"))
+    results: dict[str, list[dict] | str] = {}
+    pg = None
+    try:
+        if {"postgres", "direct"} & set(targets):
+            import pgserver
+
+            pg = pgserver.get_server(workdir / "pg", cleanup_mode="stop")
+        for kind in ("sqlite", "postgres"):
+            if kind not in targets:
+                continue
+            name = "gateway sqlite (sqlite-vec)" if kind == "sqlite" else "gateway postgres (pgvector)"
+            server, key = start_gateway(kind, workdir, pg.get_uri() if pg else None)
+            try:
+                results[name] = asyncio.run(bench_gateway(server.url, key, data, queries, truth))
+            finally:
+                from tests.conftest import stop_server
+
+                stop_server(server)
+        if "direct" in targets and pg is not None:
+            results["pgvector direct (asyncpg)"] = asyncio.run(bench_pgvector_direct(pg.get_uri(), data, queries, truth))
+        if "chroma" in targets:
+            if not Path(args.chroma_python).exists():
+                results["chroma server"] = f"no Chroma Python at {args.chroma_python} (set --chroma-python)"
+            else:
+                try:
+                    results["chroma server"] = bench_chroma(args.chroma_python, workdir, data, queries, truth)
+                except Exception as exc:  # report, keep the rest
+                    results["chroma server"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(results, n, args.dim, nq)
+
+
+if __name__ == "__main__":
+    main()
