@@ -126,30 +126,12 @@ def proxied(backend: Backend, server: Server, tmp_path_factory: pytest.TempPathF
                     raise future.exception()
         nginx_dir = tmp / "nginx"
         nginx_dir.mkdir()
-        port = free_port()
-        user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
-        conf = NGINX_CONF.format(
-            dir=nginx_dir, port=port, root_path=ROOT_PATH, user=user,
-            port_a=httpx.URL(replicas[0].url).port, port_b=httpx.URL(replicas[1].url).port,
-        )
-        (nginx_dir / "nginx.conf").write_text(conf)
-        check = subprocess.run([binary, "-t", "-c", str(nginx_dir / "nginx.conf")], capture_output=True, text=True)
-        assert check.returncode == 0, check.stderr
-        process = subprocess.Popen(
-            [binary, "-c", str(nginx_dir / "nginx.conf")],
-            stdout=subprocess.DEVNULL, stderr=open(nginx_dir / "stderr.log", "wb"),
-        )
-        url = f"http://127.0.0.1:{port}{ROOT_PATH}"
-        deadline = time.monotonic() + 20
-        while True:
-            assert process.poll() is None, (nginx_dir / "stderr.log").read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "nginx did not come up"
-            time.sleep(0.1)
+        for attempt in range(3):  # a free port can be taken by someone else before nginx binds it
+            process, url = start_nginx(binary, nginx_dir, replicas)
+            if process is not None:
+                break
+        else:
+            raise RuntimeError("nginx did not start:\n" + (nginx_dir / "stderr.log").read_text())
         yield Proxied(url, replicas, process, nginx_dir)
         process.terminate()
         process.wait(timeout=10)
@@ -166,6 +148,36 @@ def logged_by(replicas: list[Server], needle: str, timeout: float = 5.0) -> int:
         if count or time.monotonic() > deadline:
             return count
         time.sleep(0.05)
+
+
+def start_nginx(binary: str, nginx_dir: Path, replicas: list[Server]) -> tuple[subprocess.Popen | None, str]:
+    """nginx on a free port in front of the replicas; (None, url) if it could not bind."""
+    port = free_port()
+    user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
+    conf = NGINX_CONF.format(
+        dir=nginx_dir, port=port, root_path=ROOT_PATH, user=user,
+        port_a=httpx.URL(replicas[0].url).port, port_b=httpx.URL(replicas[1].url).port,
+    )
+    (nginx_dir / "nginx.conf").write_text(conf)
+    check = subprocess.run([binary, "-t", "-c", str(nginx_dir / "nginx.conf")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    process = subprocess.Popen(
+        [binary, "-c", str(nginx_dir / "nginx.conf")],
+        stdout=subprocess.DEVNULL, stderr=open(nginx_dir / "stderr.log", "wb"),
+    )
+    url = f"http://127.0.0.1:{port}{ROOT_PATH}"
+    deadline = time.monotonic() + 20
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    return None, url
 
 
 def routes(openapi: dict) -> set[str]:
