@@ -76,13 +76,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from app.core.logs import configure_logging
 
     log_config = configure_logging(settings.log_level, settings.log_format)
+    migrated = asyncio.run(_preflight(settings, migrate_all=False))
+    if migrated:
+        logging.getLogger("app").info("migrated at start-up: %s", ", ".join(migrated))
+    # (after the preflight: a start-up failure stays one line on stderr)
     logging.getLogger("app").info(
         "starting storage-gateway on %s:%s", host, port,
         extra={"workers": args.workers, "root_path": settings.root_path or "/"},
     )
-    migrated = asyncio.run(_preflight(settings, migrate_all=False))
-    if migrated:
-        logging.getLogger("app").info("migrated at start-up: %s", ", ".join(migrated))
     # Migrations already ran once here; workers must not race to run them again.
     os.environ["GATEWAY_AUTO_MIGRATE"] = "false"
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a
