@@ -60,7 +60,7 @@ class WriteConditions:
                 raise PreconditionFailed("If-None-Match: it already exists in a matching version")
 
 
-def _write_conditions(
+async def _write_conditions(
     if_match: Annotated[str | None, Header(description="Write only if the current ETag is one of these.")] = None,
     if_none_match: Annotated[
         str | None, Header(description="`*`: write only if it does not exist yet.")

@@ -21,11 +21,11 @@ from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def get_databases(request: Request) -> Databases:
+async def get_databases(request: Request) -> Databases:
     return request.app.state.databases
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -86,17 +86,17 @@ CollectionPath = Annotated[
 ]
 
 
-def _key_path(key: Annotated[str, Path(min_length=1, max_length=1024, description="Key (percent-encoded).", examples=["theme"])]) -> str:
+async def _key_path(key: Annotated[str, Path(min_length=1, max_length=1024, description="Key (percent-encoded).", examples=["theme"])]) -> str:
     return validate_key("key", key)
 
 
-def _file_id_path(
+async def _file_id_path(
     file_id: Annotated[str, Path(min_length=1, max_length=1024, description="File id (percent-encoded).", examples=["u1.png"])],
 ) -> str:
     return validate_key("file_id", file_id)
 
 
-def _point_id_path(
+async def _point_id_path(
     point_id: Annotated[str, Path(min_length=1, max_length=1024, description="Point id (percent-encoded).", examples=["p1"])],
 ) -> str:
     return validate_key("point_id", point_id)
@@ -110,7 +110,7 @@ PointId = Annotated[str, Depends(_point_id_path)]
 # --- pages --------------------------------------------------------------------------------
 
 
-def _page_limit(
+async def _page_limit(
     request: Request,
     limit: Annotated[int | None, Query(ge=1, description="Most items to return.")] = None,
 ) -> int:

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from app.kv.service import KvService
 
 
-def get_kv_service(request: Request) -> KvService:
+async def get_kv_service(request: Request) -> KvService:
     """The service built once by the kv lifespan for the backend in use."""
     return request.app.state.kv_service
 

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from app.records.service import RecordsService
 
 
-def get_records_service(request: Request) -> RecordsService:
+async def get_records_service(request: Request) -> RecordsService:
     """The service built once by the records lifespan for the backend in use."""
     return request.app.state.records_service
 
