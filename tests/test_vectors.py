@@ -305,6 +305,34 @@ async def test_namespaces_are_isolated(server, api_key: str | None) -> None:
         assert (await b.vectors.list_collections())["items"] == []
 
 
+async def test_search_follows_drops_and_recreates_by_another_process(
+    server, namespace: str, api_key: str | None, tmp_path
+) -> None:
+    """A process that cached a collection's registry row still answers correctly after another
+    process dropped it (404) or dropped and re-created it with other settings."""
+    from tests.conftest import start_server, stop_server
+
+    other = start_server(server.backend, tmp_path / "other.log")
+    try:
+        async with GatewayClient(server.url, namespace, api_key) as a, GatewayClient(other.url, namespace, api_key) as b:
+            await a.vectors.setup_collection("c", 2, "l2")
+            await a.vectors.upsert_points("c", [[0, 0], [1, 1]], ids=["x", "y"])
+            assert [h["id"] for h in await a.vectors.search("c", [1, 1], 1)] == ["y"]  # cached in a
+            await b.vectors.drop_collection("c")
+            with pytest.raises(NotFound):
+                await a.vectors.search("c", [1, 1], 1)
+            await b.vectors.setup_collection("c", 3, "cosine")
+            await b.vectors.upsert_points("c", [[0, 0, 1], [1, 0, 0]], ids=["z", "w"])
+            with pytest.raises(InvalidRequest):
+                await a.vectors.search("c", [1, 1], 1)  # the new collection's dimension applies
+            assert [h["id"] for h in await a.vectors.search("c", [1, 0, 0.1], 1)] == ["w"]
+            await b.vectors.drop_collection("c")
+            await b.vectors.setup_collection("c", 3, "cosine")
+            assert await a.vectors.search("c", [1, 0, 0.1], 1) == []
+    finally:
+        stop_server(other)
+
+
 async def test_idempotency_key_replays(http: httpx.AsyncClient, gw: GatewayClient, namespace: str) -> None:
     await gw.vectors.setup_collection("c", 2, "l2")
     url = vpath(namespace, "c", "points")

@@ -71,6 +71,36 @@ class Hit:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class MissingTable(Exception):
+    """A collection's data table is gone: the registry row this process cached is stale (the
+    collection was dropped, or dropped and re-created, by another process)."""
+
+
+class RegistryCache:
+    """Registry rows by (namespace, collection), per process, for the search hot path.
+
+    A row never changes while its collection exists (settings are fixed at creation; a new
+    collection gets a new id and new tables), so a cached row is valid exactly as long as its
+    data table exists: a backend raises ``MissingTable`` when it is gone, and the service then
+    forgets the row and reads the registry again.
+    """
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self.max_entries = max_entries
+        self._rows: dict[tuple[str, str], CollectionInfo] = {}
+
+    def get(self, namespace: str, collection: str) -> CollectionInfo | None:
+        return self._rows.get((namespace, collection))
+
+    def put(self, info: CollectionInfo) -> None:
+        if len(self._rows) >= self.max_entries:
+            self._rows.clear()
+        self._rows[(info.namespace, info.collection)] = info
+
+    def forget(self, namespace: str, collection: str) -> None:
+        self._rows.pop((namespace, collection), None)
+
+
 class VectorIndex(Protocol):
     """Storage and search of one backend."""
 
@@ -129,7 +159,8 @@ class VectorIndex(Protocol):
         flt: Node | None,
         ef_search: int,
     ) -> list[Hit]:
-        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first."""
+        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first;
+        ``MissingTable`` when the collection's table no longer exists."""
         ...
 
     async def text_search(

@@ -11,21 +11,24 @@ from app.vectors.backend import VectorIndex
 from app.vectors.service import VectorService
 
 
-def get_vector_index(request: Request) -> VectorIndex:
+async def get_vector_index(request: Request) -> VectorIndex:
     return request.app.state.vector_index
 
 
 VectorIndexDep = Annotated[VectorIndex, Depends(get_vector_index)]
 
 
-def _service(request: Request, namespace: NamespacePath, session: VectorsSession, index: VectorIndexDep) -> VectorService:
-    return VectorService(session, index, request.app.state.settings, namespace)
+# async: a plain ``def`` dependency would be run in the thread pool on every request.
+async def _service(
+    request: Request, namespace: NamespacePath, session: VectorsSession, index: VectorIndexDep
+) -> VectorService:
+    return VectorService(session, index, request.app.state.settings, namespace, request.app.state.vector_registry)
 
 
-def _read_service(
+async def _read_service(
     request: Request, namespace: NamespacePath, session: VectorsReadSession, index: VectorIndexDep
 ) -> VectorService:
-    return VectorService(session, index, request.app.state.settings, namespace)
+    return VectorService(session, index, request.app.state.settings, namespace, request.app.state.vector_registry)
 
 
 VectorServiceDep = Annotated[VectorService, Depends(_service)]

@@ -16,17 +16,27 @@ dimensions on pgvector 0.7+, and exact search otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import struct
 import sys
+import weakref
 from array import array
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, PointIn, PointOut
+from app.core.errors import ServiceUnavailable
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+
+log = logging.getLogger("app.vectors")
 
 HNSW_MAX_DIMS = 2000
 HALFVEC_MAX_DIMS = 4000
@@ -125,12 +135,66 @@ def compile_filter(node: Node | None, sql: SqlBuilder) -> str:
     raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
 
 
+class _Positional(SqlBuilder):
+    """Filter parameters as asyncpg's ``$n`` placeholders, numbered from ``first``."""
+
+    def __init__(self, first: int) -> None:
+        super().__init__()
+        self.first = first
+        self.args: list[Any] = []
+
+    def bind(self, value: Any) -> str:
+        self.args.append(value)
+        return f"${self.first + len(self.args) - 1}"
+
+
+async def open_pool(url: str, conf: Any, ef_search: int) -> Any:
+    """The search pool: asyncpg connections with the binary vector codec and the default
+    ``hnsw.ef_search``; nothing is reset on release (``PgVectorIndex`` tracks what it sets)."""
+    sa_url = make_url(url)
+    params: dict[str, Any] = {
+        "user": sa_url.username,
+        "password": sa_url.password or None,
+        "host": sa_url.query.get("host") or sa_url.host,
+        "port": sa_url.port,
+        "database": sa_url.database,
+    }
+
+    async def init(conn: Any) -> None:
+        await conn.set_type_codec(
+            "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
+        )
+        await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
+
+    async def no_reset(conn: Any) -> None:
+        return None
+
+    return await asyncpg.create_pool(
+        **{k: v for k, v in params.items() if v is not None},
+        min_size=0,
+        max_size=conf.pool_size,
+        timeout=conf.connect_timeout,
+        command_timeout=conf.statement_timeout,
+        server_settings={
+            "statement_timeout": str(int(conf.statement_timeout * 1000)),
+            "application_name": "storage-gateway",
+        },
+        init=init,
+        reset=no_reset,
+    )
+
+
 class PgVectorIndex:
     """``VectorIndex`` on PostgreSQL with pgvector."""
 
     name = "pgvector"
 
-    def __init__(self, version: str, *, exact_threshold: int = 5000) -> None:
+    def __init__(
+        self, version: str, *, exact_threshold: int = 5000, pool: Any = None, ef_search: int = 100
+    ) -> None:
+        self.pool = pool
+        self.default_ef = ef_search
+        self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
         self.version = version
         self._v = parse_version(version)
         self.iterative_scan = self._v >= (0, 8)
@@ -147,16 +211,6 @@ class PgVectorIndex:
         if self.halfvec and vector_size <= HALFVEC_MAX_DIMS:
             return "hnsw_halfvec"
         return "exact"
-
-    def _query_vector(self, coll: CollectionInfo) -> str:
-        return "CAST(:q AS vector)"
-
-    def _order_expr(self, coll: CollectionInfo) -> str:
-        op = _OPERATOR[coll.distance]
-        if coll.index.get("kind") == "hnsw_halfvec":
-            n = int(coll.vector_size)
-            return f"(CAST(embedding AS halfvec({n})) {op} CAST(CAST(:q AS vector) AS halfvec({n})))"
-        return f"(embedding {op} CAST(:q AS vector))"
 
     def _distance_expr(self, coll: CollectionInfo) -> str:
         return f"(embedding {_OPERATOR[coll.distance]} CAST(:q AS vector))"
@@ -206,15 +260,6 @@ class PgVectorIndex:
         where = compile_filter(flt, sql)
         result = await session.execute(
             text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params
-        )
-        return int(result.scalar_one())
-
-    async def _count_capped(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None, cap: int) -> int:
-        sql = SqlBuilder()
-        where = compile_filter(flt, sql)
-        result = await session.execute(
-            text(f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} WHERE {where} LIMIT {int(cap)}) s"),
-            sql.params,
         )
         return int(result.scalar_one())
 
@@ -329,9 +374,37 @@ class PgVectorIndex:
         return [PointOut(r[0], r[1], r[2] if with_vectors else None) for r in rows]
 
     # --- search --------------------------------------------------------------------------------
+    #
+    # Searches run on a raw asyncpg connection from the capability's own pool (``open_pool``), one
+    # statement each in autocommit: no BEGIN/COMMIT, no pre-ping, no ORM. ``hnsw.ef_search`` is
+    # a session setting of each pooled connection, set at connect time to the default and changed
+    # (one extra statement) only when a request needs another value; ``_gucs`` remembers it.
 
-    async def _set(self, session: AsyncSession, name: str, value: str) -> None:
-        await session.execute(text("SELECT set_config(:n, :v, true)"), {"n": name, "v": value})
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        if self.pool is None:  # pragma: no cover - the lifespan always opens the pool
+            raise ServiceUnavailable("the vectors database pool is not open")
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except asyncpg.UndefinedTableError:
+            raise MissingTable() from None
+        except (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+                asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError, asyncpg.AdminShutdownError) as exc:
+            log.warning("vectors database unavailable: %s: %s", exc.__class__.__name__, exc)
+            raise ServiceUnavailable("the vectors database is unreachable; retry later") from None
+
+    async def _settings(self, conn: Any, ef: int, iterative: bool) -> None:
+        wanted = (ef, iterative)
+        raw = getattr(conn, "_con", conn)  # the pool hands out proxies; the state is the connection's
+        if self._gucs.get(raw, (self.default_ef, False)) == wanted:
+            return
+        stmt = f"SET hnsw.ef_search = {int(ef)}"
+        if self.iterative_scan:
+            stmt += "; SET hnsw.iterative_scan = " + ("strict_order" if iterative else "off")
+        self._gucs[raw] = (-1, False)  # unknown until the SET is through
+        await conn.execute(stmt)
+        self._gucs[raw] = wanted
 
     async def search(
         self,
@@ -343,64 +416,76 @@ class PgVectorIndex:
         ef_search: int,
     ) -> list[Hit]:
         q = encode_vector(vector)
-        indexed = coll.index.get("kind") in ("hnsw", "hnsw_halfvec")
-        if not indexed:
-            return await self._exact(session, coll, q, limit, flt)
+        async with self._connection() as conn:
+            return await self._search(conn, coll, q, int(limit), flt, ef_search)
+
+    async def _search(
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None, ef_search: int
+    ) -> list[Hit]:
+        if coll.index.get("kind") not in ("hnsw", "hnsw_halfvec"):
+            return await self._exact(conn, coll, q, limit, flt)
         if flt is not None:
-            matches = await self._count_capped(session, coll, flt, self.exact_threshold + 1)
+            matches = await self._count(conn, coll, flt, self.exact_threshold + 1)
             if matches <= self.exact_threshold:
-                return await self._exact(session, coll, q, limit, flt)
+                return await self._exact(conn, coll, q, limit, flt)
         ef = max(ef_search, limit)
         if flt is not None:
             ef *= 2
-        await self._set(session, "hnsw.ef_search", str(min(EF_SEARCH_MAX, ef)))
-        if self.iterative_scan and flt is not None:
-            await self._set(session, "hnsw.iterative_scan", "strict_order")
-        hits = await self._indexed(session, coll, q, limit, flt)
-        if len(hits) < limit:
-            total = await self.count(session, coll, flt)
-            if total > len(hits):
-                return await self._exact(session, coll, q, limit, flt)
+        await self._settings(conn, min(EF_SEARCH_MAX, ef), self.iterative_scan and flt is not None)
+        hits = await self._indexed(conn, coll, q, limit, flt)
+        if len(hits) < limit and await self._count(conn, coll, flt, limit) > len(hits):
+            return await self._exact(conn, coll, q, limit, flt)
         return hits
 
-    async def _indexed(
-        self, session: AsyncSession, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
-    ) -> list[Hit]:
-        sql = SqlBuilder()
+    async def _count(self, conn: Any, coll: CollectionInfo, flt: Node | None, cap: int) -> int:
+        """How many points match ``flt``, counting no further than ``cap``."""
+        sql = _Positional(1)
         where = compile_filter(flt, sql)
-        sql.params.update(q=q, limit=limit)
-        order = self._order_expr(coll)
-        dist = self._distance_expr(coll)
-        stmt = (
-            f"SELECT id, CAST(payload AS text), {dist} AS d FROM {coll.data_table} "
-            f"WHERE {where} ORDER BY {order} LIMIT :limit"
+        return int(
+            await conn.fetchval(
+                f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} WHERE {where} LIMIT {int(cap)}) s",
+                *sql.args,
+            )
         )
+
+    async def _indexed(
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
+    ) -> list[Hit]:
+        sql = _Positional(2)
+        where = compile_filter(flt, sql)
+        op = _OPERATOR[coll.distance]
         if coll.index.get("kind") == "hnsw_halfvec":
             # The index orders by half precision; re-rank the candidates by the exact distance.
-            stmt = f"SELECT * FROM ({stmt}) c ORDER BY d, id"
-        rows = await session.execute(text(stmt), sql.params)
-        return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+            n = int(coll.vector_size)
+            stmt = (
+                f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
+                f"FROM {coll.data_table} WHERE {where} "
+                f"ORDER BY (CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n}))) LIMIT {limit}) c "
+                "ORDER BY d, id"
+            )
+        else:
+            stmt = (
+                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {coll.data_table} "
+                f"WHERE {where} ORDER BY (embedding {op} $1) LIMIT {limit}"
+            )
+        rows = await conn.fetch(stmt, q, *sql.args)
+        return [Hit(r[0], r[2], r[1]) for r in rows]
 
     async def _exact(
-        self, session: AsyncSession, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
     ) -> list[Hit]:
-        # Bitmap scans (the payload GIN index) stay available; the HNSW index scan does not.
-        await self._set(session, "enable_indexscan", "off")
-        try:
-            sql = SqlBuilder()
-            where = compile_filter(flt, sql)
-            sql.params.update(q=q, limit=limit)
-            dist = self._distance_expr(coll)
-            rows = await session.execute(
-                text(
-                    f"SELECT id, CAST(payload AS text), {dist} AS d FROM {coll.data_table} "
-                    f"WHERE {where} ORDER BY d, id LIMIT :limit"
-                ),
-                sql.params,
-            )
-            return [Hit(r[0], float(r[2]), r[1]) for r in rows]
-        finally:
-            await self._set(session, "enable_indexscan", "on")
+        # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload GIN
+        # index still narrows the rows of a filter.
+        sql = _Positional(2)
+        where = compile_filter(flt, sql)
+        rows = await conn.fetch(
+            f"SELECT id, p, d FROM (SELECT id, CAST(payload AS text) AS p, "
+            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {where} OFFSET 0) s "
+            f"ORDER BY d, id LIMIT {limit}",
+            q,
+            *sql.args,
+        )
+        return [Hit(r[0], r[2], r[1]) for r in rows]
 
     async def text_search(
         self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None

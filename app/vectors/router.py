@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
 from app.core.config import Database
 from app.core.dependencies import CollectionPath, PageLimit, PointId
 from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.vectors.backend import RegistryCache
 from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
 from app.vectors.encoding import json_response
 from app.vectors.schemas import (
@@ -150,22 +151,33 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Choose the vector backend once, from the vectors database's dialect."""
     databases = app.state.databases
     settings = app.state.settings
-    if databases.dialect(Database.vectors) == "postgresql":
-        from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
-
-        engine = databases.engine(Database.vectors)
-        async with engine.connect() as conn:
-            version = await detect_version(conn)
-        if version is None:
-            log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
-        else:
-            install_vector_codec(engine)
-            await engine.dispose()  # connections opened before the codec existed are replaced
-        app.state.vector_index = PgVectorIndex(
-            version or "0", exact_threshold=settings.vectors.exact_search_threshold
-        )
-    else:
+    app.state.vector_registry = RegistryCache()
+    if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex
 
         app.state.vector_index = SqliteVecIndex()
-    yield
+        yield
+        return
+    from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec, open_pool
+
+    engine = databases.engine(Database.vectors)
+    async with engine.connect() as conn:
+        version = await detect_version(conn)
+    if version is None:
+        log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
+    else:
+        install_vector_codec(engine)
+        await engine.dispose()  # connections opened before the codec existed are replaced
+    pool = await open_pool(
+        settings.database_url(Database.vectors), settings.databases.get(Database.vectors), settings.vectors.ef_search
+    )
+    app.state.vector_index = PgVectorIndex(
+        version or "0",
+        exact_threshold=settings.vectors.exact_search_threshold,
+        pool=pool,
+        ef_search=settings.vectors.ef_search,
+    )
+    try:
+        yield
+    finally:
+        await pool.close()

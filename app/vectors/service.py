@@ -25,7 +25,7 @@ from app.core.names import key_problem
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.scoping import in_scope
 from app.vectors import encoding
-from app.vectors.backend import CollectionInfo, Hit, PointIn, PointOut, VectorIndex
+from app.vectors.backend import CollectionInfo, Hit, MissingTable, PointIn, PointOut, RegistryCache, VectorIndex
 from app.vectors.filters import Node, parse_filter
 from app.vectors.models import vector_collections as vc
 from app.vectors.models import vector_idempotency as vi
@@ -70,11 +70,19 @@ def _text_of(payload: dict[str, Any] | None, field: str | None) -> str | None:
 class VectorService:
     """One request's view of the vectors capability in one namespace."""
 
-    def __init__(self, session: AsyncSession, index: VectorIndex, settings: Settings, namespace: str) -> None:
+    def __init__(
+        self,
+        session: AsyncSession,
+        index: VectorIndex,
+        settings: Settings,
+        namespace: str,
+        registry: RegistryCache | None = None,
+    ) -> None:
         self.session = session
         self.index = index
         self.settings = settings
         self.namespace = namespace
+        self.registry = registry if registry is not None else RegistryCache()
 
     # --- collections ---------------------------------------------------------------------------
 
@@ -101,6 +109,14 @@ class VectorService:
         info = await self.find(collection, lock=lock)
         if info is None:
             raise NotFound(f"vector collection {collection!r} does not exist", code="collection_not_found")
+        return info
+
+    async def cached(self, collection: str) -> CollectionInfo:
+        """The registry row from this process's cache (read and cached on a miss)."""
+        info = self.registry.get(self.namespace, collection)
+        if info is None:
+            info = await self.get(collection)
+            self.registry.put(info)
         return info
 
     def read(self, info: CollectionInfo, count: int | None = None) -> dict[str, Any]:
@@ -202,6 +218,7 @@ class VectorService:
         info = await self.find(collection, lock=True)
         if info is None:
             return
+        self.registry.forget(self.namespace, collection)
         await self.index.drop(self.session, info)
         await self.session.execute(delete(vc).where(in_scope(vc, self.namespace, collection)))
         await self.session.execute(delete(vi).where(in_scope(vi, self.namespace, collection)))
@@ -438,7 +455,14 @@ class VectorService:
         if body.limit > limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
         flt = self._filter(body.filters)
-        info = await self.get(collection)
+        try:
+            return await self._search(await self.cached(collection), body, flt)
+        except MissingTable:
+            # Dropped (and maybe re-created) by another process since this one cached it.
+            self.registry.forget(self.namespace, collection)
+            return await self._search(await self.cached(collection), body, flt)
+
+    async def _search(self, info: CollectionInfo, body: SearchRequest, flt: Node | None) -> dict[str, Any]:
         nonzero = info.distance == "cosine"
         if (body.vector is None) == (body.vector_b64 is None):
             raise InvalidInput("vector", "give exactly one of vector or vector_b64")

@@ -14,9 +14,10 @@ from typing import Any
 
 import orjson
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, PointIn, PointOut
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
 
 _CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -257,13 +258,18 @@ class SqliteVecIndex:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
         sql.params.update(self._qparams(vector), limit=limit)
-        rows = await session.execute(
-            text(
-                f"SELECT id, payload, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
-                f"WHERE {where} ORDER BY d, id LIMIT :limit"
-            ),
-            sql.params,
-        )
+        try:
+            rows = await session.execute(
+                text(
+                    f"SELECT id, payload, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
+                    f"WHERE {where} ORDER BY d, id LIMIT :limit"
+                ),
+                sql.params,
+            )
+        except OperationalError as exc:
+            if "no such table" in str(exc.orig):
+                raise MissingTable() from None
+            raise
         return [Hit(r[0], float(r[2]), r[1]) for r in rows]
 
     async def text_search(
