@@ -1,6 +1,7 @@
 """Vectors benchmark: the gateway (SQLite and PostgreSQL) vs Chroma's server vs pgvector direct.
 
-Same clustered 384-d vectors for every target, in one run: insert throughput (batches of 500) and
+Same clustered 384-d vectors for every target, in one run: insert throughput (batches of 500, one
+and two batches in flight, the same for every target) and
 search QPS, p50/p99 latency at concurrency 1 and 8, recall@10 against exact numpy ground truth
 (cosine). Chroma runs from its own virtualenv (``--chroma-python``, default
 ``$CHROMA_PYTHON`` or ``/tmp/vt/chroma-venv/bin/python``) so its many dependencies stay out of
@@ -51,6 +52,22 @@ def recall(found: list[list[int]], truth: np.ndarray) -> float:
     return float(np.mean([len(set(f[:K]) & set(t.tolist())) / K for f, t in zip(found, truth)]))
 
 
+INSERT_CONCURRENCY = (1, 2)
+
+
+async def timed_inserts(insert_batch, n: int, concurrency: int) -> float:
+    """Vectors/s inserting ``n`` vectors in batches of ``BATCH``, ``concurrency`` batches in flight."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(start: int) -> None:
+        async with sem:
+            await insert_batch(start, min(start + BATCH, n))
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(s) for s in range(0, n, BATCH)))
+    return n / (time.perf_counter() - t)
+
+
 async def timed_searches(search, queries: np.ndarray, concurrency: int) -> tuple[float, float, float, list[list[int]]]:
     """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight."""
     sem = asyncio.Semaphore(concurrency)
@@ -78,13 +95,16 @@ async def bench_gateway(server_url: str, api_key: str | None, data: np.ndarray, 
 
     rows = []
     async with GatewayClient(server_url, namespace="bench", api_key=api_key, timeout=300) as gw:
-        await gw.vectors.drop_collection("b")
-        await gw.vectors.setup_collection("b", data.shape[1], "cosine")
         ids = [str(i) for i in range(len(data))]
-        t = time.perf_counter()
-        for s in range(0, len(data), BATCH):
-            await gw.vectors.upsert_points("b", data[s : s + BATCH], ids=ids[s : s + BATCH])
-        insert_rate = len(data) / (time.perf_counter() - t)
+        rates = {}
+        for ic in sorted(INSERT_CONCURRENCY, reverse=True):  # the last one (1) is searched
+            await gw.vectors.drop_collection("b")
+            await gw.vectors.setup_collection("b", data.shape[1], "cosine")
+
+            async def insert_batch(start: int, stop: int) -> None:
+                await gw.vectors.upsert_points("b", data[start:stop], ids=ids[start:stop])
+
+            rates[ic] = await timed_inserts(insert_batch, len(data), ic)
 
         async def search(q: np.ndarray) -> list[int]:
             return [int(h["id"]) for h in await gw.vectors.search("b", q, K)]
@@ -92,8 +112,8 @@ async def bench_gateway(server_url: str, api_key: str | None, data: np.ndarray, 
         await timed_searches(search, queries[:10], 1)  # warm-up
         for conc in (1, 8):
             qps, p50, p99, found = await timed_searches(search, queries, conc)
-            rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50,
-                         "p99_ms": p99, "recall@10": recall(found, truth)})
+            rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "qps": qps,
+                         "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, truth)})
     return rows
 
 
@@ -133,21 +153,25 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     uri = pg_uri.rsplit("/", 1)[0] + "/bench_direct" if "?" not in pg_uri else pg_uri.replace("/postgres?", "/bench_direct?")
     conn = await asyncpg.connect(uri)
     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    await init(conn)
-    dim = data.shape[1]
-    await conn.execute(f"CREATE TABLE items (id text PRIMARY KEY, embedding vector({dim}) NOT NULL)")
-    await conn.execute("CREATE INDEX ON items USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)")
-    t = time.perf_counter()
-    for s in range(0, len(data), BATCH):
-        stop = min(s + BATCH, len(data))
-        await conn.execute(
-            "INSERT INTO items SELECT * FROM unnest($1::text[], $2::vector[])",
-            [str(i) for i in range(s, stop)],
-            [encode_vector(_arr(data[i])) for i in range(s, stop)],
-        )
-    insert_rate = len(data) / (time.perf_counter() - t)
     await conn.close()
     pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
+    dim = data.shape[1]
+    rates = {}
+    for ic in sorted(INSERT_CONCURRENCY, reverse=True):
+        await pool.execute("DROP TABLE IF EXISTS items")
+        await pool.execute(f"CREATE TABLE items (id text PRIMARY KEY, embedding vector({dim}) NOT NULL)")
+        await pool.execute(
+            "CREATE INDEX ON items USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
+        )
+
+        async def insert_batch(start: int, stop: int) -> None:
+            await pool.execute(
+                "INSERT INTO items SELECT * FROM unnest($1::text[], $2::vector[])",
+                [str(i) for i in range(start, stop)],
+                [encode_vector(_arr(data[i])) for i in range(start, stop)],
+            )
+
+        rates[ic] = await timed_inserts(insert_batch, len(data), ic)
     rows = []
 
     async def search(q: np.ndarray) -> list[int]:
@@ -159,8 +183,8 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     await timed_searches(search, queries[:10], 1)
     for conc in (1, 8):
         qps, p50, p99, found = await timed_searches(search, queries, conc)
-        rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50, "p99_ms": p99,
-                     "recall@10": recall(found, truth)})
+        rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "qps": qps,
+                     "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, truth)})
     await pool.close()
     return rows
 
@@ -204,11 +228,16 @@ def chroma_worker(args: argparse.Namespace) -> None:
 
         async def run() -> list[dict]:
             client = await chromadb.AsyncHttpClient(host="127.0.0.1", port=port)
-            coll = await client.create_collection("bench", metadata={"hnsw:space": "cosine"})
-            t = time.perf_counter()
-            for s in range(0, len(data), BATCH):
-                await coll.add(ids=[str(i) for i in range(s, min(s + BATCH, len(data)))], embeddings=data[s : s + BATCH])
-            insert_rate = len(data) / (time.perf_counter() - t)
+            rates = {}
+            for ic in sorted(INSERT_CONCURRENCY, reverse=True):
+                if ic != max(INSERT_CONCURRENCY):
+                    await client.delete_collection("bench")
+                coll = await client.create_collection("bench", metadata={"hnsw:space": "cosine"})
+
+                async def insert_batch(start: int, stop: int) -> None:
+                    await coll.add(ids=[str(i) for i in range(start, stop)], embeddings=data[start:stop])
+
+                rates[ic] = await timed_inserts(insert_batch, len(data), ic)
 
             async def search(q: np.ndarray) -> list[int]:
                 res = await coll.query(query_embeddings=[q], n_results=K, include=[])
@@ -218,8 +247,8 @@ def chroma_worker(args: argparse.Namespace) -> None:
             rows = []
             for conc in (1, 8):
                 qps, p50, p99, found = await timed_searches(search, queries, conc)
-                rows.append({"concurrency": conc, "insert_vps": insert_rate, "qps": qps, "p50_ms": p50,
-                             "p99_ms": p99, "recall@10": recall(found, truth)})
+                rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "qps": qps,
+                             "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, truth)})
             return rows
 
         print(json.dumps(asyncio.run(run())))
@@ -250,7 +279,8 @@ def bench_chroma(chroma_python: str, workdir: Path, data, queries, truth) -> lis
 
 def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int) -> None:
     print(f"\nvectors: {n} x {dim} clustered, cosine, {nq} queries, top-{K}, batches of {BATCH}")
-    header = f"{'target':<28}{'conc':>5}{'insert v/s':>12}{'QPS':>9}{'p50 ms':>9}{'p99 ms':>9}{'recall@10':>11}"
+    header = (f"{'target':<28}{'conc':>5}{'insert v/s':>12}{'ins c=2':>9}{'QPS':>9}{'p50 ms':>9}{'p99 ms':>9}"
+              f"{'recall@10':>11}")
     print(header)
     print("-" * len(header))
     for name, rows in results.items():
@@ -258,13 +288,20 @@ def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int)
             print(f"{name:<28}  not measured: {rows}")
             continue
         for r in rows:
-            print(f"{name:<28}{r['concurrency']:>5}{r['insert_vps']:>12.0f}{r['qps']:>9.1f}{r['p50_ms']:>9.2f}"
-                  f"{r['p99_ms']:>9.2f}{r['recall@10']:>11.3f}")
-    pg, ch = results.get("gateway postgres (pgvector)"), results.get("chroma server")
-    if isinstance(pg, list) and isinstance(ch, list):
-        for a, b in zip(pg, ch):
-            print(f"gateway-pg / chroma at concurrency {a['concurrency']}: QPS x{a['qps'] / b['qps']:.2f}, "
-                  f"insert x{a['insert_vps'] / b['insert_vps']:.2f}, recall {a['recall@10']:.3f} vs {b['recall@10']:.3f}")
+            print(f"{name:<28}{r['concurrency']:>5}{r['insert_vps']:>12.0f}{r['insert_vps_c2']:>9.0f}{r['qps']:>9.1f}"
+                  f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['recall@10']:>11.3f}")
+    print("(insert v/s: batches one at a time; ins c=2: two batches in flight; conc: searches in flight)")
+    pg = results.get("gateway postgres (pgvector)")
+    for other in ("chroma server", "pgvector direct (asyncpg)"):
+        ref = results.get(other)
+        if not (isinstance(pg, list) and isinstance(ref, list)):
+            continue
+        for a, b in zip(pg, ref):
+            print(f"gateway-pg / {other} at concurrency {a['concurrency']}: QPS x{a['qps'] / b['qps']:.2f}, "
+                  f"recall {a['recall@10']:.3f} vs {b['recall@10']:.3f}")
+        a, b = pg[0], ref[0]
+        print(f"gateway-pg / {other} insert: x{a['insert_vps'] / b['insert_vps']:.2f} (one batch at a time), "
+              f"x{a['insert_vps_c2'] / b['insert_vps_c2']:.2f} (two in flight)")
 
 
 def main() -> None:
