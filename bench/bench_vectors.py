@@ -109,7 +109,8 @@ async def bench_gateway(server_url: str, api_key: str | None, data: np.ndarray, 
         async def search(q: np.ndarray) -> list[int]:
             return [int(h["id"]) for h in await gw.vectors.search("b", q, K)]
 
-        await timed_searches(search, queries[:10], 1)  # warm-up
+        for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
+            await timed_searches(search, queries[: 2 * conc + 8], conc)
         for conc in (1, 8):
             qps, p50, p99, found = await timed_searches(search, queries, conc)
             rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "qps": qps,
@@ -180,7 +181,8 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
             res = await c.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
             return [int(r[0]) for r in res]
 
-    await timed_searches(search, queries[:10], 1)
+    for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
+        await timed_searches(search, queries[: 2 * conc + 8], conc)
     for conc in (1, 8):
         qps, p50, p99, found = await timed_searches(search, queries, conc)
         rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "qps": qps,
@@ -243,7 +245,8 @@ def chroma_worker(args: argparse.Namespace) -> None:
                 res = await coll.query(query_embeddings=[q], n_results=K, include=[])
                 return [int(i) for i in res["ids"][0]]
 
-            await timed_searches(search, queries[:10], 1)
+            for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
+                await timed_searches(search, queries[: 2 * conc + 8], conc)
             rows = []
             for conc in (1, 8):
                 qps, p50, p99, found = await timed_searches(search, queries, conc)
