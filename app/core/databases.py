@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.core.config import Database, Settings
 
@@ -69,6 +71,36 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+# A pooled connection unused for longer than this is pinged before it is handed out.
+PING_AFTER_IDLE_SECONDS = 10.0
+
+
+def _install_idle_ping(engine: AsyncEngine) -> None:
+    """Ping connections that sat idle in the pool, not every checkout.
+
+    ``pool_pre_ping`` costs three round trips (BEGIN, a query, ROLLBACK on asyncpg) on every
+    checkout, which was the largest single cost of a kv read. A connection in steady use has
+    just proven itself; one that sat idle may have been cut (server restart, failover), so
+    only those are pinged. A connection broken mid-use still surfaces as a disconnect, which
+    makes SQLAlchemy recycle the whole pool, and the request answers 503.
+    """
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "checkin")
+    def on_checkin(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            sync_engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise sa_exc.DisconnectionError(f"idle connection failed its ping: {exc}") from exc
+
+
 def create_engine(settings: Settings, db: Database) -> AsyncEngine:
     """One engine for ``db`` with the pool and timeouts from settings."""
     url = settings.database_url(db)
@@ -91,12 +123,11 @@ def create_engine(settings: Settings, db: Database) -> AsyncEngine:
         )
         _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000))
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=conf.pool_size,
         max_overflow=conf.max_overflow,
         pool_timeout=conf.pool_timeout,
-        pool_pre_ping=True,
         connect_args={
             "timeout": conf.connect_timeout,
             "command_timeout": conf.statement_timeout,
@@ -106,15 +137,16 @@ def create_engine(settings: Settings, db: Database) -> AsyncEngine:
             },
         },
     )
+    _install_idle_ping(engine)
+    return engine
 
 
 @dataclass
 class Databases:
-    """The engines and session factories of the three databases, owned by the app's lifespan."""
+    """The engines of the three databases, owned by the app's lifespan."""
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
-    sessionmakers: dict[Database, async_sessionmaker[AsyncSession]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, settings: Settings) -> "Databases":
@@ -122,7 +154,6 @@ class Databases:
         for db in Database:
             engine = create_engine(settings, db)
             dbs.engines[db] = engine
-            dbs.sessionmakers[db] = async_sessionmaker(engine, expire_on_commit=False)
         return dbs
 
     def engine(self, db: Database) -> AsyncEngine:
@@ -131,6 +162,15 @@ class Databases:
     def dialect(self, db: Database) -> str:
         """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""
         return self.engines[db].dialect.name
+
+    def single_statement_options(self, db: Database) -> dict[str, Any] | None:
+        """Execution options that let a one-statement read skip BEGIN/COMMIT, or None.
+
+        On PostgreSQL that saves two round trips per read. On SQLite transactions are
+        in-process and the driver's isolation handling is what the write locking relies on,
+        so reads keep their (cheap) transaction there.
+        """
+        return {"isolation_level": "AUTOCOMMIT"} if self.dialect(db) == "postgresql" else None
 
     async def check(self, db: Database, timeout: float | None = None) -> None:
         """Open a connection and run a trivial query, or raise."""

@@ -1,17 +1,17 @@
-"""Request dependencies shared by every capability: sessions per database, names, pages.
+"""Request dependencies shared by every capability: connections per database, names, pages.
 
-A session for the wrong database is a type error: each capability asks for the alias of the
-database it lives in. Sessions commit when the endpoint returns and roll back when it raises,
+A connection to the wrong database is a type error: each capability asks for the alias of the
+database it lives in. Writes commit when the endpoint returns and roll back when it raises,
 before the response is sent, so an acknowledged write is a committed write.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Database, Settings
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
@@ -33,33 +33,44 @@ AppSettings = Annotated[Settings, Depends(get_settings_dep)]
 AppDatabases = Annotated[Databases, Depends(get_databases)]
 
 
-def _session_dependency(db: Database, *, read_only: bool = False):
-    async def session(request: Request) -> AsyncIterator[AsyncSession]:
+def _connection_dependency(db: Database, *, single_statement_reads: bool, read_only: bool):
+    """A connection to ``db`` for one request.
+
+    Writes run in one transaction that commits when the endpoint returns (SQLite takes its
+    write lock up front). Reads run in a transaction too, except where the capability says
+    its reads are single statements (``single_statement_reads``): those skip BEGIN/COMMIT
+    where the backend allows it. ``read_only`` marks POST routes that only read (search).
+    """
+
+    async def connection(request: Request) -> AsyncIterator[AsyncConnection]:
         databases: Databases = request.app.state.databases
-        async with databases.sessionmakers[db]() as s:
-            if not read_only and request.method not in _READ_METHODS:
-                # SQLite: take the write lock up front (a no-op option on PostgreSQL).
-                await s.connection(execution_options={SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-            try:
-                yield s
-            except BaseException:
-                await s.rollback()
-                raise
-            else:
-                await s.commit()
+        reading = read_only or request.method in _READ_METHODS
+        async with databases.engine(db).connect() as conn:
+            if reading and single_statement_reads:
+                options = databases.single_statement_options(db)
+                if options:
+                    await conn.execution_options(**options)
+                    yield conn
+                    return
+            elif not reading:
+                await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            async with conn.begin():
+                yield conn
 
-    session.__name__ = f"{db.value}_{'read_' if read_only else ''}session"
-    return session
+    connection.__name__ = f"{db.value}_connection"
+    return connection
 
 
-MetadataSession = Annotated[AsyncSession, Depends(_session_dependency(Database.metadata), scope="function")]
-VectorsSession = Annotated[AsyncSession, Depends(_session_dependency(Database.vectors), scope="function")]
-VectorsReadSession = Annotated[
-    AsyncSession, Depends(_session_dependency(Database.vectors, read_only=True), scope="function")
-]
-CheckpointsSession = Annotated[
-    AsyncSession, Depends(_session_dependency(Database.checkpoints), scope="function")
-]
+def _connection(db: Database, *, single_statement_reads: bool = False, read_only: bool = False) -> Any:
+    dependency = _connection_dependency(db, single_statement_reads=single_statement_reads, read_only=read_only)
+    return Depends(dependency, scope="function")
+
+
+# kv and records read with one statement per request; vectors need a transaction for SET LOCAL.
+MetadataConnection = Annotated[AsyncConnection, _connection(Database.metadata, single_statement_reads=True)]
+CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints, single_statement_reads=True)]
+VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
+VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]
 
 
 # --- names --------------------------------------------------------------------------------

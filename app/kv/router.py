@@ -14,7 +14,7 @@ from fastapi import APIRouter, FastAPI, Query, Request, Response
 from app.core.conditions import Conditions
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
-from app.core.dependencies import CollectionPath, Key, MetadataSession, NamespacePath, PageLimit
+from app.core.dependencies import CollectionPath, Key, MetadataConnection, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
     NotFound,
@@ -52,7 +52,7 @@ async def set_value(
     collection: CollectionPath,
     key: Key,
     request: Request,
-    session: MetadataSession,
+    conn: MetadataConnection,
     service: KvServiceDep,
     conditions: Conditions,
     ttl_seconds: Annotated[
@@ -63,7 +63,7 @@ async def set_value(
     """Upsert the JSON request body as the value of `key`; `If-Match` / `If-None-Match: *` make it conditional."""
     body = await request.body()
     etag = await service.set(
-        await session.connection(), namespace, collection, key, body,
+        conn, namespace, collection, key, body,
         ttl_seconds=ttl_seconds, conditions=conditions,
     )
     return Response(status_code=204, headers={"ETag": etag})
@@ -79,11 +79,11 @@ async def get_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    session: MetadataSession,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """The stored JSON value exactly as stored (a stored `null` is `200 null`); 404 when missing or expired."""
-    text, etag = await service.get(await session.connection(), namespace, collection, key)
+    text, etag = await service.get(conn, namespace, collection, key)
     return Response(content=text, media_type=JSON, headers={"ETag": etag})
 
 
@@ -97,11 +97,11 @@ async def delete_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    session: MetadataSession,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """Delete `key`; 204 whether or not it existed."""
-    await service.delete(await session.connection(), namespace, collection, key)
+    await service.delete(conn, namespace, collection, key)
     return Response(status_code=204)
 
 
@@ -114,7 +114,7 @@ async def delete_value(
 async def list_entries(
     namespace: NamespacePath,
     collection: CollectionPath,
-    session: MetadataSession,
+    conn: MetadataConnection,
     service: KvServiceDep,
     limit: PageLimit,
     prefix: Annotated[str | None, Query(max_length=1024, description="Only keys starting with this.")] = None,
@@ -123,7 +123,7 @@ async def list_entries(
 ) -> Response:
     """Entries `{key, value, etag}` sorted by key (UTF-8 byte order), a page at a time."""
     page = await service.list(
-        await session.connection(), namespace, collection,
+        conn, namespace, collection,
         prefix=prefix or None, limit=limit, cursor=cursor, keys_only=keys_only,
     )
     return Response(content=page.body, media_type=JSON)

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 
 from app.core.config import Database
-from app.core.dependencies import CheckpointsSession, CollectionPath, Key, NamespacePath, PageLimit
+from app.core.dependencies import CheckpointsConnection, CollectionPath, Key, NamespacePath, PageLimit
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.upsert import insert_builder
 from app.records.dependencies import RecordsServiceDep
@@ -44,11 +44,11 @@ async def upsert_record(
     collection: CollectionPath,
     key: Key,
     request: Request,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """Store the JSON request body as the record `key` (replacing any record with that key)."""
-    await service.upsert(await session.connection(), namespace, collection, key, await request.body())
+    await service.upsert(conn, namespace, collection, key, await request.body())
     return Response(status_code=204)
 
 
@@ -62,12 +62,12 @@ async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
     trim: TrimRequest,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> TrimResult:
     """Delete keys strictly below `before` (the key `before` itself stays) and/or all but the `keep_last` largest, in one statement."""
     deleted = await service.trim(
-        await session.connection(), namespace, collection, before=trim.before, keep_last=trim.keep_last
+        conn, namespace, collection, before=trim.before, keep_last=trim.keep_last
     )
     return TrimResult(deleted=deleted)
 
@@ -82,11 +82,11 @@ async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,
     batch: RecordBatchCreate,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> RecordBatchResult:
     """Upsert every record of the batch atomically: all are stored, or (on any error) none."""
-    count = await service.upsert_batch(await session.connection(), namespace, collection, batch.records)
+    count = await service.upsert_batch(conn, namespace, collection, batch.records)
     return RecordBatchResult(upserted=count)
 
 
@@ -100,11 +100,11 @@ async def get_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """The record `{key, value}`, its value exactly as stored; 404 when missing."""
-    body = await service.get(await session.connection(), namespace, collection, key)
+    body = await service.get(conn, namespace, collection, key)
     return Response(content=body, media_type=JSON)
 
 
@@ -118,11 +118,11 @@ async def delete_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """Delete the record `key`; 204 whether or not it existed."""
-    await service.delete(await session.connection(), namespace, collection, key)
+    await service.delete(conn, namespace, collection, key)
     return Response(status_code=204)
 
 
@@ -135,7 +135,7 @@ async def delete_record(
 async def list_records(
     namespace: NamespacePath,
     collection: CollectionPath,
-    session: CheckpointsSession,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
     limit: PageLimit,
     order: Annotated[
@@ -147,7 +147,7 @@ async def list_records(
 ) -> Response:
     """Records `{key, value}` ordered by key (UTF-8 byte order), never by insertion time."""
     body = await service.page(
-        await session.connection(), namespace, collection,
+        conn, namespace, collection,
         order=order, limit=limit, after=after, before=before, cursor=cursor,
     )
     return Response(content=body, media_type=JSON)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.core.dependencies import NamespacePath, VectorsReadSession, VectorsSession
+from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
 from app.vectors.backend import VectorIndex
 from app.vectors.service import VectorService
 
@@ -20,13 +20,13 @@ VectorIndexDep = Annotated[VectorIndex, Depends(get_vector_index)]
 
 # async: a plain ``def`` dependency would be run in the thread pool on every request.
 async def _service(
-    request: Request, namespace: NamespacePath, session: VectorsSession, index: VectorIndexDep
+    request: Request, namespace: NamespacePath, session: VectorsConnection, index: VectorIndexDep
 ) -> VectorService:
     return VectorService(session, index, request.app.state.settings, namespace, request.app.state.vector_registry)
 
 
 async def _read_service(
-    request: Request, namespace: NamespacePath, session: VectorsReadSession, index: VectorIndexDep
+    request: Request, namespace: NamespacePath, session: VectorsReadConnection, index: VectorIndexDep
 ) -> VectorService:
     return VectorService(session, index, request.app.state.settings, namespace, request.app.state.vector_registry)
 
