@@ -186,3 +186,36 @@ def test_serve_with_yaml_config_flag(tmp_path: Path) -> None:
         assert (tmp_path / "yaml-data" / "metadata.db").exists()
     finally:
         assert stop_server(server) == 0
+
+
+def test_sqlite_without_extension_loading_is_handled(tmp_path: Path) -> None:
+    """Pythons differ: the gateway uses the interpreter's sqlite3 when it can load sqlite-vec,
+    otherwise a drop-in build (sqlean-py); with neither it stops with one line saying so."""
+    import subprocess
+    import sys
+
+    from app.core.sqlite import SQLITE
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sqlite3; c = sqlite3.connect(':memory:'); c.enable_load_extension(True)"],
+        capture_output=True, text=True,
+    )
+    stdlib_loads = probe.returncode == 0
+    assert (SQLITE.__name__ == "sqlite3") == stdlib_loads  # the drop-in only when needed
+    # Hide the drop-in builds: what a Python with a limited sqlite3 and no sqlean looks like.
+    script = (
+        "import sys; sys.modules['sqlean'] = None; sys.modules['pysqlite3'] = None; "
+        "from app.cli import main; main(sys.argv[1:])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["GATEWAY_DATA_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", script, "migrate"], env=env, capture_output=True, text=True, timeout=120
+    )
+    if stdlib_loads:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 2
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, result.stderr
+        assert "vectors database" in lines[0] and "sqlean-py" in lines[0]
