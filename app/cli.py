@@ -102,7 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         log_level=settings.log_level,
         log_config=log_config,
         access_log=False,  # app.access writes one JSON line per request instead
-        timeout_keep_alive=5,
+        timeout_keep_alive=settings.limits.keep_alive_seconds,
+        limit_concurrency=settings.limits.max_connections,
         timeout_graceful_shutdown=(
             args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds
         ),

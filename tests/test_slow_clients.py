@@ -52,3 +52,24 @@ def test_stalled_body_is_answered_408(impatient_server: Server, namespace: str, 
         assert client.get(f"/v1/{namespace}/kv/c/k").status_code == 404
         assert client.get(f"/v1/{namespace}/records/c").json()["items"] == []
         assert client.get(f"/v1/{namespace}/files/c/f").status_code == 404
+
+
+def test_connections_beyond_the_limit_are_refused_not_queued(backend: Backend, server: Server,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Clients holding connections open cannot starve the process: past the limit, 503."""
+    log = tmp_path_factory.mktemp("limited") / "log"
+    srv = start_server(backend, log, GATEWAY_LIMITS__MAX_CONNECTIONS="3")
+    host, port = srv.url.removeprefix("http://").split(":")
+    held = []
+    try:
+        for _ in range(3):  # idle connections that never finish a request
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(b"PUT /v1/x/kv/c/k HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+            held.append(sock)
+        time.sleep(0.5)
+        r = httpx.get(f"{srv.url}/healthz", timeout=10)
+        assert r.status_code == 503
+    finally:
+        for sock in held:
+            sock.close()
+        stop_server(srv)

@@ -110,6 +110,10 @@ class LimitsSettings(_Strict):
     max_vector_dimensions: int = Field(default=16000, ge=1, description="Largest vector_size of a collection.")
     max_filter_depth: int = Field(default=8, ge=1, description="Deepest nesting of $and/$or in a filter.")
     max_filter_terms: int = Field(default=128, ge=1, description="Most conditions in one filter.")
+    max_connections: int = Field(
+        default=1000, ge=1, description="Concurrent connections per process; more are answered 503."
+    )
+    keep_alive_seconds: float = Field(default=5.0, gt=0, description="How long an idle keep-alive connection stays open.")
     body_idle_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A request body that sends nothing for this long is answered 408."
     )
