@@ -5,10 +5,14 @@ clause after the graph search, so before pgvector 0.8 (no iterative scans) a sel
 silently returns too few rows. The plan here:
 
 1. A filter that matches at most ``exact_threshold`` points is searched exactly over the matching
-   rows (index scans off for that statement; the payload GIN index still narrows the rows).
+   rows (the ORDER BY is kept away from the HNSW index; the payload GIN index still narrows the
+   rows).
 2. Otherwise the HNSW index is used (with ``hnsw.iterative_scan`` on pgvector 0.8+, and a larger
    ``ef_search`` for filtered queries).
 3. Whenever a search returns fewer than ``limit`` rows while more points match, it is redone exactly.
+
+Searches are the hot path: they run on the capability's own asyncpg pool, one autocommit
+statement each (see ``open_pool``); everything else runs on the request's SQLAlchemy session.
 
 Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
 dimensions on pgvector 0.7+, and exact search otherwise.
@@ -29,7 +33,6 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import event, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.core.errors import ServiceUnavailable
@@ -148,17 +151,13 @@ class _Positional(SqlBuilder):
         return f"${self.first + len(self.args) - 1}"
 
 
-async def open_pool(url: str, conf: Any, ef_search: int) -> Any:
-    """The search pool: asyncpg connections with the binary vector codec and the default
+async def open_pool(engine: AsyncEngine, conf: Any, ef_search: int) -> Any:
+    """The search pool: asyncpg connections to ``engine``'s database (the same address, user
+    and SSL options SQLAlchemy uses) with the binary vector codec and the default
     ``hnsw.ef_search``; nothing is reset on release (``PgVectorIndex`` tracks what it sets)."""
-    sa_url = make_url(url)
-    params: dict[str, Any] = {
-        "user": sa_url.username,
-        "password": sa_url.password or None,
-        "host": sa_url.query.get("host") or sa_url.host,
-        "port": sa_url.port,
-        "database": sa_url.database,
-    }
+    _, params = engine.dialect.create_connect_args(engine.url)
+    for adapter_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_creator_fn"):
+        params.pop(adapter_only, None)
 
     async def init(conn: Any) -> None:
         await conn.set_type_codec(
@@ -170,7 +169,7 @@ async def open_pool(url: str, conf: Any, ef_search: int) -> Any:
         return None
 
     return await asyncpg.create_pool(
-        **{k: v for k, v in params.items() if v is not None},
+        **params,
         min_size=0,
         max_size=conf.pool_size,
         timeout=conf.connect_timeout,

@@ -168,9 +168,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         install_vector_codec(engine)
         await engine.dispose()  # connections opened before the codec existed are replaced
-    pool = await open_pool(
-        settings.database_url(Database.vectors), settings.databases.get(Database.vectors), settings.vectors.ef_search
-    )
+    pool = await open_pool(engine, settings.databases.get(Database.vectors), settings.vectors.ef_search)
     app.state.vector_index = PgVectorIndex(
         version or "0",
         exact_threshold=settings.vectors.exact_search_threshold,
