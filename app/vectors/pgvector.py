@@ -11,8 +11,8 @@ silently returns too few rows. The plan here:
    ``ef_search`` for filtered queries).
 3. Whenever a search returns fewer than ``limit`` rows while more points match, it is redone exactly.
 
-Searches are the hot path: they run on the capability's own asyncpg pool, one autocommit
-statement each (see ``open_pool``); everything else runs on the request's SQLAlchemy session.
+Searches are the hot path: they run as one statement on the request connection's asyncpg
+driver connection (no ORM, no statement compilation); everything else goes through SQLAlchemy.
 
 Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
 dimensions on pgvector 0.7+, and exact search otherwise.
@@ -82,14 +82,16 @@ def decode_vector(data: bytes) -> array:
     return out
 
 
-def install_vector_codec(engine: AsyncEngine) -> None:
+def install_vector_codec(engine: AsyncEngine, ef_search: int) -> None:
     """Send and receive ``vector`` values in binary on every new connection of ``engine``
-    (about 6x faster than pgvector's text form for a 500 x 384 batch)."""
+    (about 6x faster than pgvector's text form for a 500 x 384 batch), and give each
+    connection the default ``hnsw.ef_search`` (``PgVectorIndex`` tracks changes to it)."""
 
     async def register(conn: Any) -> None:
         await conn.set_type_codec(
             "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
         )
+        await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
 
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -151,47 +153,12 @@ class _Positional(SqlBuilder):
         return f"${self.first + len(self.args) - 1}"
 
 
-async def open_pool(engine: AsyncEngine, conf: Any, ef_search: int) -> Any:
-    """The search pool: asyncpg connections to ``engine``'s database (the same address, user
-    and SSL options SQLAlchemy uses) with the binary vector codec and the default
-    ``hnsw.ef_search``; nothing is reset on release (``PgVectorIndex`` tracks what it sets)."""
-    _, params = engine.dialect.create_connect_args(engine.url)
-    for adapter_only in ("prepared_statement_cache_size", "prepared_statement_name_func", "async_creator_fn"):
-        params.pop(adapter_only, None)
-
-    async def init(conn: Any) -> None:
-        await conn.set_type_codec(
-            "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
-        )
-        await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
-
-    async def no_reset(conn: Any) -> None:
-        return None
-
-    return await asyncpg.create_pool(
-        **params,
-        min_size=0,
-        max_size=conf.pool_size,
-        timeout=conf.connect_timeout,
-        command_timeout=conf.statement_timeout,
-        server_settings={
-            "statement_timeout": str(int(conf.statement_timeout * 1000)),
-            "application_name": "storage-gateway",
-        },
-        init=init,
-        reset=no_reset,
-    )
-
-
 class PgVectorIndex:
     """``VectorIndex`` on PostgreSQL with pgvector."""
 
     name = "pgvector"
 
-    def __init__(
-        self, version: str, *, exact_threshold: int = 5000, pool: Any = None, ef_search: int = 100
-    ) -> None:
-        self.pool = pool
+    def __init__(self, version: str, *, exact_threshold: int = 5000, ef_search: int = 100) -> None:
         self.default_ef = ef_search
         self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
         self.version = version
@@ -374,36 +341,43 @@ class PgVectorIndex:
 
     # --- search --------------------------------------------------------------------------------
     #
-    # Searches run on a raw asyncpg connection from the capability's own pool (``open_pool``), one
-    # statement each in autocommit: no BEGIN/COMMIT, no pre-ping, no ORM. ``hnsw.ef_search`` is
-    # a session setting of each pooled connection, set at connect time to the default and changed
-    # (one extra statement) only when a request needs another value; ``_gucs`` remembers it.
+    # Searches run on the asyncpg connection under the request's SQLAlchemy connection, one
+    # statement each: no ORM or statement compilation, and no BEGIN (SQLAlchemy begins lazily,
+    # on its own first statement). ``hnsw.ef_search`` is a session setting of each connection,
+    # set at connect time to the default and changed (one extra statement) only when a request
+    # needs another value; ``_gucs`` remembers it.
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        if self.pool is None:  # pragma: no cover - the lifespan always opens the pool
-            raise ServiceUnavailable("the vectors database pool is not open")
+    async def _driver(self, session: Any) -> AsyncIterator[Any]:
+        pooled = await session.get_raw_connection()
+        conn = pooled.driver_connection
         try:
-            async with self.pool.acquire() as conn:
-                yield conn
+            yield conn
         except asyncpg.UndefinedTableError:
+            self._gucs.pop(conn, None)  # a rolled-back transaction may take a SET with it
             raise MissingTable() from None
         except (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
                 asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError, asyncpg.AdminShutdownError) as exc:
             log.warning("vectors database unavailable: %s: %s", exc.__class__.__name__, exc)
-            raise ServiceUnavailable("the vectors database is unreachable; retry later") from None
+            pooled.invalidate()  # SQLAlchemy did not see the failure: do not pool this connection again
+            raise ServiceUnavailable(
+                "the vectors database is unreachable; retry later",
+                headers={"Retry-After": "2"}, code="database_unavailable",
+            ) from None
+        except BaseException:
+            self._gucs.pop(conn, None)
+            raise
 
     async def _settings(self, conn: Any, ef: int, iterative: bool) -> None:
         wanted = (ef, iterative)
-        raw = getattr(conn, "_con", conn)  # the pool hands out proxies; the state is the connection's
-        if self._gucs.get(raw, (self.default_ef, False)) == wanted:
+        if self._gucs.get(conn, (self.default_ef, False)) == wanted:
             return
         stmt = f"SET hnsw.ef_search = {int(ef)}"
         if self.iterative_scan:
             stmt += "; SET hnsw.iterative_scan = " + ("strict_order" if iterative else "off")
-        self._gucs[raw] = (-1, False)  # unknown until the SET is through
+        self._gucs[conn] = (-1, False)  # unknown until the SET is through
         await conn.execute(stmt)
-        self._gucs[raw] = wanted
+        self._gucs[conn] = wanted
 
     async def search(
         self,
@@ -415,7 +389,7 @@ class PgVectorIndex:
         ef_search: int,
     ) -> list[Hit]:
         q = encode_vector(vector)
-        async with self._connection() as conn:
+        async with self._driver(session) as conn:
             return await self._search(conn, coll, q, int(limit), flt, ef_search)
 
     async def _search(

@@ -158,7 +158,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.vector_index = SqliteVecIndex()
         yield
         return
-    from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec, open_pool
+    from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
 
     engine = databases.engine(Database.vectors)
     async with engine.connect() as conn:
@@ -166,16 +166,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if version is None:
         log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
     else:
-        install_vector_codec(engine)
+        install_vector_codec(engine, settings.vectors.ef_search)
         await engine.dispose()  # connections opened before the codec existed are replaced
-    pool = await open_pool(engine, settings.databases.get(Database.vectors), settings.vectors.ef_search)
     app.state.vector_index = PgVectorIndex(
         version or "0",
         exact_threshold=settings.vectors.exact_search_threshold,
-        pool=pool,
         ef_search=settings.vectors.ef_search,
     )
-    try:
-        yield
-    finally:
-        await pool.close()
+    yield
