@@ -8,10 +8,8 @@ import re
 import shlex
 import time
 import uuid
-from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, Server

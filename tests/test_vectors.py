@@ -4,7 +4,6 @@ scores, hybrid search, validation, idempotency, isolation and the seed's VectorS
 from __future__ import annotations
 
 import math
-import random
 import uuid
 
 import httpx

@@ -4,7 +4,6 @@ numpy ground truth on 20,000 clustered 384-d vectors, filtered searches that ret
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any
 

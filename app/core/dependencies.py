@@ -13,24 +13,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.config import Database, Settings
+from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-async def get_databases(request: Request) -> Databases:
-    return request.app.state.databases
-
-
-async def get_settings_dep(request: Request) -> Settings:
-    return request.app.state.settings
-
-
-AppSettings = Annotated[Settings, Depends(get_settings_dep)]
-AppDatabases = Annotated[Databases, Depends(get_databases)]
 
 
 def _connection_dependency(db: Database, *, single_statement_reads: bool, read_only: bool):

@@ -48,8 +48,4 @@ def select_sqlite_module() -> ModuleType:
     return current
 
 
-def extension_loading_available() -> bool:
-    return _can_load_extensions(sys.modules.get("sqlite3") or importlib.import_module("sqlite3"))
-
-
 SQLITE = select_sqlite_module()
