@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
 from app.files.backend import FilesBackend
 from app.files.models import file_chunks, file_uploads, files
 
-Conn = AsyncConnection | AsyncSession
+Conn = AsyncConnection
 
 
 def utc(value: datetime) -> datetime:

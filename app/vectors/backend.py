@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.vectors.filters import Node
 
@@ -110,23 +110,23 @@ class VectorIndex(Protocol):
         """The index a collection of this size gets here (``requested`` is ``hnsw`` or ``exact``)."""
         ...
 
-    async def create(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+    async def create(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
-    async def drop(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+    async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
-    async def reset(self, session: AsyncSession, coll: CollectionInfo) -> None: ...
+    async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
-    async def count(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None = None) -> int: ...
+    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int: ...
 
-    async def upsert(self, session: AsyncSession, coll: CollectionInfo, points: list[PointIn]) -> None: ...
+    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None: ...
 
     async def get(
-        self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
+        self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
     ) -> PointOut | None: ...
 
     async def update(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         point_id: str,
         vector: PointIn | None,
@@ -137,12 +137,12 @@ class VectorIndex(Protocol):
         ...
 
     async def delete(
-        self, session: AsyncSession, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
     ) -> int: ...
 
     async def list(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         flt: Node | None,
         after: str | None,
@@ -152,7 +152,7 @@ class VectorIndex(Protocol):
 
     async def search(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         vector: array,
         limit: int,
@@ -164,13 +164,13 @@ class VectorIndex(Protocol):
         ...
 
     async def text_search(
-        self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
     ) -> list[str]:
         """Ids of the best full-text matches of ``words`` (any of them), best first."""
         ...
 
     async def distances(
-        self, session: AsyncSession, coll: CollectionInfo, vector: array, ids: list[str]
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
     ) -> list[Hit]:
         """The distance of each stored point in ``ids`` to ``vector``."""
         ...

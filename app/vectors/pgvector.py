@@ -33,7 +33,7 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.errors import ServiceUnavailable
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
@@ -183,7 +183,7 @@ class PgVectorIndex:
 
     # --- collections -------------------------------------------------------------------------
 
-    async def create(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def create(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         t = coll.data_table
         n = int(coll.vector_size)
         tsv = ", tsv tsvector" if coll.text_field is not None else ""
@@ -215,13 +215,13 @@ class PgVectorIndex:
         if coll.text_field is not None:
             await session.execute(text(f"CREATE INDEX {t}_tsv ON {t} USING gin (tsv)"))
 
-    async def drop(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await session.execute(text(f"DROP TABLE IF EXISTS {coll.data_table}"))
 
-    async def reset(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await session.execute(text(f"TRUNCATE {coll.data_table}"))
 
-    async def count(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None = None) -> int:
+    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
         result = await session.execute(
@@ -231,7 +231,7 @@ class PgVectorIndex:
 
     # --- points --------------------------------------------------------------------------------
 
-    async def upsert(self, session: AsyncSession, coll: CollectionInfo, points: list[PointIn]) -> None:
+    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None:
         if not points:
             return
         t = coll.data_table
@@ -262,7 +262,7 @@ class PgVectorIndex:
         await session.execute(text(stmt), params)
 
     async def get(
-        self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
+        self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
     ) -> PointOut | None:
         vec = ", embedding" if with_vector else ""
         row = (
@@ -277,7 +277,7 @@ class PgVectorIndex:
 
     async def update(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         point_id: str,
         vector: PointIn | None,
@@ -304,7 +304,7 @@ class PgVectorIndex:
         return result.first() is not None
 
     async def delete(
-        self, session: AsyncSession, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
     ) -> int:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
@@ -316,7 +316,7 @@ class PgVectorIndex:
 
     async def list(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         flt: Node | None,
         after: str | None,
@@ -381,7 +381,7 @@ class PgVectorIndex:
 
     async def search(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         vector: array,
         limit: int,
@@ -461,7 +461,7 @@ class PgVectorIndex:
         return [Hit(r[0], r[2], r[1]) for r in rows]
 
     async def text_search(
-        self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
     ) -> list[str]:
         if coll.text_field is None or not words:
             return []
@@ -480,7 +480,7 @@ class PgVectorIndex:
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncSession, coll: CollectionInfo, vector: array, ids: list[str]
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
     ) -> list[Hit]:
         if not ids:
             return []

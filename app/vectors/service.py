@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
@@ -72,7 +72,7 @@ class VectorService:
 
     def __init__(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         index: VectorIndex,
         settings: Settings,
         namespace: str,

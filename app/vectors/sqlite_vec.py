@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
@@ -105,7 +105,7 @@ class SqliteVecIndex:
 
         return {"q": _blob(vector), "qn": math.hypot(*vector)}
 
-    async def create(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def create(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await session.execute(
             text(
                 f"CREATE TABLE {coll.data_table} (rid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, "
@@ -117,22 +117,22 @@ class SqliteVecIndex:
                 text(f"CREATE VIRTUAL TABLE {coll.text_table} USING fts5(body, tokenize='porter unicode61')")
             )
 
-    async def drop(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await session.execute(text(f"DROP TABLE IF EXISTS {coll.text_table}"))
         await session.execute(text(f"DROP TABLE IF EXISTS {coll.data_table}"))
 
-    async def reset(self, session: AsyncSession, coll: CollectionInfo) -> None:
+    async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         if coll.text_field is not None:
             await session.execute(text(f"DELETE FROM {coll.text_table}"))
         await session.execute(text(f"DELETE FROM {coll.data_table}"))
 
-    async def count(self, session: AsyncSession, coll: CollectionInfo, flt: Node | None = None) -> int:
+    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
         result = await session.execute(text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params)
         return int(result.scalar_one())
 
-    async def upsert(self, session: AsyncSession, coll: CollectionInfo, points: list[PointIn]) -> None:
+    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None:
         if not points:
             return
         t = coll.data_table
@@ -147,7 +147,7 @@ class SqliteVecIndex:
         if coll.text_field is not None:
             await self._reindex_text(session, coll, [(p.id, p.text) for p in points])
 
-    async def _reindex_text(self, session: AsyncSession, coll: CollectionInfo, pairs: list[tuple[str, str | None]]) -> None:
+    async def _reindex_text(self, session: AsyncConnection, coll: CollectionInfo, pairs: list[tuple[str, str | None]]) -> None:
         ids = orjson.dumps([i for i, _ in pairs]).decode()
         await session.execute(
             text(
@@ -167,7 +167,7 @@ class SqliteVecIndex:
         )
 
     async def get(
-        self, session: AsyncSession, coll: CollectionInfo, point_id: str, with_vector: bool
+        self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
     ) -> PointOut | None:
         row = (
             await session.execute(
@@ -180,7 +180,7 @@ class SqliteVecIndex:
 
     async def update(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         point_id: str,
         vector: PointIn | None,
@@ -206,7 +206,7 @@ class SqliteVecIndex:
         return found
 
     async def delete(
-        self, session: AsyncSession, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
     ) -> int:
         sql = SqlBuilder()
         where = compile_filter(flt, sql)
@@ -226,7 +226,7 @@ class SqliteVecIndex:
 
     async def list(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         flt: Node | None,
         after: str | None,
@@ -248,7 +248,7 @@ class SqliteVecIndex:
 
     async def search(
         self,
-        session: AsyncSession,
+        session: AsyncConnection,
         coll: CollectionInfo,
         vector: array,
         limit: int,
@@ -273,7 +273,7 @@ class SqliteVecIndex:
         return [Hit(r[0], float(r[2]), r[1]) for r in rows]
 
     async def text_search(
-        self, session: AsyncSession, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
+        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
     ) -> list[str]:
         if coll.text_field is None or not words:
             return []
@@ -291,7 +291,7 @@ class SqliteVecIndex:
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncSession, coll: CollectionInfo, vector: array, ids: list[str]
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
     ) -> list[Hit]:
         if not ids:
             return []
