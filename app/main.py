@@ -12,14 +12,13 @@ from app import __version__
 from app.auth.dependencies import authorize
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
+from app.core import migrations, observability
 from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
-from app.core.openapi import install_openapi
 from app.core.limits import BodyLimitMiddleware
-from app.core import observability
-from app.core import migrations
+from app.core.openapi import install_openapi
 from app.files import router as files
 from app.kv import router as kv
 from app.records import router as records

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
@@ -33,6 +33,7 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.names import validate_key
+from app.core.routing import CapabilityRouter
 from app.files.backend import backend_for
 from app.files.dependencies import STATE_KEY, Files
 from app.files.multipart import read_form
@@ -48,7 +49,7 @@ from app.files.service import (
 
 log = logging.getLogger("app.files")
 
-router = APIRouter(prefix="/files", tags=["files"])
+router = CapabilityRouter("files", tags=["files"])
 
 _UPLOAD_ERRORS = problem_responses(BadRequest, InvalidInput, PreconditionFailed, PayloadTooLarge)
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # part headers, boundaries and the file_id field

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from app.core.conditions import Conditions
 from app.core.config import Database
@@ -23,6 +23,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.routing import CapabilityRouter
 from app.core.upsert import insert_builder
 from app.kv.dependencies import KvServiceDep
 from app.kv.repository import KvRepository
@@ -31,7 +32,7 @@ from app.kv.service import KvService
 
 log = logging.getLogger("app.kv")
 
-router = APIRouter(prefix="/kv", tags=["kv"])
+router = CapabilityRouter("kv", tags=["kv"])
 
 JSON = "application/json"
 

@@ -6,11 +6,24 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 
 from app.core.config import Database
-from app.core.dependencies import CheckpointsConnection, CollectionPath, Key, NamespacePath, PageLimit
-from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.dependencies import (
+    CheckpointsConnection,
+    CollectionPath,
+    Key,
+    NamespacePath,
+    PageLimit,
+)
+from app.core.errors import (
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    problem_responses,
+)
+from app.core.routing import CapabilityRouter
 from app.core.upsert import insert_builder
 from app.records.dependencies import RecordsServiceDep
 from app.records.repository import RecordsRepository
@@ -26,7 +39,7 @@ from app.records.schemas import (
 )
 from app.records.service import RecordsService
 
-router = APIRouter(prefix="/records", tags=["records"])
+router = CapabilityRouter("records", tags=["records"])
 
 JSON = "application/json"
 _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)

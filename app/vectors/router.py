@@ -7,11 +7,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Header, Query, Request, Response
 
 from app.core.config import Database
 from app.core.dependencies import CollectionPath, PageLimit, PointId
-from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    problem_responses,
+)
+from app.core.routing import CapabilityRouter
 from app.vectors.backend import RegistryCache
 from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
 from app.vectors.encoding import json_response
@@ -33,7 +41,7 @@ from app.vectors.schemas import (
 
 log = logging.getLogger("app.vectors")
 
-router = APIRouter(prefix="/vectors", tags=["vectors"])
+router = CapabilityRouter("vectors", tags=["vectors"])
 
 _ERRORS = problem_responses(InvalidInput, NotFound, ServiceUnavailable)
 VectorFormat = Annotated[

@@ -25,7 +25,15 @@ from app.core.names import key_problem
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.scoping import in_scope
 from app.vectors import encoding
-from app.vectors.backend import CollectionInfo, Hit, MissingTable, PointIn, PointOut, RegistryCache, VectorIndex
+from app.vectors.backend import (
+    CollectionInfo,
+    Hit,
+    MissingTable,
+    PointIn,
+    PointOut,
+    RegistryCache,
+    VectorIndex,
+)
 from app.vectors.filters import Node, parse_filter
 from app.vectors.models import vector_collections as vc
 from app.vectors.models import vector_idempotency as vi
