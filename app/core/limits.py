@@ -61,6 +61,14 @@ def idle_timeout(receive: Receive, seconds: float) -> Receive:
     return timed
 
 
+def _has_body(scope: Scope) -> bool:
+    """Whether the request announces a body (HTTP/1.1 needs Content-Length or chunking for one)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False
+
+
 class BodyLimitMiddleware:
     def __init__(
         self, app: ASGIApp, max_body_bytes: int, idle_timeout_seconds: float = 30.0,
@@ -72,7 +80,7 @@ class BodyLimitMiddleware:
         self.streamed_marker = streamed_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         receive = idle_timeout(receive, self.idle_timeout_seconds)
