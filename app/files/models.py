@@ -8,9 +8,9 @@ Invariant: every chunk's blob is either pointed at by exactly one ``files`` row 
 ``file_uploads``.
 """
 
-from sqlalchemy import BigInteger, Column, DateTime, Integer, LargeBinary, String, Table
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, String, Table
 
-from app.core.schema import KeyColumn, NameColumn, metadata_db
+from app.core.schema import KeyColumn, NameColumn, UtcDateTime, metadata_db
 
 BLOB_ID_LENGTH = 32
 
@@ -25,8 +25,8 @@ files = Table(
     Column("chunk_bytes", Integer, nullable=False),
     Column("content_type", String(255), nullable=False),
     Column("sha256", String(64), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
 )
 
 file_chunks = Table(
@@ -42,6 +42,6 @@ file_uploads = Table(
     "file_uploads",
     metadata_db,
     Column("blob_id", String(BLOB_ID_LENGTH), primary_key=True),
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("touched_at", DateTime(timezone=True), nullable=False, index=True),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("touched_at", UtcDateTime, nullable=False, index=True),
 )

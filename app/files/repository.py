@@ -6,7 +6,7 @@ Functions take an open ``AsyncConnection`` (or session); the service decides the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -17,11 +17,6 @@ from app.files.backend import FilesBackend
 from app.files.models import file_chunks, file_uploads, files
 
 Conn = AsyncConnection
-
-
-def utc(value: datetime) -> datetime:
-    """SQLite hands datetimes back naive; every stored time is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -46,8 +41,8 @@ class FileRow:
             chunk_bytes=row.chunk_bytes,
             content_type=row.content_type,
             sha256=row.sha256,
-            created_at=utc(row.created_at),
-            updated_at=utc(row.updated_at),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
         )
 
 

@@ -1,8 +1,8 @@
 """Tables of the kv capability (metadata database)."""
 
-from sqlalchemy import BigInteger, Column, DateTime, Table
+from sqlalchemy import BigInteger, Column, Table
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, metadata_db
+from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, metadata_db
 
 # value: compact JSON text returned verbatim; version: the ETag (random start, +1 per write).
 kv_entries = Table(
@@ -13,7 +13,7 @@ kv_entries = Table(
     Column("key", KeyColumn, primary_key=True),
     Column("value", JsonText, nullable=False),
     Column("version", BigInteger, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Column("expires_at", DateTime(timezone=True), nullable=True, index=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=True, index=True),
 )

@@ -1,8 +1,8 @@
 """Tables of the records capability (checkpoints database)."""
 
-from sqlalchemy import Column, DateTime, Table
+from sqlalchemy import Column, Table
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, checkpoints_db
+from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, checkpoints_db
 
 # key: ordered by UTF-8 bytes on both backends; value: compact JSON text returned verbatim.
 records = Table(
@@ -12,5 +12,5 @@ records = Table(
     Column("collection", NameColumn, primary_key=True),
     Column("key", KeyColumn, primary_key=True),
     Column("value", JsonText, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
 )

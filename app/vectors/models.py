@@ -9,14 +9,13 @@ sent with an ``Idempotency-Key`` so that a retry replays it instead of inserting
 
 from sqlalchemy import (
     Column,
-    DateTime,
     Integer,
     String,
     Table,
     UniqueConstraint,
 )
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, vectors_db
+from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, vectors_db
 
 vector_collections = Table(
     "vector_collections",
@@ -28,7 +27,7 @@ vector_collections = Table(
     Column("distance", String(16), nullable=False, comment="cosine, l2 or ip."),
     Column("index_options", JsonText, nullable=False, comment="JSON: index kind, m, ef_construction."),
     Column("text_field", KeyColumn, nullable=True, comment="Payload field indexed for hybrid search."),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
     UniqueConstraint("namespace", "collection"),
     sqlite_autoincrement=True,
 )
@@ -41,5 +40,5 @@ vector_idempotency = Table(
     Column("idempotency_key", String(255), primary_key=True),
     Column("request_hash", String(64), nullable=False, comment="sha256 of the request body."),
     Column("response", JsonText, nullable=True, comment="The first answer, replayed on retries."),
-    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
 )

@@ -103,7 +103,7 @@ class VectorService:
             distance=row.distance,
             index=json.loads(row.index_options),
             text_field=row.text_field,
-            created_at=row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=timezone.utc),
+            created_at=row.created_at,
         )
 
     async def find(self, collection: str, *, lock: bool = False) -> CollectionInfo | None:
