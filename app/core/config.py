@@ -43,8 +43,18 @@ class DatabaseSettings(_Strict):
         default=None,
         description="Full SQLAlchemy or libpq URL; overrides the persistence block for this database.",
     )
-    pool_size: int = Field(default=10, ge=1, le=1000, description="Connections kept open in the pool.")
-    max_overflow: int = Field(default=10, ge=0, le=1000, description="Extra connections allowed at peaks.")
+    pool_size: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Connections kept open in the pool; keep it at or above the requests served at once.",
+    )
+    max_overflow: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description="Extra connections for short peaks (each is closed again after one use).",
+    )
     pool_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a pooled connection.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a new connection.")
     statement_timeout: float = Field(

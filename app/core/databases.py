@@ -20,6 +20,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.core import metrics
 from app.core.config import Database, Settings
 
 log = logging.getLogger("app.databases")
@@ -141,6 +142,14 @@ def create_engine(settings: Settings, db: Database) -> AsyncEngine:
     return engine
 
 
+def _count_new_connections(engine: AsyncEngine, db: Database) -> None:
+    opened = metrics.DB_CONNECTIONS_OPENED.labels(database=db.value)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def on_connect(_dbapi_connection: Any, _record: Any) -> None:
+        opened.inc()
+
+
 @dataclass
 class Databases:
     """The engines of the three databases, owned by the app's lifespan."""
@@ -153,6 +162,7 @@ class Databases:
         dbs = cls(settings)
         for db in Database:
             engine = create_engine(settings, db)
+            _count_new_connections(engine, db)
             dbs.engines[db] = engine
         return dbs
 

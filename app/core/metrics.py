@@ -60,6 +60,13 @@ ERRORS = Counter(
     registry=REGISTRY,
 )
 
+DB_CONNECTIONS_OPENED = Counter(
+    "gateway_db_connections_opened",
+    "New database connections opened, by database (a steady climb under load means the pool is too small).",
+    ("database",),
+    registry=REGISTRY,
+)
+
 
 def count_problem(code: str, status: int) -> None:
     """Called by the problem renderer for every error it answers."""
