@@ -181,12 +181,33 @@ class VectorsSettings(_Strict):
     """Defaults of the vectors capability (each collection may override the index options)."""
 
     hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
-    hnsw_ef_construction: int = Field(default=64, ge=4, le=1000, description="HNSW build breadth.")
+    hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth.")
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth per query.")
     exact_search_threshold: int = Field(
         default=5000,
         ge=0,
         description="A filtered search matching at most this many points is searched exactly (pgvector).",
+    )
+    index_min_rows: int = Field(
+        default=1000,
+        ge=0,
+        description="A collection gets its HNSW index (built in the background) once it holds this many points; "
+        "below that, searches are exact (pgvector).",
+    )
+    index_quiet_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="The background HNSW build starts after a collection had no point writes for this long (pgvector).",
+    )
+    index_sweep_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often collections whose HNSW index is missing or invalid are looked for (pgvector).",
+    )
+    index_build_memory_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="`maintenance_work_mem` of a background HNSW build; the graph should fit in it (pgvector).",
     )
     idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
 

@@ -19,6 +19,7 @@ from app.vectors.filters import Node
 
 Distance = Literal["cosine", "l2", "ip"]
 IndexKind = Literal["hnsw", "hnsw_halfvec", "exact"]
+IndexState = Literal["pending", "building", "ready", "exact"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,11 @@ class VectorIndex(Protocol):
     async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
     async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
+
+    async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
+        """Each collection's index state by id: ``exact`` (no ANN index by design), or for HNSW
+        kinds ``pending`` (not built yet), ``building`` or ``ready``."""
+        ...
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int: ...
 

@@ -16,6 +16,13 @@ driver connection (no ORM, no statement compilation); everything else goes throu
 
 Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
 dimensions on pgvector 0.7+, and exact search otherwise.
+
+The HNSW index is not made with the table: pgvector inserts into an HNSW graph row by row (about
+1,000 vectors/s), while a table without it takes about 90,000/s and ``CREATE INDEX`` afterwards
+builds the graph in bulk. ``app.vectors.builder`` builds it in the background (``CREATE INDEX
+CONCURRENTLY``) once a collection is big enough and quiet. The search SQL is the same either way:
+without the index PostgreSQL's ``ORDER BY distance LIMIT k`` is an exact scan, with it the planner
+uses HNSW. Dropping or resetting a collection cancels a build running on its table first.
 """
 
 from __future__ import annotations
@@ -33,10 +40,19 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.errors import ServiceUnavailable
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
+from app.vectors.backend import (
+    CollectionInfo,
+    Hit,
+    IndexKind,
+    IndexState,
+    MissingTable,
+    PointIn,
+    PointOut,
+)
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
 
 log = logging.getLogger("app.vectors")
@@ -49,6 +65,46 @@ _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
 _CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 TEXT_CONFIG = "english"
+HNSW_KINDS = ("hnsw", "hnsw_halfvec")
+BUILDER_APPLICATION_NAME = "storage-gateway index builder"
+# Dropping or truncating a table waits for every lock on it; a build is cancelled first and the
+# wait bounded, then retried (a build may start between the cancel and the DROP).
+EXCLUSIVE_LOCK_TIMEOUT_MS = 1000
+EXCLUSIVE_ATTEMPTS = 5
+_LOCK_NOT_AVAILABLE = "55P03"
+
+# Builds running on a table: pgvector's own progress rows, and the gateway's builder connections
+# holding a lock on it (a DROP INDEX CONCURRENTLY of a stale index is not a CREATE INDEX).
+_CANCEL_BUILDS = (
+    "SELECT pg_cancel_backend(b.pid) FROM ("
+    "SELECT p.pid FROM pg_stat_progress_create_index p "
+    "WHERE p.relid = to_regclass(:t) AND p.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "UNION SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.relation = to_regclass(:t) AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND a.application_name = :app AND l.pid <> pg_backend_pid()"
+    ") b"
+)
+
+
+def hnsw_index_name(coll: CollectionInfo) -> str:
+    return f"{coll.data_table}_hnsw"
+
+
+def hnsw_index_sql(coll: CollectionInfo) -> str:
+    """``CREATE INDEX CONCURRENTLY`` of a collection's HNSW index, from its stored options."""
+    t = coll.data_table
+    n = int(coll.vector_size)
+    m = int(coll.index.get("m", 16))
+    efc = int(coll.index.get("ef_construction", 64))
+    ops = _OPCLASS[coll.distance]
+    if coll.index.get("kind") == "hnsw_halfvec":
+        column = f"(CAST(embedding AS halfvec({n}))) halfvec_{ops}_ops"
+    else:
+        column = f"embedding vector_{ops}_ops"
+    return (
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {hnsw_index_name(coll)} ON {t} USING hnsw ({column}) "
+        f"WITH (m = {m}, ef_construction = {efc})"
+    )
 
 
 def parse_version(value: str | None) -> tuple[int, ...]:
@@ -193,33 +249,55 @@ class PgVectorIndex:
                 f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{tsv})"
             )
         )
-        kind = coll.index.get("kind")
-        m = int(coll.index.get("m", 16))
-        efc = int(coll.index.get("ef_construction", 64))
-        ops = _OPCLASS[coll.distance]
-        if kind == "hnsw":
-            await session.execute(
-                text(
-                    f"CREATE INDEX {t}_hnsw ON {t} USING hnsw (embedding vector_{ops}_ops) "
-                    f"WITH (m = {m}, ef_construction = {efc})"
-                )
-            )
-        elif kind == "hnsw_halfvec":
-            await session.execute(
-                text(
-                    f"CREATE INDEX {t}_hnsw ON {t} USING hnsw ((CAST(embedding AS halfvec({n}))) "
-                    f"halfvec_{ops}_ops) WITH (m = {m}, ef_construction = {efc})"
-                )
-            )
+        # No HNSW index yet (see the module's docstring): the builder adds it in the background.
         await session.execute(text(f"CREATE INDEX {t}_payload ON {t} USING gin (payload jsonb_path_ops)"))
         if coll.text_field is not None:
             await session.execute(text(f"CREATE INDEX {t}_tsv ON {t} USING gin (tsv)"))
 
     async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None:
-        await session.execute(text(f"DROP TABLE IF EXISTS {coll.data_table}"))
+        await self._exclusive(session, coll, f"DROP TABLE IF EXISTS {coll.data_table}")
 
     async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None:
-        await session.execute(text(f"TRUNCATE {coll.data_table}"))
+        # The index goes too: an empty collection is below index_min_rows, and a reload is then
+        # bulk-inserted and indexed once instead of going into the graph row by row.
+        await self._exclusive(session, coll, f"TRUNCATE {coll.data_table}")
+        await session.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(coll)}"))
+
+    async def _exclusive(self, session: AsyncConnection, coll: CollectionInfo, stmt: str) -> None:
+        """Run ``stmt`` (which needs the table's exclusive lock) without waiting for an index
+        build: cancel builds on the table, then try with a bounded lock wait, and again."""
+        params = {"t": coll.data_table, "app": BUILDER_APPLICATION_NAME}
+        for _ in range(EXCLUSIVE_ATTEMPTS):
+            await session.execute(text(_CANCEL_BUILDS), params)
+            try:
+                async with session.begin_nested():
+                    await session.execute(text(f"SET LOCAL lock_timeout = {EXCLUSIVE_LOCK_TIMEOUT_MS}"))
+                    await session.execute(text(stmt))
+                    await session.execute(text("SET LOCAL lock_timeout TO DEFAULT"))
+                return
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                    raise
+        await session.execute(text(_CANCEL_BUILDS), params)
+        await session.execute(text(stmt))
+
+    async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
+        states: dict[int, IndexState] = {c.id: "exact" for c in colls if c.index.get("kind") not in HNSW_KINDS}
+        ids = [c.id for c in colls if c.id not in states]
+        if not ids:
+            return states
+        rows = await session.execute(
+            text(
+                "SELECT x.id, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
+                "WHERE p.relid = to_regclass('vec_' || x.id)) "
+                "FROM unnest(CAST(:ids AS integer[])) AS x(id) "
+                "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || x.id || '_hnsw')"
+            ),
+            {"ids": ids},
+        )
+        for cid, valid, in_progress in rows:
+            states[cid] = "ready" if valid else "building" if valid is not None or in_progress else "pending"
+        return states
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()

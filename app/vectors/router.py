@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, Header, Query, Request, Response
+from fastapi import BackgroundTasks, FastAPI, Header, Query, Request, Response
 
 from app.core.config import Database
 from app.core.dependencies import CollectionPath, PageLimit, PointId
@@ -38,6 +38,7 @@ from app.vectors.schemas import (
     SearchRequest,
     SearchResults,
 )
+from app.vectors.service import VectorService
 
 log = logging.getLogger("app.vectors")
 
@@ -67,7 +68,7 @@ async def list_collections(
 async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
     """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
     info, created = await service.create(collection, body)
-    return json_response(service.read(info), 201 if created else 200)
+    return json_response(service.read(info, await service.state(info)), 201 if created else 200)
 
 
 @router.get("/{collection}", summary="Describe a collection", response_model=CollectionRead, responses=_ERRORS)
@@ -101,6 +102,7 @@ async def upsert_points(
     body: PointsUpsert,
     request: Request,
     service: VectorServiceDep,
+    background: BackgroundTasks,
     idempotency_key: Annotated[
         str | None,
         Header(alias="Idempotency-Key", description="A retry with the same key and body replays the first answer."),
@@ -108,7 +110,9 @@ async def upsert_points(
 ) -> Response:
     """Upsert a batch in one statement; ids are generated for points without one."""
     raw = await request.body()
-    return json_response(await service.upsert(collection, body, raw, idempotency_key))
+    answer = await service.upsert(collection, body, raw, idempotency_key)
+    _after_commit(request, service, background)
+    return json_response(answer)
 
 
 @router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
@@ -124,9 +128,13 @@ async def list_points(collection: CollectionPath, body: PointsList, service: Vec
 
 
 @router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
-async def delete_points(collection: CollectionPath, body: PointsDelete, service: VectorServiceDep) -> Response:
+async def delete_points(
+    collection: CollectionPath, body: PointsDelete, request: Request, service: VectorServiceDep, background: BackgroundTasks
+) -> Response:
     """Delete the points in `ids` and/or matching `filters`; answers how many went."""
-    return json_response(await service.delete_points(collection, body))
+    answer = await service.delete_points(collection, body)
+    _after_commit(request, service, background)
+    return json_response(answer)
 
 
 @router.get("/{collection}/points/{point_id:path}", summary="Get a point", response_model=PointRead, responses=_ERRORS)
@@ -142,24 +150,46 @@ async def get_point(
 
 
 @router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
-async def update_point(collection: CollectionPath, point_id: PointId, body: PointUpdate, service: VectorServiceDep) -> Response:
+async def update_point(
+    collection: CollectionPath,
+    point_id: PointId,
+    body: PointUpdate,
+    request: Request,
+    service: VectorServiceDep,
+    background: BackgroundTasks,
+) -> Response:
     """Replace the vector and/or the payload; a field left out or null keeps what is stored."""
-    return json_response(await service.update_point(collection, point_id, body))
+    answer = await service.update_point(collection, point_id, body)
+    _after_commit(request, service, background)
+    return json_response(answer)
 
 
 @router.delete("/{collection}/points/{point_id:path}", summary="Delete a point", status_code=204, responses=_ERRORS)
-async def delete_point(collection: CollectionPath, point_id: PointId, service: VectorServiceDep) -> Response:
+async def delete_point(
+    collection: CollectionPath, point_id: PointId, request: Request, service: VectorServiceDep, background: BackgroundTasks
+) -> Response:
     """Delete one point; 204 whether or not it existed."""
     await service.delete_point(collection, point_id)
+    _after_commit(request, service, background)
     return Response(status_code=204)
+
+
+def _after_commit(request: Request, service: VectorService, background: BackgroundTasks) -> None:
+    """Tell the index builder about the request's point writes once they are committed: the
+    write transaction commits when the endpoint returns, background tasks run after that."""
+    builder = request.app.state.vector_builder
+    if builder is not None and service.written is not None:
+        background.add_task(builder.notice, service.written)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Choose the vector backend once, from the vectors database's dialect."""
+    """Choose the vector backend once, from the vectors database's dialect; on PostgreSQL, run
+    the background HNSW builder (``app.vectors.builder``) for as long as the app runs."""
     databases = app.state.databases
     settings = app.state.settings
     app.state.vector_registry = RegistryCache()
+    app.state.vector_builder = None
     if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex
 
@@ -181,4 +211,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         exact_threshold=settings.vectors.exact_search_threshold,
         ef_search=settings.vectors.ef_search,
     )
-    yield
+    from app.vectors.builder import IndexBuilder
+
+    builder = IndexBuilder(engine, settings.vectors)
+    app.state.vector_builder = builder
+    builder.start()
+    try:
+        yield
+    finally:
+        await builder.stop()

@@ -64,6 +64,12 @@ class IndexRead(BaseModel):
     ef_construction: int | None = None
     ef_search: int | None = Field(default=None, description="Default search breadth.")
     backend: str = Field(description="pgvector or sqlite-vec.", examples=["pgvector"])
+    state: Literal["pending", "building", "ready", "exact"] = Field(
+        description="exact: searched exactly, no ANN index (SQLite, kind exact). HNSW kinds: pending (not "
+        "built yet: fewer than vectors.index_min_rows points, or writes not quiet yet; searches are exact), "
+        "building (a background build is running), ready (searches use the index).",
+        examples=["ready"],
+    )
 
 
 class CollectionRead(BaseModel):

@@ -91,6 +91,8 @@ class VectorService:
         self.settings = settings
         self.namespace = namespace
         self.registry = registry if registry is not None else RegistryCache()
+        self.written: CollectionInfo | None = None
+        """The collection whose points this request wrote (for the index builder, after commit)."""
 
     # --- collections ---------------------------------------------------------------------------
 
@@ -127,7 +129,7 @@ class VectorService:
             self.registry.put(info)
         return info
 
-    def read(self, info: CollectionInfo, count: int | None = None) -> dict[str, Any]:
+    def read(self, info: CollectionInfo, state: str, count: int | None = None) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
         return {
@@ -141,6 +143,7 @@ class VectorService:
                 "ef_construction": idx.get("ef_construction") if kind != "exact" else None,
                 "ef_search": self.settings.vectors.ef_search if kind != "exact" else None,
                 "backend": self.index.name,
+                "state": state,
             },
             "count": count,
             "created_at": info.created_at.isoformat(),
@@ -214,13 +217,20 @@ class VectorService:
             after = decode_cursor(cursor, "after")["after"]
             stmt = stmt.where(vc.c.collection > str(after))
         rows = (await self.session.execute(stmt)).all()
-        items = [self.read(self._info(r)) for r in rows[:limit]]
+        infos = [self._info(r) for r in rows[:limit]]
+        states = await self.index.index_states(self.session, infos)
+        items = [self.read(info, states[info.id]) for info in infos]
         next_cursor = encode_cursor({"after": rows[limit - 1].collection}) if len(rows) > limit else None
         return {"items": items, "next_cursor": next_cursor}
 
     async def describe(self, collection: str) -> dict[str, Any]:
         info = await self.get(collection)
-        return self.read(info, await self.index.count(self.session, info))
+        states = await self.index.index_states(self.session, [info])
+        return self.read(info, states[info.id], await self.index.count(self.session, info))
+
+    async def state(self, info: CollectionInfo) -> str:
+        """The collection's index state (see ``VectorIndex.index_states``)."""
+        return (await self.index.index_states(self.session, [info]))[info.id]
 
     async def drop(self, collection: str) -> None:
         info = await self.find(collection, lock=True)
@@ -337,6 +347,7 @@ class VectorService:
             unique.pop(p.id, None)
             unique[p.id] = p
         await self.index.upsert(self.session, info, list(unique.values()))
+        self.written = info
         answer = {"ids": [p.id for p in points]}
         if idempotency_key is not None:
             await self.session.execute(
@@ -419,6 +430,7 @@ class VectorService:
         found = await self.index.update(
             self.session, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
         )
+        self.written = info
         if not found:
             raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
         point = await self.index.get(self.session, info, point_id, False)
@@ -429,6 +441,7 @@ class VectorService:
         info = await self.find(collection, lock=True)
         if info is not None:
             await self.index.delete(self.session, info, [point_id], None)
+            self.written = info
 
     async def delete_points(self, collection: str, body: PointsDelete) -> dict[str, int]:
         if body.ids is None and body.filters is None:
@@ -441,6 +454,7 @@ class VectorService:
                     raise InvalidInput(f"ids.{i}", key_problem(pid) or "")
         info = await self.get(collection, lock=True)
         deleted = await self.index.delete(self.session, info, body.ids, flt)
+        self.written = info
         return {"deleted": deleted}
 
     async def list_points(self, collection: str, body: PointsList) -> dict[str, Any]:

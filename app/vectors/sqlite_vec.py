@@ -17,7 +17,15 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, MissingTable, PointIn, PointOut
+from app.vectors.backend import (
+    CollectionInfo,
+    Hit,
+    IndexKind,
+    IndexState,
+    MissingTable,
+    PointIn,
+    PointOut,
+)
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
 
 _CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -125,6 +133,9 @@ class SqliteVecIndex:
         if coll.text_field is not None:
             await session.execute(text(f"DELETE FROM {coll.text_table}"))
         await session.execute(text(f"DELETE FROM {coll.data_table}"))
+
+    async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
+        return {c.id: "exact" for c in colls}
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()

@@ -1,0 +1,233 @@
+"""Background HNSW builds for pgvector collections (one builder per process).
+
+A collection is created without its HNSW index (inserting into pgvector's graph row by row is
+~90x slower than into a plain table, and a bulk ``CREATE INDEX`` afterwards is fast). This
+builder adds the index with ``CREATE INDEX CONCURRENTLY`` once the collection holds at least
+``vectors.index_min_rows`` points and has had no point writes in this process for
+``vectors.index_quiet_seconds``:
+
+- after each committed point write to an HNSW collection, ``notice`` (re)schedules a check of it
+  at now + quiet (a debounce: a bulk load is indexed once, after its last batch);
+- at start-up and every ``vectors.index_sweep_seconds`` a sweep schedules every HNSW collection
+  whose index is missing or invalid (a crash, a cancelled build, writes made by other processes).
+
+Checks run one at a time, each on its own connection from the vectors engine. A build holds a
+session-level advisory lock on the collection id, so of several workers or replicas one builds
+and the others skip; an index that is invalid while nobody holds the lock is what a crashed or
+cancelled build left behind, and is dropped and rebuilt. Shutdown cancels a running build
+(PostgreSQL leaves an invalid index; the next start-up's sweep rebuilds it). Dropping or
+resetting a collection cancels a build on its table (``PgVectorIndex._exclusive``); the builder
+takes that, and a table that vanished under it, as normal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import time
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.config import VectorsSettings
+from app.vectors.backend import CollectionInfo
+from app.vectors.pgvector import (
+    BUILDER_APPLICATION_NAME,
+    HNSW_KINDS,
+    hnsw_index_name,
+    hnsw_index_sql,
+)
+
+log = logging.getLogger("app.vectors")
+
+ADVISORY_LOCK_CLASS = 0x76656374  # "vect": the first key of pg_try_advisory_lock(int, int)
+BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
+
+_SWEEP = (
+    "SELECT c.id, c.index_options FROM vector_collections c "
+    "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
+    "WHERE i.indisvalid IS NOT TRUE"
+)
+_REGISTRY_ROW = (
+    "SELECT id, namespace, collection, vector_size, distance, index_options, text_field, created_at "
+    "FROM vector_collections WHERE id = $1"
+)
+_INDEX_VALID = "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)"
+
+
+class _Session:
+    """The builder's connection for one check, and whether it must be closed afterwards."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.dirty = False
+
+
+class IndexBuilder:
+    """Schedules and runs the background HNSW builds of this process."""
+
+    def __init__(self, engine: AsyncEngine, settings: VectorsSettings) -> None:
+        self.engine = engine
+        self.min_rows = settings.index_min_rows
+        self.quiet = settings.index_quiet_seconds
+        self.sweep_seconds = settings.index_sweep_seconds
+        self.memory_mb = settings.index_build_memory_mb
+        self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
+        self._heap: list[tuple[float, int]] = []  # (due, id); entries not in _due are stale
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    async def notice(self, coll: CollectionInfo) -> None:
+        """A point write to ``coll`` committed: check it once writes have been quiet (async, so
+        that Starlette runs it on the event loop after the response, not in a thread)."""
+        if coll.index.get("kind") in HNSW_KINDS:
+            self._schedule(coll.id, time.monotonic() + self.quiet, debounce=True)
+
+    def _schedule(self, coll_id: int, when: float, *, debounce: bool) -> None:
+        current = self._due.get(coll_id)
+        if current is not None and not debounce and current <= when:
+            return  # already due as early
+        self._due[coll_id] = when
+        heapq.heappush(self._heap, (when, coll_id))
+        self._wake.set()
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name="vectors-index-builder"),
+            asyncio.create_task(self._sweep_forever(), name="vectors-index-sweep"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def _run(self) -> None:
+        while True:
+            while self._heap and self._due.get(self._heap[0][1]) != self._heap[0][0]:
+                heapq.heappop(self._heap)  # rescheduled or done since
+            if not self._heap:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            when, coll_id = self._heap[0]
+            delay = when - time.monotonic()
+            if delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            heapq.heappop(self._heap)
+            del self._due[coll_id]
+            try:
+                await self.check(coll_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the next write or sweep tries again; never take the service down
+                log.warning("vectors index check of collection %d failed", coll_id, exc_info=True)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except asyncpg.UndefinedTableError:
+                log.info("vectors index sweep: no collection registry yet (migrations not run)")
+            except Exception:
+                log.warning("vectors index sweep failed", exc_info=True)
+            await asyncio.sleep(self.sweep_seconds)
+
+    async def sweep(self) -> int:
+        """Schedule every HNSW collection whose index is missing or invalid; how many."""
+        async with self.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            rows = await raw.fetch(_SWEEP)
+        now = time.monotonic()
+        scheduled = 0
+        for coll_id, options in rows:
+            if json.loads(options).get("kind") in HNSW_KINDS:
+                self._schedule(coll_id, now, debounce=False)
+                scheduled += 1
+        return scheduled
+
+    # --- one check ------------------------------------------------------------------------------
+
+    async def check(self, coll_id: int) -> str:
+        """Build the collection's index if it is due; what was done (for logs and tests)."""
+        async with self.engine.connect() as conn:
+            session = _Session((await conn.get_raw_connection()).driver_connection)
+            try:
+                return await self._check(session, coll_id)
+            except asyncpg.UndefinedTableError:
+                return "gone"  # dropped meanwhile
+            finally:
+                # A session that took the lock or changed settings is not pooled again: closing
+                # it releases the lock whatever happened (a cancelled build included).
+                if session.dirty:
+                    await conn.invalidate()
+
+    async def _check(self, session: _Session, coll_id: int) -> str:
+        raw = session.raw
+        row = await raw.fetchrow(_REGISTRY_ROW, coll_id)
+        if row is None:
+            return "gone"
+        coll = CollectionInfo(
+            id=row["id"], namespace=row["namespace"], collection=row["collection"],
+            vector_size=row["vector_size"], distance=row["distance"], index=json.loads(row["index_options"]),
+            text_field=row["text_field"], created_at=row["created_at"],
+        )
+        if coll.index.get("kind") not in HNSW_KINDS:
+            return "exact"
+        index = hnsw_index_name(coll)
+        valid = await raw.fetchval(_INDEX_VALID, index)
+        if valid:
+            return "ready"
+        if valid is None and await self._rows(raw, coll) < self.min_rows:
+            return "small"
+        session.dirty = True
+        if not await raw.fetchval("SELECT pg_try_advisory_lock($1, $2)", ADVISORY_LOCK_CLASS, coll.id):
+            return "locked"  # another worker or replica is on it
+        await raw.execute(
+            f"SET application_name = '{BUILDER_APPLICATION_NAME}'; SET statement_timeout = 0; "
+            f"SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
+        )
+        valid = await raw.fetchval(_INDEX_VALID, index)
+        if valid:
+            return "ready"
+        try:
+            if valid is False:
+                # Invalid and nobody holds the lock: a crashed or cancelled build left it.
+                log.info("vectors: dropping the invalid index %s of %s/%s (an interrupted build)",
+                         index, coll.namespace, coll.collection)
+                await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}", timeout=BUILD_TIMEOUT_SECONDS)
+            rows = int(await raw.fetchval(f"SELECT count(*) FROM {coll.data_table}"))
+            if rows < self.min_rows:
+                return "small"
+            started = time.perf_counter()
+            await raw.execute(hnsw_index_sql(coll), timeout=BUILD_TIMEOUT_SECONDS)
+        except asyncpg.QueryCanceledError:
+            log.info("vectors: index build of %s/%s cancelled (collection dropped or reset)",
+                     coll.namespace, coll.collection)
+            return "cancelled"
+        elapsed = time.perf_counter() - started
+        log.info(
+            "vectors: built the HNSW index of %s/%s (%d points, m=%s, ef_construction=%s) in %.1f s",
+            coll.namespace, coll.collection, rows, coll.index.get("m"), coll.index.get("ef_construction"), elapsed,
+            extra={"collection_id": coll.id, "index_build_seconds": round(elapsed, 3), "points": rows},
+        )
+        return "built"
+
+    async def _rows(self, raw: Any, coll: CollectionInfo) -> int:
+        """The collection's point count, counted no further than ``index_min_rows``."""
+        cap = max(int(self.min_rows), 1)
+        return int(await raw.fetchval(f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} LIMIT {cap}) s"))
