@@ -1,6 +1,10 @@
 """Search quality on both backends through the client and a real server: recall@10 against exact
 numpy ground truth on 20,000 clustered 384-d vectors, filtered searches that return exactly
-``min(limit, matches)``, and filter semantics against a Python reference (property-based)."""
+``min(limit, matches)``, and filter semantics against a Python reference (property-based).
+
+On PostgreSQL the HNSW index is built in the background once a collection is loaded; the recall
+and filtered-search tests wait until it is ready, so that they measure the HNSW path (before
+that, searches are exact)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from storage_gateway_client import GatewayClient
+
+from tests.conftest import start_server, stop_server
+from tests.test_vectors_index import pg_connect, plan_uses_index, table_of, wait_until_indexed
 
 N, DIM, QUERIES, K = 20_000, 384, 30, 10
 
@@ -54,12 +60,21 @@ def recall_at_k(found: list[int], truth: np.ndarray, k: int = K, eps: float = 1e
 
 @pytest.mark.slow
 @pytest.mark.parametrize("distance", ["cosine", "l2", "ip"])
-async def test_recall_against_exact_ground_truth(gw: GatewayClient, server, dataset, distance: str) -> None:
+async def test_recall_against_exact_ground_truth(
+    gw: GatewayClient, server, namespace: str, dataset, distance: str
+) -> None:
     data, queries = dataset
     await gw.vectors.setup_collection("r", DIM, distance)
     ids = await gw.vectors.upsert_points("r", data, ids=[str(i) for i in range(N)])
     assert len(ids) == N
     assert (await gw.vectors.describe_collection("r"))["count"] == N
+    await wait_until_indexed(gw, server, "r")
+    if server.backend.is_postgres:
+        conn = await pg_connect(server.backend)
+        try:
+            assert await plan_uses_index(conn, await table_of(conn, namespace, "r"), DIM, distance)
+        finally:
+            await conn.close()
     recalls = []
     for q in queries:
         hits = await gw.vectors.search("r", q, K)
@@ -80,7 +95,15 @@ async def test_recall_against_exact_ground_truth(gw: GatewayClient, server, data
 
 
 @pytest.mark.slow
-async def test_filtered_search_returns_min_limit_matches(gw: GatewayClient, dataset) -> None:
+@pytest.mark.parametrize("exact_threshold", ["default", "0"])
+async def test_filtered_search_returns_min_limit_matches(
+    gw: GatewayClient, server, namespace: str, api_key: str | None, dataset, exact_threshold: str, tmp_path
+) -> None:
+    """With the default ``exact_search_threshold`` the 50% and 30% filters go through the HNSW
+    index and the 5% and 0.1% ones are searched exactly; with 0 (a second process) every filter
+    goes through the index, and too few results fall back to an exact search."""
+    if exact_threshold == "0" and not server.backend.is_postgres:
+        pytest.skip("SQLite searches exactly")
     data, queries = dataset
     n = 20_000
     data = data[:n]
@@ -95,6 +118,19 @@ async def test_filtered_search_returns_min_limit_matches(gw: GatewayClient, data
     payloads = [{"b": int(b), "even": i % 2 == 0} for i, b in enumerate(bucket)]
     await gw.vectors.setup_collection("f", DIM, "cosine")
     await gw.vectors.upsert_points("f", data, payloads, [str(i) for i in range(n)])
+    await wait_until_indexed(gw, server, "f")
+    other = None
+    if exact_threshold == "0":
+        other = start_server(server.backend, tmp_path / "other.log", GATEWAY_VECTORS__EXACT_SEARCH_THRESHOLD="0")
+    try:
+        async with GatewayClient(other.url if other else server.url, namespace, api_key) as searcher:
+            await _check_filtered(searcher, data, queries, bucket, payloads)
+    finally:
+        if other is not None:
+            stop_server(other)
+
+
+async def _check_filtered(gw: GatewayClient, data, queries, bucket, payloads) -> None:
     cases = [(0, 10), (0, 100), (1, 400), (2, 10), (2, 100), (3, 10), (3, 50)]
     for b, limit in cases:
         matches = int((bucket == b).sum())
