@@ -19,6 +19,7 @@ from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
+from app.core.transactions import TransactionMiddleware
 from app.files import router as files
 from app.kv import router as kv
 from app.records import router as records
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
     install_error_handlers(app)
     install_openapi(app)
+    app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.limits.max_body_bytes,

@@ -1,13 +1,12 @@
 """Request dependencies shared by every capability: connections per database, names, pages.
 
 A connection to the wrong database is a type error: each capability asks for the alias of the
-database it lives in. Writes commit when the endpoint returns and roll back when it raises,
-before the response is sent, so an acknowledged write is a committed write.
+database it lives in. Writes commit when the answer is a success and roll back otherwise,
+before the answer is sent, so an acknowledged write is a committed write (``app.core.transactions``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
@@ -17,41 +16,47 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core.transactions import request_connections
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _connection_dependency(db: Database, *, single_statement_reads: bool, read_only: bool):
-    """A connection to ``db`` for one request.
+    """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
-    Writes run in one transaction that commits when the endpoint returns (SQLite takes its
-    write lock up front). Reads run in a transaction too, except where the capability says
-    its reads are single statements (``single_statement_reads``): those skip BEGIN/COMMIT
-    where the backend allows it. ``read_only`` marks POST routes that only read (search).
+    Writes run in one transaction that commits when the answer is a success, before it is sent
+    (SQLite takes its write lock up front). Reads run in a transaction too, except where the
+    capability says its reads are single statements (``single_statement_reads``): those skip
+    BEGIN/COMMIT where the backend allows it. ``read_only`` marks POST routes that only read.
     """
 
-    async def connection(request: Request) -> AsyncIterator[AsyncConnection]:
+    async def connection(request: Request) -> AsyncConnection:
         databases: Databases = request.app.state.databases
+        connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
-        async with databases.engine(db).connect() as conn:
+        conn = await databases.engine(db).connect()
+        try:
             if reading and single_statement_reads:
                 options = databases.single_statement_options(db)
                 if options:
                     await conn.execution_options(**options)
-                    yield conn
-                    return
+                    connections.add(conn, None)
+                    return conn
             elif not reading:
                 await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-            async with conn.begin():
-                yield conn
+            transaction = await conn.begin()
+        except BaseException:
+            await conn.close()
+            raise
+        connections.add(conn, transaction)
+        return conn
 
     connection.__name__ = f"{db.value}_connection"
     return connection
 
 
 def _connection(db: Database, *, single_statement_reads: bool = False, read_only: bool = False) -> Any:
-    dependency = _connection_dependency(db, single_statement_reads=single_statement_reads, read_only=read_only)
-    return Depends(dependency, scope="function")
+    return Depends(_connection_dependency(db, single_statement_reads=single_statement_reads, read_only=read_only))
 
 
 # kv and records read with one statement per request; vectors need a transaction for SET LOCAL.

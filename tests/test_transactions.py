@@ -1,0 +1,105 @@
+"""Request connections end before the answer leaves: commit on success, roll back otherwise.
+
+The routes here are test-only, on a real database of each backend, behind the gateway's own
+``TransactionMiddleware``, connection dependency and error handlers. A commit that fails
+(a deferred foreign key, checked only at COMMIT on both backends) must not be answered as a
+success.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import text
+
+from app.core.config import Database
+from app.core.databases import Databases
+from app.core.dependencies import MetadataConnection
+from app.core.errors import InvalidInput, install_error_handlers
+from app.core.transactions import TransactionMiddleware
+from tests.conftest import Backend
+from tests.test_migrations import settings_for
+
+
+@pytest.fixture
+async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Databases, str]]:
+    databases = Databases.open(settings_for(backend))
+    suffix = uuid.uuid4().hex[:8]
+    parent, child = f"tx_parent_{suffix}", f"tx_child_{suffix}"
+    async with databases.engine(Database.metadata).begin() as conn:
+        await conn.execute(text(f"CREATE TABLE {parent} (id integer PRIMARY KEY)"))
+        await conn.execute(text(
+            f"CREATE TABLE {child} (id integer PRIMARY KEY, parent_id integer NOT NULL "
+            f"REFERENCES {parent} (id) DEFERRABLE INITIALLY DEFERRED)"
+        ))
+
+    app = FastAPI()
+    app.state.databases = databases
+    install_error_handlers(app)
+    app.add_middleware(TransactionMiddleware)
+
+    @app.post("/ok/{n}")
+    async def ok(n: int, conn: MetadataConnection) -> dict:
+        await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
+        return {"stored": n}
+
+    @app.post("/refused/{n}")
+    async def refused(n: int, conn: MetadataConnection) -> dict:
+        await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
+        raise InvalidInput("n", "refused after writing")
+
+    @app.post("/fails-at-commit/{n}")
+    async def fails_at_commit(n: int, conn: MetadataConnection) -> dict:
+        await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
+        await conn.execute(text(f"INSERT INTO {child} (id, parent_id) VALUES (:n, :missing)"), {"n": n, "missing": -n})
+        return {"stored": n}
+
+    @app.get("/count")
+    async def count(conn: MetadataConnection) -> dict:
+        return {"n": (await conn.execute(text(f"SELECT count(*) FROM {parent}"))).scalar_one()}
+
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield http, databases, parent
+    finally:
+        async with databases.engine(Database.metadata).begin() as conn:
+            await conn.execute(text(f"DROP TABLE {child}"))
+            await conn.execute(text(f"DROP TABLE {parent}"))
+        await databases.close()
+
+
+async def stored(databases: Databases, table: str) -> list[int]:
+    async with databases.engine(Database.metadata).connect() as conn:
+        return [r[0] for r in await conn.execute(text(f"SELECT id FROM {table} ORDER BY id"))]
+
+
+async def test_success_is_committed_before_the_answer(client) -> None:  # noqa: ANN001
+    http, databases, parent = client
+    r = await http.post("/ok/1")
+    assert r.status_code == 200
+    assert await stored(databases, parent) == [1]  # visible to another connection at once
+    assert (await http.get("/count")).json() == {"n": 1}
+
+
+async def test_an_error_answer_rolls_back_what_the_handler_wrote(client) -> None:  # noqa: ANN001
+    http, databases, parent = client
+    r = await http.post("/refused/2")
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json")
+    assert await stored(databases, parent) == []
+
+
+async def test_a_failed_commit_is_not_answered_as_a_success(client) -> None:  # noqa: ANN001
+    http, databases, parent = client
+    r = await http.post("/fails-at-commit/3")
+    assert r.status_code >= 500, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "stored" not in r.text
+    assert await stored(databases, parent) == []
+    # The pool is healthy afterwards: the next request commits normally.
+    assert (await http.post("/ok/4")).status_code == 200
+    assert await stored(databases, parent) == [4]
