@@ -353,3 +353,32 @@ async def test_two_processes_build_once(own_backend: Backend, tmp_path: Path) ->
     assert len(log_lines([a, b], f"{BUILT} {ns}/c ")) == 1
     assert not log_lines([a, b], DROPPED_INVALID)
     assert not index_problems(a) and not index_problems(b)
+
+
+async def test_a_collection_written_to_without_pause_is_indexed_by_the_sweep(
+    own_backend: Backend, tmp_path: Path
+) -> None:
+    """The quiet period never comes while writes keep arriving; the periodic sweep builds the
+    index anyway, so a busy collection is not left to exact scans for ever."""
+    dim = 16
+    data = clustered(3000, dim, seed=31)
+    ns = f"w{uuid.uuid4().hex[:10]}"
+    server = start_server(
+        own_backend, tmp_path / "busy.log",
+        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="1.0", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="2",
+    )
+    try:
+        async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
+            await gw.vectors.setup_collection("c", dim)
+            await insert(gw, "c", data[:2000])
+            deadline = time.monotonic() + 60
+            i = 2000
+            while (await gw.vectors.describe_collection("c"))["index"]["state"] != "ready":
+                assert time.monotonic() < deadline, "never indexed while written to"
+                # A write every 0.1 s: never 1 s of quiet.
+                await gw.vectors.upsert_points("c", data[i : i + 1], ids=[str(i)])
+                i = i + 1 if i + 1 < len(data) else 2000
+                await asyncio.sleep(0.1)
+            assert len(log_lines([server], f"{BUILT} {ns}/c ")) == 1
+    finally:
+        stop_server(server)

@@ -9,7 +9,9 @@ builder adds the index with ``CREATE INDEX CONCURRENTLY`` once the collection ho
 - after each committed point write to an HNSW collection, ``notice`` (re)schedules a check of it
   at now + quiet (a debounce: a bulk load is indexed once, after its last batch);
 - at start-up and every ``vectors.index_sweep_seconds`` a sweep schedules every HNSW collection
-  whose index is missing or invalid (a crash, a cancelled build, writes made by other processes).
+  whose index is missing or invalid (a crash, a cancelled build, writes made by other processes)
+  for a check right away, which later writes do not postpone: a collection that is written to
+  without a pause is indexed by the next sweep.
 
 Checks run one at a time, each on its own connection from the vectors engine. A build holds a
 session-level advisory lock on the collection id, so of several workers or replicas one builds
@@ -77,6 +79,7 @@ class IndexBuilder:
         self.sweep_seconds = settings.index_sweep_seconds
         self.memory_mb = settings.index_build_memory_mb
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
+        self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
         self._heap: list[tuple[float, int]] = []  # (due, id); entries not in _due are stale
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -90,9 +93,17 @@ class IndexBuilder:
             self._schedule(coll.id, time.monotonic() + self.quiet, debounce=True)
 
     def _schedule(self, coll_id: int, when: float, *, debounce: bool) -> None:
+        """Check ``coll_id`` at ``when``. A write (``debounce``) postpones a check scheduled by an
+        earlier write, but not one the sweep asked for: a collection written to without a
+        pause is still indexed by the next sweep."""
         current = self._due.get(coll_id)
-        if current is not None and not debounce and current <= when:
-            return  # already due as early
+        if current is not None:
+            if not debounce and current <= when:
+                return  # already due as early
+            if debounce and coll_id in self._forced:
+                return
+        if not debounce:
+            self._forced.add(coll_id)
         self._due[coll_id] = when
         heapq.heappush(self._heap, (when, coll_id))
         self._wake.set()
@@ -128,6 +139,7 @@ class IndexBuilder:
                 continue
             heapq.heappop(self._heap)
             del self._due[coll_id]
+            self._forced.discard(coll_id)
             try:
                 await self.check(coll_id)
             except asyncio.CancelledError:
