@@ -19,6 +19,7 @@ from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
+from app.core.runtime import tune_garbage_collector
 from app.core.transactions import TransactionMiddleware
 from app.files import router as files
 from app.kv import router as kv
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             async with AsyncExitStack() as stack:
                 for capability in CAPABILITIES:
                     await stack.enter_async_context(capability.lifespan(app))
+                tune_garbage_collector()
                 yield
         finally:
             await databases.close()

@@ -47,8 +47,10 @@ async def raw_asgi(scope: dict, receive: Any, send: Any) -> None:
     _, _, ns, _, c, k = scope["path"].split("/")
     async with _state["pool"].acquire() as conn:
         row = await conn.fetchrow(SQL, ns, c, k)
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": b'{"value":' + row[0].encode() + b"}"})
+    body = b'{"value":' + row[0].encode() + b"}"
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 @asynccontextmanager

@@ -92,8 +92,10 @@ def with_python(url: str, concurrency: int, seconds: float) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--load", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python",
+                        help="load generator (default: wrk when installed)")
     args = parser.parse_args()
-    load = with_wrk if shutil.which("wrk") else with_python
+    load = with_wrk if args.load == "wrk" else with_python
     import pgserver
 
     work = Path(tempfile.mkdtemp(prefix="bench-floor-"))

@@ -14,6 +14,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    GCCollector,
     Gauge,
     Histogram,
     PlatformCollector,
@@ -34,6 +35,7 @@ UNMATCHED_ROUTE = "unmatched"
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
 
 REQUESTS = Counter(
     "gateway_http_requests",
