@@ -150,6 +150,16 @@ def logged_by(replicas: list[Server], needle: str, timeout: float = 5.0) -> int:
         time.sleep(0.05)
 
 
+def eventually(check, timeout: float = 5.0) -> bool:  # noqa: ANN001
+    """``check()`` turned true within ``timeout`` (for logs written just after an answer)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def start_nginx(binary: str, nginx_dir: Path, replicas: list[Server]) -> tuple[subprocess.Popen | None, str]:
     """nginx on a free port in front of the replicas; (None, url) if it could not bind."""
     port = free_port()
@@ -293,7 +303,7 @@ async def test_request_ids_pass_through_the_proxy_both_ways(proxied: Proxied, na
         r = await http.get(f"{proxied.url}/v1/{namespace}/kv/c/k")
         made = r.headers["x-request-id"]
         assert len(made) == 32
-        assert f"rid={made}" in proxied.nginx_access_log()
+        assert eventually(lambda: f"rid={made}" in proxied.nginx_access_log())  # nginx logs after answering
         assert logged_by(proxied.replicas, made) == 1
 
 
