@@ -38,10 +38,15 @@ BUILT = "built the HNSW index of"
 DROPPED_INVALID = "dropping the invalid index"
 
 
-def clustered(n: int, dim: int, seed: int) -> np.ndarray:
+def clustered(n: int, dim: int, seed: int, centers: int = 50, latent: int = 12) -> np.ndarray:
+    """Clusters in a low-dimensional latent space projected to ``dim``, as real embeddings are
+    (points with ``dim`` independent dimensions of noise are all about equally far apart, and
+    no ANN index finds their nearest neighbours reliably)."""
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(20, dim)) * 2.0
-    return (centers[rng.integers(0, 20, size=n)] + rng.normal(size=(n, dim))).astype(np.float32)
+    c = rng.normal(size=(centers, latent)) * 2.0
+    points = c[rng.integers(0, centers, size=n)] + rng.normal(size=(n, latent))
+    projection = rng.normal(size=(latent, dim)) / np.sqrt(latent)
+    return (points @ projection + 0.05 * rng.normal(size=(n, dim))).astype(np.float32)
 
 
 def cosine_top(data: np.ndarray, q: np.ndarray, k: int) -> tuple[list[int], np.ndarray]:
