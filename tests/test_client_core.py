@@ -72,6 +72,36 @@ async def test_problem_json_becomes_typed_errors(server: Server, namespace: str,
         assert "may not read kv" in str(forbidden.value)
 
 
+async def test_requests_do_not_search_for_modules(server: Server, namespace: str, api_key: str) -> None:
+    """No import is attempted per request once the client is warm.
+
+    httpcore asks for ``sniffio`` on every lock and event it sets up and falls back quietly
+    when it is missing; a failed import is not cached, so each request scanned ``sys.path``
+    several times: over half of the client's CPU per vector search (hence the dependency).
+    """
+    import sys
+
+    looked_up: list[str] = []
+
+    class Recorder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):  # noqa: ANN001, ANN205
+            looked_up.append(name)
+            return None
+
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+        await gw.kv.set("c", "k", 1)
+        assert await gw.kv.get("c", "k") == 1  # warm: everything the client needs is imported
+        sys.meta_path.insert(0, Recorder)
+        try:
+            for i in range(5):
+                await gw.kv.set("c", "k", i)
+                assert await gw.kv.get("c", "k") == i
+        finally:
+            sys.meta_path.remove(Recorder)
+    assert looked_up == []
+
+
 async def test_idempotent_calls_retry_503_and_connection_errors() -> None:
     calls = {"n": 0}
 
