@@ -148,8 +148,7 @@ def index_problems(server: Server) -> list[str]:
 @pytest.fixture(scope="module")
 def own_backend(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """Migrated PostgreSQL databases no session-wide server uses (PostgreSQL only)."""
-    if not backend.is_postgres:
-        pytest.skip("deferred HNSW builds are PostgreSQL's (SQLite searches exactly)")
+    assert backend.is_postgres, "mark the test postgres_only"
     base = os.environ.get("GATEWAY_TEST_POSTGRES_URL") or _postgres_base_of(backend)
     urls = create_postgres_databases(base, f"gwi_{uuid.uuid4().hex[:8]}")
     own = Backend("postgres", backend_env(urls, tmp_path_factory.mktemp("data-index")), urls)
@@ -160,8 +159,7 @@ def own_backend(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture
 async def vdb(server: Server) -> AsyncIterator[asyncpg.Connection]:
-    if not server.backend.is_postgres:
-        pytest.skip("PostgreSQL only")
+    assert server.backend.is_postgres, "mark the test postgres_only"
     conn = await pg_connect(server.backend)
     try:
         yield conn
@@ -244,6 +242,7 @@ async def test_exact_collections_say_so(gw: GatewayClient, server: Server) -> No
     assert (await gw.vectors.describe_collection("e"))["index"]["state"] == "exact"
 
 
+@pytest.mark.postgres_only
 async def test_drop_and_reset_do_not_wait_for_a_build(
     gw: GatewayClient, server: Server, namespace: str, vdb: asyncpg.Connection
 ) -> None:
@@ -284,6 +283,7 @@ async def test_drop_and_reset_do_not_wait_for_a_build(
 # --- several processes --------------------------------------------------------------------------------
 
 
+@pytest.mark.postgres_only
 async def test_an_interrupted_build_is_dropped_and_rebuilt(own_backend: Backend, tmp_path: Path) -> None:
     """Shutdown cancels a running build, which leaves an invalid index; the next process's
     start-up sweep drops it (nobody holds the build lock) and builds it again."""
@@ -309,7 +309,8 @@ async def test_an_interrupted_build_is_dropped_and_rebuilt(own_backend: Backend,
         second = start_server(own_backend, tmp_path / "second.log")
         try:
             async with GatewayClient(second.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
-                assert (await gw.vectors.describe_collection("c"))["index"]["state"] in ("building", "ready")
+                # Invalid and nobody building it yet: pending until the sweep redoes it.
+                assert (await gw.vectors.describe_collection("c"))["index"]["state"] in ("pending", "building", "ready")
                 for q in queries:  # an invalid index is never used: exact meanwhile
                     top, _ = cosine_top(data, q, 10)
                     assert [int(h["id"]) for h in await gw.vectors.search("c", q, 10)] == top
@@ -328,6 +329,7 @@ async def test_an_interrupted_build_is_dropped_and_rebuilt(own_backend: Backend,
         await conn.close()
 
 
+@pytest.mark.postgres_only
 async def test_two_processes_build_once(own_backend: Backend, tmp_path: Path) -> None:
     """Writes through two processes schedule a check in each at the same moment; the advisory
     lock lets one build (about 4 s here) while the other leaves it alone."""
@@ -360,11 +362,13 @@ async def test_two_processes_build_once(own_backend: Backend, tmp_path: Path) ->
     assert not index_problems(a) and not index_problems(b)
 
 
+@pytest.mark.postgres_only
 async def test_a_collection_written_to_without_pause_is_indexed_by_the_sweep(
     own_backend: Backend, tmp_path: Path
 ) -> None:
     """The quiet period never comes while writes keep arriving; the periodic sweep builds the
-    index anyway, so a busy collection is not left to exact scans for ever."""
+    index anyway after MAX_BUSY_SWEEPS sweeps, so a busy collection is not left to exact scans
+    for ever."""
     dim = 16
     data = clustered(3000, dim, seed=31)
     ns = f"w{uuid.uuid4().hex[:10]}"
@@ -387,3 +391,53 @@ async def test_a_collection_written_to_without_pause_is_indexed_by_the_sweep(
             assert len(log_lines([server], f"{BUILT} {ns}/c ")) == 1
     finally:
         stop_server(server)
+
+
+@pytest.mark.postgres_only
+async def test_a_bulk_load_through_another_process_is_not_indexed_half_way(
+    own_backend: Backend, tmp_path: Path
+) -> None:
+    """Process B loads a collection for about eight seconds while process A, which receives no
+    writes, sweeps every 2 s. A must see from PostgreSQL's counters that the collection is still
+    being written to and leave it alone: an index built half way would take the rest of the load
+    row by row into the graph. Once the load stops, it is built once."""
+    dim = 16
+    data = clustered(5000, dim, seed=41)
+    ns = f"b{uuid.uuid4().hex[:10]}"
+    key = os.environ["GATEWAY_TEST_ADMIN_KEY"]
+    a = start_server(own_backend, tmp_path / "sweeper.log", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="2")
+    b = start_server(own_backend, tmp_path / "loader.log", GATEWAY_VECTORS__INDEX_QUIET_SECONDS="1.0")
+    try:
+        async with GatewayClient(a.url, ns, key) as ga, GatewayClient(b.url, ns, key) as gb:
+            await gb.vectors.setup_collection("c", dim)
+            states = set()
+            for start in range(0, len(data), 200):  # 25 batches, 0.3 s apart
+                await gb.vectors.upsert_points(
+                    "c", data[start : start + 200], ids=[str(i) for i in range(start, start + 200)]
+                )
+                states.add((await ga.vectors.describe_collection("c"))["index"]["state"])
+                await asyncio.sleep(0.3)
+            assert states == {"pending"}, f"indexed during the load: {states}"
+            await wait_for_state(ga, "c", "ready", timeout=60)
+    finally:
+        stop_server(a)
+        stop_server(b)
+    assert len(log_lines([a, b], f"{BUILT} {ns}/c ")) == 1
+    assert not index_problems(a) and not index_problems(b)
+
+
+async def test_writes_during_a_build_do_not_pile_up_in_the_schedule() -> None:
+    """Each write postpones its collection's check; the schedule keeps one entry for it
+    however many writes arrive while the builder is busy (it used to keep one per write)."""
+    from app.core.config import VectorsSettings
+    from app.vectors.backend import CollectionInfo
+    from app.vectors.builder import IndexBuilder
+
+    builder = IndexBuilder(engine=None, settings=VectorsSettings())  # type: ignore[arg-type]
+    coll = CollectionInfo(7, "ns", "c", 8, "cosine", {"kind": "hnsw"}, None, None)  # type: ignore[arg-type]
+    for _ in range(20_000):
+        await builder.notice(coll)
+    assert len(builder._heap) == 1 and list(builder._due) == [7]
+    # The entry comes up before the latest due time and is pushed back, not run.
+    when, _ = builder._heap[0]
+    assert builder._due[7] >= when

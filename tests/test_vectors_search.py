@@ -95,15 +95,13 @@ async def test_recall_against_exact_ground_truth(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exact_threshold", ["default", "0"])
+@pytest.mark.parametrize("exact_threshold", ["default", pytest.param("0", marks=pytest.mark.postgres_only)])
 async def test_filtered_search_returns_min_limit_matches(
     gw: GatewayClient, server, namespace: str, api_key: str | None, dataset, exact_threshold: str, tmp_path
 ) -> None:
     """With the default ``exact_search_threshold`` the 50% and 30% filters go through the HNSW
     index and the 5% and 0.1% ones are searched exactly; with 0 (a second process) every filter
     goes through the index, and too few results fall back to an exact search."""
-    if exact_threshold == "0" and not server.backend.is_postgres:
-        pytest.skip("SQLite searches exactly")
     data, queries = dataset
     n = 20_000
     data = data[:n]

@@ -8,10 +8,15 @@ builder adds the index with ``CREATE INDEX CONCURRENTLY`` once the collection ho
 
 - after each committed point write to an HNSW collection, ``notice`` (re)schedules a check of it
   at now + quiet (a debounce: a bulk load is indexed once, after its last batch);
-- at start-up and every ``vectors.index_sweep_seconds`` a sweep schedules every HNSW collection
-  whose index is missing or invalid (a crash, a cancelled build, writes made by other processes)
-  for a check right away, which later writes do not postpone: a collection that is written to
-  without a pause is indexed by the next sweep.
+- at start-up and every ``vectors.index_sweep_seconds`` a sweep looks at every HNSW collection
+  big enough and without a valid index (a crash, a cancelled build, writes made by other
+  processes). Whether anyone still writes to it is read from PostgreSQL's own counters
+  (``pg_stat_user_tables``, all processes and replicas together): one that had no writes since
+  the previous sweep is checked right away, and later writes do not postpone that; one still
+  being written to is left to the processes writing to it, unless it has been so for
+  ``MAX_BUSY_SWEEPS`` sweeps in a row (a collection written to without a pause is indexed
+  anyway). The first two sweeps after start-up are ``FIRST_SWEEP_GAP_SECONDS`` apart, so a
+  build interrupted by a crash is redone within seconds.
 
 Checks run one at a time, each on its own connection from the vectors engine. A build holds a
 session-level advisory lock on the collection id, so of several workers or replicas one builds
@@ -38,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
 from app.vectors.pgvector import (
+    BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
     HNSW_KINDS,
     hnsw_index_name,
@@ -46,13 +52,19 @@ from app.vectors.pgvector import (
 
 log = logging.getLogger("app.vectors")
 
-ADVISORY_LOCK_CLASS = 0x76656374  # "vect": the first key of pg_try_advisory_lock(int, int)
+ADVISORY_LOCK_CLASS = BUILD_LOCK_CLASS
 BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
+MAX_BUSY_SWEEPS = 5
+FIRST_SWEEP_GAP_SECONDS = 3.0
 
+# Collections without a valid HNSW index, with the table's write counter; small ones (by the
+# statistics' live-row estimate) only when a stale invalid index needs dropping.
 _SWEEP = (
-    "SELECT c.id, c.index_options FROM vector_collections c "
+    "SELECT c.id, c.index_options, COALESCE(s.n_tup_ins + s.n_tup_upd + s.n_tup_del, 0) "
+    "FROM vector_collections c "
     "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
-    "WHERE i.indisvalid IS NOT TRUE"
+    "LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass('vec_' || c.id) "
+    "WHERE i.indisvalid IS NOT TRUE AND (i.indexrelid IS NOT NULL OR COALESCE(s.n_live_tup, 0) >= $1)"
 )
 _REGISTRY_ROW = (
     "SELECT id, namespace, collection, vector_size, distance, index_options, text_field, created_at "
@@ -80,7 +92,11 @@ class IndexBuilder:
         self.memory_mb = settings.index_build_memory_mb
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
         self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
-        self._heap: list[tuple[float, int]] = []  # (due, id); entries not in _due are stale
+        # (when, id): at most one entry per collection, except after an earlier re-schedule;
+        # an entry whose id is no longer due is dropped, one due later is pushed back.
+        self._heap: list[tuple[float, int]] = []
+        self._writes_seen: dict[int, int] = {}  # id -> write counter at the last sweep
+        self._busy_sweeps: dict[int, int] = {}  # id -> sweeps in a row that found it written to
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -105,8 +121,10 @@ class IndexBuilder:
         if not debounce:
             self._forced.add(coll_id)
         self._due[coll_id] = when
-        heapq.heappush(self._heap, (when, coll_id))
-        self._wake.set()
+        if current is None or when < current:
+            heapq.heappush(self._heap, (when, coll_id))
+            self._wake.set()
+        # else: postponed; its entry is pushed back when it comes up
 
     def start(self) -> None:
         self._tasks = [
@@ -125,7 +143,10 @@ class IndexBuilder:
     async def _run(self) -> None:
         while True:
             while self._heap and self._due.get(self._heap[0][1]) != self._heap[0][0]:
-                heapq.heappop(self._heap)  # rescheduled or done since
+                when, coll_id = heapq.heappop(self._heap)
+                due = self._due.get(coll_id)
+                if due is not None and due > when:
+                    heapq.heappush(self._heap, (due, coll_id))  # postponed by a write
             if not self._heap:
                 self._wake.clear()
                 await self._wake.wait()
@@ -148,6 +169,7 @@ class IndexBuilder:
                 log.warning("vectors index check of collection %d failed", coll_id, exc_info=True)
 
     async def _sweep_forever(self) -> None:
+        sweeps = 0
         while True:
             try:
                 await self.sweep()
@@ -157,19 +179,35 @@ class IndexBuilder:
                 log.info("vectors index sweep: no collection registry yet (migrations not run)")
             except Exception:
                 log.warning("vectors index sweep failed", exc_info=True)
-            await asyncio.sleep(self.sweep_seconds)
+            sweeps += 1
+            await asyncio.sleep(min(self.sweep_seconds, FIRST_SWEEP_GAP_SECONDS) if sweeps == 1 else self.sweep_seconds)
 
     async def sweep(self) -> int:
-        """Schedule every HNSW collection whose index is missing or invalid; how many."""
+        """Schedule the HNSW collections without a valid index that nobody writes to any more
+        (or that have been written to for ``MAX_BUSY_SWEEPS`` sweeps); how many."""
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
-            rows = await raw.fetch(_SWEEP)
+            rows = await raw.fetch(_SWEEP, int(self.min_rows))
         now = time.monotonic()
         scheduled = 0
-        for coll_id, options in rows:
-            if json.loads(options).get("kind") in HNSW_KINDS:
+        pending: set[int] = set()
+        for coll_id, options, writes in rows:
+            if json.loads(options).get("kind") not in HNSW_KINDS:
+                continue
+            pending.add(coll_id)
+            before = self._writes_seen.get(coll_id)
+            self._writes_seen[coll_id] = writes
+            if before is None:
+                continue  # first sight: whether it is still written to shows next time
+            busy = self._busy_sweeps.get(coll_id, 0) + 1 if writes != before else 0
+            self._busy_sweeps[coll_id] = busy
+            if busy == 0 or busy >= MAX_BUSY_SWEEPS:
                 self._schedule(coll_id, now, debounce=False)
+                self._busy_sweeps[coll_id] = 0
                 scheduled += 1
+        for gone in set(self._writes_seen) - pending:  # indexed, or dropped
+            self._writes_seen.pop(gone, None)
+            self._busy_sweeps.pop(gone, None)
         return scheduled
 
     # --- one check ------------------------------------------------------------------------------
@@ -206,9 +244,9 @@ class IndexBuilder:
             return "ready"
         if valid is None and await self._rows(raw, coll) < self.min_rows:
             return "small"
-        session.dirty = True
         if not await raw.fetchval("SELECT pg_try_advisory_lock($1, $2)", ADVISORY_LOCK_CLASS, coll.id):
             return "locked"  # another worker or replica is on it
+        session.dirty = True
         await raw.execute(
             f"SET application_name = '{BUILDER_APPLICATION_NAME}'; SET statement_timeout = 0; "
             f"SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
@@ -222,11 +260,12 @@ class IndexBuilder:
                 log.info("vectors: dropping the invalid index %s of %s/%s (an interrupted build)",
                          index, coll.namespace, coll.collection)
                 await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}", timeout=BUILD_TIMEOUT_SECONDS)
-            rows = int(await raw.fetchval(f"SELECT count(*) FROM {coll.data_table}"))
-            if rows < self.min_rows:
+            if await self._rows(raw, coll) < self.min_rows:
                 return "small"
             started = time.perf_counter()
             await raw.execute(hnsw_index_sql(coll), timeout=BUILD_TIMEOUT_SECONDS)
+            # The build counted the rows for the statistics: no second scan of a big table.
+            rows = int(await raw.fetchval("SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)", coll.data_table))
         except asyncpg.QueryCanceledError:
             log.info("vectors: index build of %s/%s cancelled (collection dropped or reset)",
                      coll.namespace, coll.collection)

@@ -69,6 +69,8 @@ HNSW_KINDS = ("hnsw", "hnsw_halfvec")
 BUILDER_APPLICATION_NAME = "storage-gateway index builder"
 # Dropping or truncating a table waits for every lock on it; a build is cancelled first and the
 # wait bounded, then retried (a build may start between the cancel and the DROP).
+# Key 1 of the session-level advisory lock a build holds (key 2: the collection id).
+BUILD_LOCK_CLASS = 0x76656374  # "vect" = 1986356084
 EXCLUSIVE_LOCK_TIMEOUT_MS = 1000
 EXCLUSIVE_ATTEMPTS = 5
 _LOCK_NOT_AVAILABLE = "55P03"
@@ -274,12 +276,16 @@ class PgVectorIndex:
                     await session.execute(text(f"SET LOCAL lock_timeout = {EXCLUSIVE_LOCK_TIMEOUT_MS}"))
                     await session.execute(text(stmt))
                     await session.execute(text("SET LOCAL lock_timeout TO DEFAULT"))
+                # A build that started between the cancel and our lock now waits for it:
+                # cancel it too, or it would index the emptied table after our commit.
+                await session.execute(text(_CANCEL_BUILDS), params)
                 return
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
                     raise
         await session.execute(text(_CANCEL_BUILDS), params)
         await session.execute(text(stmt))
+        await session.execute(text(_CANCEL_BUILDS), params)
 
     async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
         states: dict[int, IndexState] = {c.id: "exact" for c in colls if c.index.get("kind") not in HNSW_KINDS}
@@ -288,15 +294,20 @@ class PgVectorIndex:
             return states
         rows = await session.execute(
             text(
-                "SELECT x.id, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
-                "WHERE p.relid = to_regclass('vec_' || x.id)) "
+                "SELECT x.id, i.indisvalid, "
+                "EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.relid = to_regclass('vec_' || x.id) "
+                "AND p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())) "
+                "OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = CAST(:lock_class AS oid) AND l.objid = CAST(x.id AS oid) AND l.objsubid = 2 "
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) "
                 "FROM unnest(CAST(:ids AS integer[])) AS x(id) "
                 "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || x.id || '_hnsw')"
             ),
-            {"ids": ids},
+            {"ids": ids, "lock_class": BUILD_LOCK_CLASS},
         )
+        # An invalid index nobody is building (a crash left it) is pending: the sweep redoes it.
         for cid, valid, in_progress in rows:
-            states[cid] = "ready" if valid else "building" if valid is not None or in_progress else "pending"
+            states[cid] = "ready" if valid else "building" if in_progress else "pending"
         return states
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
