@@ -59,7 +59,9 @@ def _connection(db: Database, *, single_statement_reads: bool = False, read_only
     return Depends(_connection_dependency(db, single_statement_reads=single_statement_reads, read_only=read_only))
 
 
-# kv and records read with one statement per request; vectors need a transaction for SET LOCAL.
+# kv and records read with one statement per request (no BEGIN/COMMIT on PostgreSQL). Vector reads keep
+# a transaction: SQLAlchemy begins it lazily and searches run on the driver connection, so it
+# sends nothing (autocommit, as for kv, measured no faster for a search here).
 MetadataConnection = Annotated[AsyncConnection, _connection(Database.metadata, single_statement_reads=True)]
 CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints, single_statement_reads=True)]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]

@@ -46,7 +46,7 @@ class RequestConnections:
                         await transaction.commit()
                     else:
                         await transaction.rollback()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (kept, raised once every connection is closed)
                 error = error or exc
                 # Its state is unknown (SQLite keeps the transaction open when COMMIT fails):
                 # never lend it out again.
@@ -54,7 +54,7 @@ class RequestConnections:
             finally:
                 try:
                     await conn.close()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 (as above)
                     error = error or exc
         if error is not None:
             raise error
@@ -67,7 +67,7 @@ def request_connections(scope: Scope) -> RequestConnections:
         raise RuntimeError("TransactionMiddleware is not installed") from None
 
 
-def _handler_for(scope: Scope, exc: Exception):  # noqa: ANN202
+def _handler_for(scope: Scope, exc: Exception):
     handlers = getattr(scope.get("app"), "exception_handlers", {})
     for cls in type(exc).__mro__:
         if cls in handlers:

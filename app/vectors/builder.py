@@ -110,8 +110,8 @@ class IndexBuilder:
 
     def _schedule(self, coll_id: int, when: float, *, debounce: bool) -> None:
         """Check ``coll_id`` at ``when``. A write (``debounce``) postpones a check scheduled by an
-        earlier write, but not one the sweep asked for: a collection written to without a
-        pause is still indexed by the next sweep."""
+        earlier write, but not one the sweep asked for: once the sweep decides (quiet across
+        processes, or busy for ``MAX_BUSY_SWEEPS`` sweeps), the check runs."""
         current = self._due.get(coll_id)
         if current is not None:
             if not debounce and current <= when:

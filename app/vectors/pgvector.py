@@ -276,15 +276,15 @@ class PgVectorIndex:
                     await session.execute(text(f"SET LOCAL lock_timeout = {EXCLUSIVE_LOCK_TIMEOUT_MS}"))
                     await session.execute(text(stmt))
                     await session.execute(text("SET LOCAL lock_timeout TO DEFAULT"))
-                # A build that started between the cancel and our lock now waits for it:
-                # cancel it too, or it would index the emptied table after our commit.
-                await session.execute(text(_CANCEL_BUILDS), params)
-                return
+                break
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
                     raise
-        await session.execute(text(_CANCEL_BUILDS), params)
-        await session.execute(text(stmt))
+        else:
+            await session.execute(text(_CANCEL_BUILDS), params)
+            await session.execute(text(stmt))
+        # A build that started between the cancel and our lock now waits for it: cancel it
+        # too, or it would index the emptied table after our commit.
         await session.execute(text(_CANCEL_BUILDS), params)
 
     async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:

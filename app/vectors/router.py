@@ -176,7 +176,7 @@ async def delete_point(
 
 def _after_commit(request: Request, service: VectorService, background: BackgroundTasks) -> None:
     """Tell the index builder about the request's point writes once they are committed: the
-    write transaction commits when the endpoint returns, background tasks run after that."""
+    write transaction commits as the answer starts, background tasks run after the answer."""
     builder = request.app.state.vector_builder
     if builder is not None and service.written is not None:
         background.add_task(builder.notice, service.written)

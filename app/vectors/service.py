@@ -225,8 +225,7 @@ class VectorService:
 
     async def describe(self, collection: str) -> dict[str, Any]:
         info = await self.get(collection)
-        states = await self.index.index_states(self.session, [info])
-        return self.read(info, states[info.id], await self.index.count(self.session, info))
+        return self.read(info, await self.state(info), await self.index.count(self.session, info))
 
     async def state(self, info: CollectionInfo) -> str:
         """The collection's index state (see ``VectorIndex.index_states``)."""
