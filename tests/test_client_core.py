@@ -72,8 +72,10 @@ async def test_problem_json_becomes_typed_errors(server: Server, namespace: str,
         assert "may not read kv" in str(forbidden.value)
 
 
-async def test_requests_do_not_search_for_modules(server: Server, namespace: str, api_key: str) -> None:
-    """No import is attempted per request once the client is warm.
+@pytest.mark.parametrize("transport", ["default", "httpx"])
+async def test_requests_do_not_search_for_modules(server: Server, namespace: str, api_key: str, transport: str) -> None:
+    """No import is attempted per request once the client is warm, on the client's own
+    transport or on httpx's (which it uses for https and proxies).
 
     httpcore asks for ``sniffio`` on every lock and event it sets up and falls back quietly
     when it is missing; a failed import is not cached, so each request scanned ``sys.path``
@@ -89,7 +91,8 @@ async def test_requests_do_not_search_for_modules(server: Server, namespace: str
             looked_up.append(name)
             return None
 
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+    chosen = httpx.AsyncHTTPTransport() if transport == "httpx" else None
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=chosen) as gw:
         await gw.kv.set("c", "k", 1)
         assert await gw.kv.get("c", "k") == 1  # warm: everything the client needs is imported
         sys.meta_path.insert(0, Recorder)
@@ -100,6 +103,32 @@ async def test_requests_do_not_search_for_modules(server: Server, namespace: str
         finally:
             sys.meta_path.remove(Recorder)
     assert looked_up == []
+
+
+async def test_warm_requests_do_not_parse_urls(
+    server: Server, namespace: str, api_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each path is parsed into a URL once. (httpx parses a relative URL and merges it with the
+    base URL on every request: a fifth of the client's CPU for a small call.)"""
+    import httpx._urls
+
+    parsed: list[str] = []
+    real = httpx._urls.urlparse
+
+    def counting(url: str = "", **kwargs):  # noqa: ANN003, ANN202
+        parsed.append(url)
+        return real(url, **kwargs)
+
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+        await gw.kv.set("c", "k", 0)
+        assert await gw.kv.get("c", "k") == 0
+        monkeypatch.setattr(httpx._urls, "urlparse", counting)
+        for i in range(5):
+            await gw.kv.set("c", "k", i)
+            assert await gw.kv.get("c", "k") == i
+        await gw.kv.set("c", "other key/é", 1)  # a new path: parsed once, quoted as before
+        assert await gw.kv.get("c", "other key/é") == 1
+    assert parsed == [f"{server.url}/v1/{namespace}/kv/c/other%20key%2F%C3%A9"]
 
 
 async def test_idempotent_calls_retry_503_and_connection_errors() -> None:
