@@ -11,10 +11,11 @@ from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from app.core.metrics import count_problem
 from app.core.requestid import current_request_id
@@ -218,6 +219,19 @@ def is_database_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return True
     return False
+
+
+async def app_error_response(scope: Scope, exc: Exception) -> Response | None:
+    """The app's own answer to ``exc`` (its most specific exception handler), or None without one.
+
+    For middlewares that catch an error outside FastAPI's exception middleware and must still
+    answer it the way the app would.
+    """
+    handlers = getattr(scope.get("app"), "exception_handlers", {})
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return await handlers[cls](Request(scope), exc)
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:

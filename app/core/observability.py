@@ -11,10 +11,10 @@ import logging
 import time
 
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import metrics
+from app.core.errors import app_error_response
 from app.core.requestid import RequestIdMiddleware
 
 access_log = logging.getLogger("app.access")
@@ -41,8 +41,8 @@ def route_template(scope: Scope) -> str:
 class TelemetryMiddleware:
     """Measures each request: in-flight gauge, count and latency by route, one access log line.
 
-    An exception that escapes the app before an answer started is answered here with the app's
-    own ``Exception`` handler (problem+json), so the answer still carries the request id and is
+    An exception that escapes the app before an answer started is answered here by the app's
+    own exception handlers (problem+json), so the answer still carries the request id and is
     counted; Starlette would otherwise answer it outside every user middleware.
     """
 
@@ -71,10 +71,9 @@ class TelemetryMiddleware:
             except Exception as exc:
                 if started:
                     raise
-                handler = getattr(scope.get("app"), "exception_handlers", {}).get(Exception)
-                if handler is None:
+                response = await app_error_response(scope, exc)
+                if response is None:
                     raise
-                response = await handler(Request(scope), exc)
                 await response(scope, receive, send_and_watch)
         finally:
             metrics.IN_FLIGHT.dec()

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import app_error_response
 
 SCOPE_KEY = "gateway.connections"
 
@@ -67,14 +68,6 @@ def request_connections(scope: Scope) -> RequestConnections:
         raise RuntimeError("TransactionMiddleware is not installed") from None
 
 
-def _handler_for(scope: Scope, exc: Exception):
-    handlers = getattr(scope.get("app"), "exception_handlers", {})
-    for cls in type(exc).__mro__:
-        if cls in handlers:
-            return handlers[cls]
-    return None
-
-
 class TransactionMiddleware:
     """Ends the request's connections when its answer starts (or when it fails before that)."""
 
@@ -97,11 +90,10 @@ class TransactionMiddleware:
                 try:
                     await connections.end(commit=message["status"] < 400)
                 except Exception as exc:
-                    handler = _handler_for(scope, exc)
-                    if handler is None:
+                    response = await app_error_response(scope, exc)
+                    if response is None:
                         raise
                     replaced = True
-                    response = await handler(Request(scope), exc)
                     await response(scope, receive, send)
                     return
             await send(message)
