@@ -18,9 +18,8 @@ from typing import Any
 import httpx
 
 from ._exceptions import ClientClosed, TransportError, Unavailable, error_from_response
-from ._http11 import Http11Transport
+from ._http11 import IDEMPOTENT_METHODS, Http11Transport
 
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 URL_CACHE_SIZE = 512  # parsed URLs kept (paths differ per collection, key and point)
 
 
@@ -89,9 +88,7 @@ class Transport:
         if self._client is None:
             transport = self._transport
             if transport is None and httpx.URL(self._base_url).scheme == "http" and not _env_http_proxy():
-                transport = Http11Transport(
-                    httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=4.0)
-                )
+                transport = Http11Transport()  # its DEFAULT_LIMITS: 100 open, 20 idle for up to 4 s
             self._client = httpx.AsyncClient(
                 base_url=self._base_url,
                 headers=self._headers,
