@@ -1,0 +1,124 @@
+"""Route handlers that solve their dependencies from a plan built once, not per request.
+
+FastAPI's ``solve_dependencies`` re-derives, on every request, facts about each dependency that
+never change: whether it is a generator, its cache key, whether it uses security scopes, which
+parameter lists are empty. For a kv read that was about a third of the gateway's CPU per request
+(measured in-process, ``docs/benchmarks.md``). ``compile_handler`` walks a route's dependency
+tree once and returns a handler that does only the per-request part: validate the path, query
+and header parameters with FastAPI's own ``request_params_to_args`` (so the values, and the
+errors behind a 422, are FastAPI's), call each dependency once per request, call the endpoint.
+
+Only what the gateway's routes use is planned: async functions (no generators, no threads),
+``Request`` parameters, path/query/header/cookie parameters, no request body, no security scopes,
+and an endpoint that returns a ``Response`` itself. For anything else ``compile_handler`` returns
+None and the route keeps FastAPI's own handler, so the two can never disagree on a feature.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, get_type_hints
+
+from fastapi.dependencies.models import Dependant
+from fastapi.dependencies.utils import request_params_to_args
+from fastapi.exceptions import RequestValidationError
+from fastapi.security.base import SecurityBase
+from starlette.requests import Request
+from starlette.responses import Response
+
+Handler = Callable[[Request], Awaitable[Response]]
+Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
+
+
+def _plannable(dependant: Dependant) -> bool:
+    """True when ``dependant`` (and everything below it) uses only what a plan supports."""
+    call = dependant.call
+    if call is None or isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
+        return False  # sync functions, classes, generators and security schemes stay FastAPI's
+    if (
+        dependant.body_params
+        or dependant.websocket_param_name
+        or dependant.background_tasks_param_name
+        or dependant.response_param_name
+        or dependant.security_scopes_param_name
+        or dependant.own_oauth_scopes
+        or dependant.concurrency is not None
+    ):
+        return False
+    return all(_plannable(sub) for sub in dependant.dependencies)
+
+
+def _returns_response(call: Callable[..., Any]) -> bool:
+    try:
+        hint = get_type_hints(call).get("return")
+    except Exception:  # noqa: BLE001 (an annotation that cannot be resolved: not planned)
+        return False
+    return isinstance(hint, type) and issubclass(hint, Response)
+
+
+def _solver(dependant: Dependant) -> Solver:
+    """The per-request part of ``solve_dependencies`` for ``dependant``: its keyword arguments.
+
+    Semantics follow FastAPI's: sub-dependencies are solved in declaration order, a dependency
+    whose own parameters failed validation is not called, each callable runs at most once per
+    request (``use_cache``), and every validation error is collected for one 422.
+    """
+    subs = [(sub.name, sub.call, sub.use_cache, _solver(sub)) for sub in dependant.dependencies]
+    sources: list[tuple[list[Any], Callable[[Request], Any]]] = [
+        (fields, source)
+        for fields, source in (
+            (dependant.path_params, lambda r: r.path_params),
+            (dependant.query_params, lambda r: r.query_params),
+            (dependant.header_params, lambda r: r.headers),
+            (dependant.cookie_params, lambda r: r.cookies),
+        )
+        if fields
+    ]
+    request_names = [n for n in (dependant.request_param_name, dependant.http_connection_param_name) if n]
+
+    async def solve(request: Request, cache: dict[Any, Any], errors: list[Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, call, use_cache, solve_sub in subs:
+            if use_cache and call in cache:
+                result = cache[call]
+            else:
+                failed = len(errors)
+                arguments = await solve_sub(request, cache, errors)
+                if len(errors) > failed:
+                    continue
+                result = await call(**arguments)
+                cache.setdefault(call, result)
+            if name is not None:
+                values[name] = result
+        for fields, source in sources:
+            found, invalid = request_params_to_args(fields, source(request))
+            values.update(found)
+            errors.extend(invalid)
+        for name in request_names:
+            values[name] = request
+        return values
+
+    return solve
+
+
+def compile_handler(dependant: Dependant) -> Handler | None:
+    """A handler for the route whose full dependency tree is ``dependant``, or None when the
+    route uses something a plan does not support (then FastAPI's own handler serves it)."""
+    endpoint = dependant.call
+    if endpoint is None or not _plannable(dependant) or not _returns_response(endpoint):
+        return None
+    solve = _solver(dependant)
+
+    async def handler(request: Request) -> Response:
+        errors: list[Any] = []
+        values = await solve(request, {}, errors)
+        if errors:
+            raise RequestValidationError(errors)
+        response = await endpoint(**values)
+        if not isinstance(response, Response):
+            raise TypeError(f"{endpoint.__qualname__} is annotated to return a Response, returned {type(response)}")
+        return response
+
+    handler.__qualname__ = f"planned({endpoint.__qualname__})"
+    return handler

@@ -1,0 +1,160 @@
+"""Planned route handlers (``app.core.handlers``) answer exactly as FastAPI's own would.
+
+The same endpoints are served twice, by a router of ``PlannedRoute``s and by a plain FastAPI
+router, and every answer (values, 422 problem details, headers) must be identical; then the
+gateway's own hot routes must really be planned, since that is what the kv/records benchmark
+relies on.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import httpx
+import pytest
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from app.core.errors import InvalidInput, install_error_handlers
+from app.core.routing import CapabilityRouter, PlannedRoute
+from app.main import create_app
+
+CALLS: list[str] = []
+
+
+class Color(str, Enum):
+    red = "red"
+    blue = "blue"
+
+
+async def counted(request: Request) -> str:
+    CALLS.append(request.url.path)
+    return "counted"
+
+
+async def key(key: Annotated[str, Path(min_length=2)]) -> str:
+    if key == "forbidden":
+        raise InvalidInput("key", "is forbidden")
+    return key.upper()
+
+
+async def uses_counted_and_key(c: Annotated[str, Depends(counted)], k: Annotated[str, Depends(key)]) -> str:
+    return f"{c}:{k}"
+
+
+async def tagged(x_tag: Annotated[str | None, Header()] = None) -> str | None:
+    return x_tag
+
+
+def endpoints(router: APIRouter) -> None:
+    @router.get("/items/{ns}/{key}")
+    async def get_item(
+        ns: Annotated[str, Path(pattern=r"^[a-z]+$")],
+        k: Annotated[str, Depends(key)],
+        both: Annotated[str, Depends(uses_counted_and_key)],
+        again: Annotated[str, Depends(counted)],
+        tag: Annotated[str | None, Depends(tagged)],
+        request: Request,
+        limit: Annotated[int, Query(ge=1, le=10)] = 5,
+        color: Color | None = None,
+        flag: bool = False,
+        ratio: Annotated[float | None, Query(gt=0)] = None,
+    ) -> Response:
+        return JSONResponse({
+            "ns": ns, "k": k, "both": both, "again": again, "tag": tag, "limit": limit,
+            "color": color, "flag": flag, "ratio": ratio, "method": request.method,
+        })
+
+    class Body(BaseModel):
+        n: int
+
+    @router.post("/bodies/{ns}")
+    async def with_body(ns: str, body: Body) -> Response:  # a body: FastAPI's handler serves it
+        return JSONResponse({"ns": ns, "n": body.n})
+
+    @router.get("/models/{ns}")
+    async def returns_model(ns: str) -> dict:  # not a Response: FastAPI's handler serves it
+        return {"ns": ns}
+
+
+def make_app(route_class: type) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    router = APIRouter(route_class=route_class)
+    endpoints(router)
+    app.include_router(router, prefix="/v1", dependencies=[Depends(counted)])
+    return app
+
+
+REQUESTS = [
+    ("GET", "/v1/items/abc/key1", {}),
+    ("GET", "/v1/items/abc/key1?limit=10&color=blue&flag=yes&ratio=0.5", {"x-tag": "t1"}),
+    ("GET", "/v1/items/abc/key1?limit=0", {}),
+    ("GET", "/v1/items/abc/key1?limit=11&color=green&flag=maybe&ratio=-1", {}),
+    ("GET", "/v1/items/ABC/k", {}),
+    ("GET", "/v1/items/abc/forbidden", {}),
+    ("GET", "/v1/items/abc/key1?limit=abc", {}),
+    ("POST", "/v1/items/abc/key1", {}),
+    ("POST", "/v1/bodies/abc", {"content-type": "application/json"}),
+    ("GET", "/v1/models/abc", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "headers"), REQUESTS)
+async def test_planned_answers_equal_fastapis(method: str, url: str, headers: dict) -> None:
+    answers = []
+    for route_class in (PlannedRoute, APIRouter().route_class):
+        app = make_app(route_class)
+        CALLS.clear()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+            content = b'{"n": 3}' if method == "POST" else None
+            r = await http.request(method, url, headers=headers, content=content)
+        body = r.json()
+        if isinstance(body, dict):
+            body.pop("request_id", None)
+        answers.append((r.status_code, body, r.headers.get("content-type"), list(CALLS)))
+    assert answers[0] == answers[1]
+
+
+def planned_paths(app: FastAPI) -> set[tuple[str, str]]:
+    found = set()
+    for route in app.router.routes:
+        for context in getattr(route, "effective_route_contexts", list)():
+            if getattr(context, "planned", False):
+                found |= {(m, context.path_format) for m in context.methods}
+    return found
+
+
+def test_the_test_app_plans_only_what_it_supports() -> None:
+    assert planned_paths(make_app(PlannedRoute)) == {("GET", "/v1/items/{ns}/{key}")}
+    assert planned_paths(make_app(APIRouter().route_class)) == set()
+
+
+def test_the_gateways_kv_and_records_routes_are_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
+    planned = planned_paths(create_app())
+    for method in ("GET", "PUT", "DELETE"):
+        assert (method, "/v1/{namespace}/kv/{collection}/{key}") in planned
+        assert (method, "/v1/{namespace}/records/{collection}/{key}") in planned
+    assert ("GET", "/v1/{namespace}/kv/{collection}") in planned
+    assert ("GET", "/v1/{namespace}/records/{collection}") in planned
+    assert isinstance(CapabilityRouter("kv").route_class(path="/x", endpoint=counted), PlannedRoute)
+
+
+def test_a_dependency_runs_once_per_request_and_not_after_its_parameters_failed() -> None:
+    import asyncio
+
+    async def run() -> list[str]:
+        app = make_app(PlannedRoute)
+        CALLS.clear()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+            ok = await http.get("/v1/items/abc/key1")
+            assert ok.status_code == 200 and ok.json()["both"] == "counted:KEY1"
+            calls = list(CALLS)
+            bad = await http.get("/v1/items/abc/k")  # key too short: uses_counted_and_key is not called
+            assert bad.status_code == 422
+        return calls
+
+    assert asyncio.run(run()) == ["/v1/items/abc/key1"]  # router-level, endpoint and nested uses: one call
