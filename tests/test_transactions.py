@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from app.core.config import Database
 from app.core.databases import Databases
-from app.core.dependencies import MetadataConnection
+from app.core.dependencies import CheckpointsConnection, CheckpointsStatement
 from app.core.errors import InvalidInput, install_error_handlers
 from app.core.transactions import TransactionMiddleware
 from tests.conftest import Backend
@@ -30,7 +30,7 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
     databases = Databases.open(settings_for(backend))
     suffix = uuid.uuid4().hex[:8]
     parent, child = f"tx_parent_{suffix}", f"tx_child_{suffix}"
-    async with databases.engine(Database.metadata).begin() as conn:
+    async with databases.engine(Database.checkpoints).begin() as conn:
         await conn.execute(text(f"CREATE TABLE {parent} (id integer PRIMARY KEY)"))
         await conn.execute(text(
             f"CREATE TABLE {child} (id integer PRIMARY KEY, parent_id integer NOT NULL "
@@ -43,23 +43,30 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
     app.add_middleware(TransactionMiddleware)
 
     @app.post("/ok/{n}")
-    async def ok(n: int, conn: MetadataConnection) -> dict:
+    async def ok(n: int, conn: CheckpointsConnection) -> dict:
         await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
         return {"stored": n}
 
     @app.post("/refused/{n}")
-    async def refused(n: int, conn: MetadataConnection) -> dict:
+    async def refused(n: int, conn: CheckpointsConnection) -> dict:
         await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
         raise InvalidInput("n", "refused after writing")
 
     @app.post("/fails-at-commit/{n}")
-    async def fails_at_commit(n: int, conn: MetadataConnection) -> dict:
+    async def fails_at_commit(n: int, conn: CheckpointsConnection) -> dict:
         await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
         await conn.execute(text(f"INSERT INTO {child} (id, parent_id) VALUES (:n, :missing)"), {"n": n, "missing": -n})
         return {"stored": n}
 
+    @app.post("/in-transaction")
+    async def in_transaction(conn: CheckpointsStatement) -> dict:
+        await conn.execute(text(f"SELECT count(*) FROM {parent}"))
+        driver = (await conn.get_raw_connection()).driver_connection  # what the server was sent
+        in_transaction = driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
+        return {"in_transaction": in_transaction}
+
     @app.get("/count")
-    async def count(conn: MetadataConnection) -> dict:
+    async def count(conn: CheckpointsConnection) -> dict:
         return {"n": (await conn.execute(text(f"SELECT count(*) FROM {parent}"))).scalar_one()}
 
     transport = httpx.ASGITransport(app=app)
@@ -67,14 +74,14 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             yield http, databases, parent
     finally:
-        async with databases.engine(Database.metadata).begin() as conn:
+        async with databases.engine(Database.checkpoints).begin() as conn:
             await conn.execute(text(f"DROP TABLE {child}"))
             await conn.execute(text(f"DROP TABLE {parent}"))
         await databases.close()
 
 
 async def stored(databases: Databases, table: str) -> list[int]:
-    async with databases.engine(Database.metadata).connect() as conn:
+    async with databases.engine(Database.checkpoints).connect() as conn:
         return [r[0] for r in await conn.execute(text(f"SELECT id FROM {table} ORDER BY id"))]
 
 
@@ -103,3 +110,12 @@ async def test_a_failed_commit_is_not_answered_as_a_success(client) -> None:  # 
     # The pool is healthy afterwards: the next request commits normally.
     assert (await http.post("/ok/4")).status_code == 200
     assert await stored(databases, parent) == [4]
+
+
+async def test_single_statement_requests_skip_begin_and_commit_on_postgresql(client, backend: Backend) -> None:  # noqa: ANN001
+    """kv and records requests are one statement each: on PostgreSQL they run without BEGIN/COMMIT
+    (two round trips fewer); on SQLite they keep the transaction the write locking relies on."""
+    http, _databases, _parent = client
+    r = await http.post("/in-transaction")  # a write: reads skipped BEGIN before too
+    assert r.status_code == 200
+    assert r.json() == {"in_transaction": backend.name == "sqlite"}

@@ -174,11 +174,11 @@ class Databases:
         return self.engines[db].dialect.name
 
     def single_statement_options(self, db: Database) -> dict[str, Any] | None:
-        """Execution options that let a one-statement read skip BEGIN/COMMIT, or None.
+        """Execution options that let a one-statement request skip BEGIN/COMMIT, or None.
 
-        On PostgreSQL that saves two round trips per read. On SQLite transactions are
-        in-process and the driver's isolation handling is what the write locking relies on,
-        so reads keep their (cheap) transaction there.
+        On PostgreSQL that saves two round trips per request. On SQLite transactions are
+        in-process and ``BEGIN IMMEDIATE`` is what the write locking relies on, so requests
+        keep their (cheap) transaction there.
         """
         return {"isolation_level": "AUTOCOMMIT"} if self.dialect(db) == "postgresql" else None
 

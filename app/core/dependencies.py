@@ -21,13 +21,15 @@ from app.core.transactions import request_connections
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def _connection_dependency(db: Database, *, single_statement_reads: bool, read_only: bool):
+def _connection_dependency(db: Database, *, single_statement: bool, read_only: bool):
     """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
     Writes run in one transaction that commits when the answer is a success, before it is sent
-    (SQLite takes its write lock up front). Reads run in a transaction too, except where the
-    capability says its reads are single statements (``single_statement_reads``): those skip
-    BEGIN/COMMIT where the backend allows it. ``read_only`` marks POST routes that only read.
+    (SQLite takes its write lock up front). A route whose every request runs exactly one
+    statement (``single_statement``) skips BEGIN/COMMIT where the backend allows it: one
+    statement is atomic by itself, and it is the last thing such a route does, so what it
+    acknowledges is committed and what it refuses was never written. Reads run in a
+    transaction too, unless single-statement. ``read_only`` marks POST routes that only read.
     """
 
     async def connection(request: Request) -> AsyncConnection:
@@ -36,13 +38,12 @@ def _connection_dependency(db: Database, *, single_statement_reads: bool, read_o
         reading = read_only or request.method in _READ_METHODS
         conn = await databases.engine(db).connect()
         try:
-            if reading and single_statement_reads:
-                options = databases.single_statement_options(db)
-                if options:
-                    await conn.execution_options(**options)
-                    connections.add(conn, None)
-                    return conn
-            elif not reading:
+            options = databases.single_statement_options(db) if single_statement else None
+            if options:
+                await conn.execution_options(**options)
+                connections.add(conn, None)
+                return conn
+            if not reading:
                 await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
             transaction = await conn.begin()
         except BaseException:
@@ -55,15 +56,17 @@ def _connection_dependency(db: Database, *, single_statement_reads: bool, read_o
     return connection
 
 
-def _connection(db: Database, *, single_statement_reads: bool = False, read_only: bool = False) -> Any:
-    return Depends(_connection_dependency(db, single_statement_reads=single_statement_reads, read_only=read_only))
+def _connection(db: Database, *, single_statement: bool = False, read_only: bool = False) -> Any:
+    return Depends(_connection_dependency(db, single_statement=single_statement, read_only=read_only))
 
 
-# kv and records read with one statement per request (no BEGIN/COMMIT on PostgreSQL). Vector reads keep
-# a transaction: SQLAlchemy begins it lazily and searches run on the driver connection, so it
-# sends nothing (autocommit, as for kv, measured no faster for a search here).
-MetadataConnection = Annotated[AsyncConnection, _connection(Database.metadata, single_statement_reads=True)]
-CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints, single_statement_reads=True)]
+# Every kv request, and every records request but a batch, is one statement: on PostgreSQL
+# they run without BEGIN/COMMIT (two round trips fewer). A records batch is several statements
+# and keeps its transaction. Vector reads keep one too: SQLAlchemy begins it lazily and
+# searches run on the driver connection, so it sends nothing.
+MetadataStatement = Annotated[AsyncConnection, _connection(Database.metadata, single_statement=True)]
+CheckpointsStatement = Annotated[AsyncConnection, _connection(Database.checkpoints, single_statement=True)]
+CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints)]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
 VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]
 

@@ -1,6 +1,6 @@
 """Request connections that end just before the answer leaves.
 
-A route's connection dependency (``MetadataConnection`` and the others in
+A route's connection dependency (``MetadataStatement`` and the others in
 ``app.core.dependencies``) opens a connection and registers it with the request's
 ``RequestConnections``. When the answer starts, ``TransactionMiddleware`` ends them first:
 commit when the answer is a success, roll back otherwise, then let the answer go. So an

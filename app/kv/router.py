@@ -14,7 +14,7 @@ from fastapi import FastAPI, Query, Request, Response
 from app.core.conditions import Conditions
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
-from app.core.dependencies import CollectionPath, Key, MetadataConnection, NamespacePath, PageLimit
+from app.core.dependencies import CollectionPath, Key, MetadataStatement, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
     NotFound,
@@ -53,7 +53,7 @@ async def set_value(
     collection: CollectionPath,
     key: Key,
     request: Request,
-    conn: MetadataConnection,
+    conn: MetadataStatement,
     service: KvServiceDep,
     conditions: Conditions,
     ttl_seconds: Annotated[
@@ -80,7 +80,7 @@ async def get_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: MetadataConnection,
+    conn: MetadataStatement,
     service: KvServiceDep,
 ) -> Response:
     """The stored JSON value exactly as stored (a stored `null` is `200 null`); 404 when missing or expired."""
@@ -98,7 +98,7 @@ async def delete_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: MetadataConnection,
+    conn: MetadataStatement,
     service: KvServiceDep,
 ) -> Response:
     """Delete `key`; 204 whether or not it existed."""
@@ -115,7 +115,7 @@ async def delete_value(
 async def list_entries(
     namespace: NamespacePath,
     collection: CollectionPath,
-    conn: MetadataConnection,
+    conn: MetadataStatement,
     service: KvServiceDep,
     limit: PageLimit,
     prefix: Annotated[str | None, Query(max_length=1024, description="Only keys starting with this.")] = None,

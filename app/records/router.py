@@ -11,6 +11,7 @@ from fastapi import FastAPI, Query, Request, Response
 from app.core.config import Database
 from app.core.dependencies import (
     CheckpointsConnection,
+    CheckpointsStatement,
     CollectionPath,
     Key,
     NamespacePath,
@@ -57,7 +58,7 @@ async def upsert_record(
     collection: CollectionPath,
     key: Key,
     request: Request,
-    conn: CheckpointsConnection,
+    conn: CheckpointsStatement,
     service: RecordsServiceDep,
 ) -> Response:
     """Store the JSON request body as the record `key` (replacing any record with that key)."""
@@ -75,7 +76,7 @@ async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
     trim: TrimRequest,
-    conn: CheckpointsConnection,
+    conn: CheckpointsStatement,
     service: RecordsServiceDep,
 ) -> TrimResult:
     """Delete keys strictly below `before` (the key `before` itself stays) and/or all but the `keep_last` largest, in one statement."""
@@ -113,7 +114,7 @@ async def get_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: CheckpointsConnection,
+    conn: CheckpointsStatement,
     service: RecordsServiceDep,
 ) -> Response:
     """The record `{key, value}`, its value exactly as stored; 404 when missing."""
@@ -131,7 +132,7 @@ async def delete_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: CheckpointsConnection,
+    conn: CheckpointsStatement,
     service: RecordsServiceDep,
 ) -> Response:
     """Delete the record `key`; 204 whether or not it existed."""
@@ -148,7 +149,7 @@ async def delete_record(
 async def list_records(
     namespace: NamespacePath,
     collection: CollectionPath,
-    conn: CheckpointsConnection,
+    conn: CheckpointsStatement,
     service: RecordsServiceDep,
     limit: PageLimit,
     order: Annotated[
