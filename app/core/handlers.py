@@ -5,8 +5,8 @@ never change: whether it is a generator, its cache key, whether it uses security
 parameter lists are empty. For a kv read that was about a third of the gateway's CPU per request
 (measured in-process, ``docs/benchmarks.md``). ``compile_handler`` walks a route's dependency
 tree once and returns a handler that does only the per-request part: validate the path, query
-and header parameters with FastAPI's own ``request_params_to_args`` (so the values, and the
-errors behind a 422, are FastAPI's), call each dependency once per request, call the endpoint.
+and header parameters as FastAPI's ``request_params_to_args`` does (with each field's own
+validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency once per request, call the endpoint.
 
 Only what the gateway's routes use is planned: async functions (no generators, no threads),
 ``Request`` parameters, path/query/header/cookie parameters, no request body, no security scopes,
@@ -17,9 +17,12 @@ None and the route keeps FastAPI's own handler, so the two can never disagree on
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from copy import deepcopy
+from functools import partial
 from typing import Any, get_type_hints
 
+from fastapi.dependencies import utils as fastapi_utils
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import request_params_to_args
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +32,8 @@ from starlette.responses import Response
 
 Handler = Callable[[Request], Awaitable[Response]]
 Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
+Reader = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Any]]]
+_IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple, frozenset)
 
 
 def _plannable(dependant: Dependant) -> bool:
@@ -57,6 +62,57 @@ def _returns_response(call: Callable[..., Any]) -> bool:
     return isinstance(hint, type) and issubclass(hint, Response)
 
 
+def _scalar_reader(fields: Sequence[Any]) -> Reader:
+    """``request_params_to_args(fields, ...)`` for fields that each take one plain value.
+
+    FastAPI works out per request, per field, which request keys to look under and whether the
+    field is a sequence or a model; here that is done once. Missing values, defaults and
+    validation (``field.validate``) follow ``request_params_to_args`` exactly. Fields of any
+    other kind (lists, models, ``Json``) keep ``request_params_to_args`` itself.
+    """
+    u = fastapi_utils
+    try:
+        plans = []
+        for field in fields:
+            info = field.field_info
+            if u._get_param_model(field) is not None or u._is_json_field(field) or u.field_annotation_is_sequence(info.annotation):
+                return partial(request_params_to_args, fields)
+            keys = [key for _validation_alias, key in u._get_param_aliases(field)]
+            loc = (info.in_.value, keys[0])
+            plans.append((field, field.name, keys, {key: (info.in_.value, key) for key in keys}, loc,
+                          info.is_required(), field.default, bool(info.validate_default)))
+        missing_error = u.get_missing_field_error
+    except Exception:  # noqa: BLE001 (FastAPI's internals moved: let it do the work itself)
+        return partial(request_params_to_args, fields)
+
+    def read(received: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+        values: dict[str, Any] = {}
+        errors: list[Any] = []
+        for field, name, keys, locs, loc, required, default, validate_default in plans:
+            value = None
+            for key in keys:
+                value = received.get(key)
+                if value is not None:
+                    loc = locs[key]
+                    break
+            if value is None:
+                if required:
+                    errors.append(missing_error(loc=loc))
+                    continue
+                value = default if isinstance(default, _IMMUTABLE) else deepcopy(default)
+                if not validate_default:
+                    values[name] = value
+                    continue
+            valid, invalid = field.validate(value, values, loc=loc)
+            if invalid:
+                errors.extend(invalid)
+            else:
+                values[name] = valid
+        return values, errors
+
+    return read
+
+
 def _solver(dependant: Dependant) -> Solver:
     """The per-request part of ``solve_dependencies`` for ``dependant``: its keyword arguments.
 
@@ -65,8 +121,8 @@ def _solver(dependant: Dependant) -> Solver:
     request (``use_cache``), and every validation error is collected for one 422.
     """
     subs = [(sub.name, sub.call, sub.use_cache, _solver(sub)) for sub in dependant.dependencies]
-    sources: list[tuple[list[Any], Callable[[Request], Any]]] = [
-        (fields, source)
+    sources: list[tuple[Reader, Callable[[Request], Any]]] = [
+        (_scalar_reader(fields), source)
         for fields, source in (
             (dependant.path_params, lambda r: r.path_params),
             (dependant.query_params, lambda r: r.query_params),
@@ -91,8 +147,8 @@ def _solver(dependant: Dependant) -> Solver:
                 cache.setdefault(call, result)
             if name is not None:
                 values[name] = result
-        for fields, source in sources:
-            found, invalid = request_params_to_args(fields, source(request))
+        for read, source in sources:
+            found, invalid = read(source(request))
             values.update(found)
             errors.extend(invalid)
         for name in request_names:

@@ -18,6 +18,7 @@ from sqlalchemy import and_, bindparam, case, delete, func, or_, select, tuple_,
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
+from app.core.statements import FixedStatement
 from app.core.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
@@ -51,14 +52,17 @@ class StoredEntry:
 
 
 class KvRepository:
-    """The kv statements, with the ``INSERT ... ON CONFLICT`` builder of the backend in use."""
+    """The kv statements, with the ``INSERT ... ON CONFLICT`` builder and the fixed-statement
+    runner of the backend in use. Conditional writes with listed versions build their statement
+    per call; everything else is fixed."""
 
-    def __init__(self, insert: InsertBuilder) -> None:
+    def __init__(self, insert: InsertBuilder, fixed: type[FixedStatement] = FixedStatement) -> None:
         self._insert = insert
-        self._get = select(t.c.value, t.c.version).where(in_scope(t, _NS, _C), t.c.key == _K, _live())
-        self._delete = delete(t).where(in_scope(t, _NS, _C), t.c.key == _K)
+        self._get = fixed(select(t.c.value, t.c.version).where(in_scope(t, _NS, _C), t.c.key == _K, _live()))
+        self._delete = fixed(delete(t).where(in_scope(t, _NS, _C), t.c.key == _K))
         self._upsert = self._upsert_statement(None)
-        self._create_only = self._upsert_statement(_expired())
+        self._fixed_upsert = fixed(self._upsert)
+        self._create_only = fixed(self._upsert_statement(_expired()))
 
     # --- statements ----------------------------------------------------------------------
 
@@ -83,7 +87,7 @@ class KvRepository:
     # --- reads ---------------------------------------------------------------------------
 
     async def get(self, conn: AsyncConnection, ns: str, c: str, k: str, now: datetime) -> tuple[str, int] | None:
-        row = (await conn.execute(self._get, {"ns": ns, "c": c, "k": k, "now": now})).first()
+        row = await self._get.first(conn, {"ns": ns, "c": c, "k": k, "now": now})
         return (row[0], row[1]) if row is not None else None
 
     async def list(
@@ -107,8 +111,9 @@ class KvRepository:
         expires: datetime | None,
     ) -> int:
         """Set unconditionally; the new version."""
-        result = await conn.execute(self._upsert, self._params(ns, c, k, value, now, expires))
-        return result.scalar_one()
+        row = await self._fixed_upsert.first(conn, self._params(ns, c, k, value, now, expires))
+        assert row is not None  # an unconditional upsert always returns the new version
+        return row[0]
 
     async def create_or_replace_unless(
         self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime,
@@ -116,13 +121,15 @@ class KvRepository:
     ) -> int | None:
         """``If-None-Match``: write unless a live entry exists (``any_version``) or has one of
         ``versions``; the new version, or None when the condition failed."""
+        params = self._params(ns, c, k, value, now, expires)
         if any_version:
-            stmt = self._create_only
-        elif versions:
+            row = await self._create_only.first(conn, params)
+            return row[0] if row is not None else None
+        if versions:
             stmt = self._upsert_statement(or_(_expired(), t.c.version.not_in(versions)))
         else:
             stmt = self._upsert
-        result = await conn.execute(stmt, self._params(ns, c, k, value, now, expires))
+        result = await conn.execute(stmt, params)
         return result.scalar_one_or_none()
 
     async def replace_if(
@@ -145,7 +152,7 @@ class KvRepository:
         return result.scalar_one_or_none()
 
     async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
-        await conn.execute(self._delete, {"ns": ns, "c": c, "k": k})
+        await self._delete.run(conn, {"ns": ns, "c": c, "k": k})
 
     async def sweep_expired(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired entries of any namespace; how many went."""

@@ -24,6 +24,7 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.routing import CapabilityRouter
+from app.core.statements import fixed_statements
 from app.core.upsert import insert_builder
 from app.kv.dependencies import KvServiceDep
 from app.kv.repository import KvRepository
@@ -158,7 +159,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Build the kv service for the metadata database's backend and run the expiry sweep."""
     databases: Databases = app.state.databases
     settings = app.state.settings
-    repository = KvRepository(insert_builder(databases.dialect(Database.metadata)))
+    dialect = databases.dialect(Database.metadata)
+    repository = KvRepository(insert_builder(dialect), fixed_statements(dialect))
     service = KvService(repository, settings.limits, settings.kv)
     app.state.kv_service = service
     sweeper = asyncio.create_task(_sweep_forever(databases, service), name="kv-sweep")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
+from app.core.statements import FixedStatement
 from app.core.upsert import InsertBuilder
 from app.records.models import records as t
 
@@ -21,8 +23,17 @@ _NS, _C, _K = bindparam("ns"), bindparam("c"), bindparam("k")
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
+def _page(descending: bool, after: bool, before: bool) -> Any:
+    stmt = select(t.c.key, t.c.value).where(in_scope(t, _NS, _C))
+    if after:
+        stmt = stmt.where(t.c.key > bindparam("after", type_=t.c.key.type))
+    if before:
+        stmt = stmt.where(t.c.key < bindparam("before", type_=t.c.key.type))
+    return stmt.order_by(t.c.key.desc() if descending else t.c.key.asc()).limit(bindparam("lim"))
+
+
 class RecordsRepository:
-    def __init__(self, insert: InsertBuilder) -> None:
+    def __init__(self, insert: InsertBuilder, fixed: type[FixedStatement] = FixedStatement) -> None:
         ins = insert(t).values(
             namespace=_NS, collection=_C, key=_K, value=bindparam("v"),
             updated_at=bindparam("now", type_=t.c.updated_at.type),
@@ -30,19 +41,16 @@ class RecordsRepository:
         self._upsert = ins.on_conflict_do_update(
             index_elements=_PK, set_={"value": ins.excluded.value, "updated_at": ins.excluded.updated_at}
         )
-        self._get = select(t.c.value).where(in_scope(t, _NS, _C), t.c.key == _K)
-        self._delete = delete(t).where(in_scope(t, _NS, _C), t.c.key == _K)
-        self._page_asc = (
-            select(t.c.key, t.c.value).where(in_scope(t, _NS, _C)).order_by(t.c.key.asc())
-            .limit(bindparam("lim"))
-        )
-        self._page_desc = (
-            select(t.c.key, t.c.value).where(in_scope(t, _NS, _C)).order_by(t.c.key.desc())
-            .limit(bindparam("lim"))
-        )
+        self._upsert_one = fixed(self._upsert)
+        self._get = fixed(select(t.c.value).where(in_scope(t, _NS, _C), t.c.key == _K))
+        self._delete = fixed(delete(t).where(in_scope(t, _NS, _C), t.c.key == _K))
+        # Every page shape (order, and which of the exclusive bounds are given) is a fixed statement.
+        self._pages = {
+            (d, a, b): fixed(_page(d, a, b)) for d in (False, True) for a in (False, True) for b in (False, True)
+        }
 
     async def upsert(self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime) -> None:
-        await conn.execute(self._upsert, {"ns": ns, "c": c, "k": k, "v": value, "now": now})
+        await self._upsert_one.run(conn, {"ns": ns, "c": c, "k": k, "v": value, "now": now})
 
     async def upsert_many(
         self, conn: AsyncConnection, ns: str, c: str, items: Sequence[tuple[str, str]], now: datetime
@@ -54,22 +62,19 @@ class RecordsRepository:
             )
 
     async def get(self, conn: AsyncConnection, ns: str, c: str, k: str) -> str | None:
-        return (await conn.execute(self._get, {"ns": ns, "c": c, "k": k})).scalar_one_or_none()
+        row = await self._get.first(conn, {"ns": ns, "c": c, "k": k})
+        return row[0] if row is not None else None
 
     async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
-        await conn.execute(self._delete, {"ns": ns, "c": c, "k": k})
+        await self._delete.run(conn, {"ns": ns, "c": c, "k": k})
 
     async def page(
         self, conn: AsyncConnection, ns: str, c: str, *, descending: bool, limit: int,
         after: str | None, before: str | None,
     ) -> list[tuple[str, str]]:
         """Up to ``limit`` records strictly between ``after`` and ``before``, in key order."""
-        stmt = self._page_desc if descending else self._page_asc
-        if after is not None:
-            stmt = stmt.where(t.c.key > after)
-        if before is not None:
-            stmt = stmt.where(t.c.key < before)
-        rows = await conn.execute(stmt, {"ns": ns, "c": c, "lim": limit})
+        stmt = self._pages[(descending, after is not None, before is not None)]
+        rows = await stmt.all(conn, {"ns": ns, "c": c, "lim": limit, "after": after, "before": before})
         return [(r[0], r[1]) for r in rows]
 
     async def trim(

@@ -25,6 +25,7 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.routing import CapabilityRouter
+from app.core.statements import fixed_statements
 from app.core.upsert import insert_builder
 from app.records.dependencies import RecordsServiceDep
 from app.records.repository import RecordsRepository
@@ -170,6 +171,7 @@ async def list_records(
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Build the records service for the checkpoints database's backend."""
-    repository = RecordsRepository(insert_builder(app.state.databases.dialect(Database.checkpoints)))
+    dialect = app.state.databases.dialect(Database.checkpoints)
+    repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
     app.state.records_service = RecordsService(repository, app.state.settings.limits)
     yield
