@@ -65,6 +65,13 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
         in_transaction = driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
         return {"in_transaction": in_transaction}
 
+    @app.post("/in-transaction/batch")
+    async def in_transaction_batch(conn: CheckpointsConnection) -> dict:
+        await conn.execute(text(f"SELECT count(*) FROM {parent}"))
+        driver = (await conn.get_raw_connection()).driver_connection
+        in_transaction = driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
+        return {"in_transaction": in_transaction}
+
     @app.get("/count")
     async def count(conn: CheckpointsConnection) -> dict:
         return {"n": (await conn.execute(text(f"SELECT count(*) FROM {parent}"))).scalar_one()}
@@ -119,3 +126,14 @@ async def test_single_statement_requests_skip_begin_and_commit_on_postgresql(cli
     r = await http.post("/in-transaction")  # a write: reads skipped BEGIN before too
     assert r.status_code == 200
     assert r.json() == {"in_transaction": backend.name == "sqlite"}
+
+
+async def test_connections_back_from_single_statement_requests_begin_transactions_again(client) -> None:  # noqa: ANN001
+    """The pool is shared: a connection that served a statement without BEGIN must open a
+    transaction again for the next multi-statement request (a records batch)."""
+    http, _databases, _parent = client
+    for _ in range(12):
+        assert (await http.post("/in-transaction")).status_code == 200
+    for _ in range(12):
+        r = await http.post("/in-transaction/batch")
+        assert r.json() == {"in_transaction": True}

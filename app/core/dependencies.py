@@ -36,13 +36,13 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
         databases: Databases = request.app.state.databases
         connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
+        statement_engine = databases.single_statement_engine(db) if single_statement else None
+        if statement_engine is not None:
+            conn = await statement_engine.connect()
+            connections.add(conn, None)
+            return conn
         conn = await databases.engine(db).connect()
         try:
-            options = databases.single_statement_options(db) if single_statement else None
-            if options:
-                await conn.execution_options(**options)
-                connections.add(conn, None)
-                return conn
             if not reading:
                 await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
             transaction = await conn.begin()

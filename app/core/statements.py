@@ -66,7 +66,10 @@ class _AsyncpgStatement(FixedStatement):
         return args
 
     async def _call(self, conn: AsyncConnection, method: str, params: Mapping[str, Any]) -> Any:
-        pooled = await conn.get_raw_connection()
+        sync = conn.sync_connection
+        # The pooled connection is already checked out: read it without a greenlet hop, unless
+        # it was invalidated and SQLAlchemy must reconnect (which needs one).
+        pooled = sync.connection if sync is not None and not sync.invalidated else await conn.get_raw_connection()
         adapter = pooled.dbapi_connection
         if not getattr(adapter, "autocommit", False):
             # In a transaction SQLAlchemy begins lazily, on its own first statement: let it.
