@@ -8,7 +8,7 @@ per replica and scrape each replica when exact totals matter; see docs/operation
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -75,10 +75,18 @@ def count_problem(code: str, status: int) -> None:
     ERRORS.labels(code=code, status=str(status)).inc()
 
 
+# The labelled series of each (method, route template, status), looked up once: ``labels()`` costs
+# a lock and a dict build per call, on every request.
+_SERIES: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
-    labels = {"method": method, "route": route, "status": str(status)}
-    REQUESTS.labels(**labels).inc()
-    LATENCY.labels(**labels).observe(seconds)
+    series = _SERIES.get((method, route, status))
+    if series is None:
+        labels = {"method": method, "route": route, "status": str(status)}
+        series = _SERIES[(method, route, status)] = (REQUESTS.labels(**labels), LATENCY.labels(**labels))
+    series[0].inc()
+    series[1].observe(seconds)
 
 
 class PoolCollector(Collector):

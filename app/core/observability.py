@@ -81,18 +81,23 @@ class TelemetryMiddleware:
             route = route_template(scope)
             method = scope.get("method", "")
             metrics.observe_request(method, route, status, seconds)
-            client = scope.get("client")
-            access_log.info(
-                "%s %s %d %.1fms", method, route, status, seconds * 1000,
-                extra={
-                    "method": method,
-                    "route": route,
-                    "namespace": scope.get("path_params", {}).get("namespace"),
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 3),
-                    "client": client[0] if client else None,
-                },
-            )
+            if access_log.isEnabledFor(logging.INFO):
+                _log_access(scope, method, route, status, seconds)
+
+
+def _log_access(scope: Scope, method: str, route: str, status: int, seconds: float) -> None:
+    client = scope.get("client")
+    access_log.info(
+        "%s %s %d %.1fms", method, route, status, seconds * 1000,
+        extra={
+            "method": method,
+            "route": route,
+            "namespace": scope.get("path_params", {}).get("namespace"),
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+            "client": client[0] if client else None,
+        },
+    )
 
 
 def install(app: FastAPI) -> None:
