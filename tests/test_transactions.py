@@ -15,6 +15,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.config import Database
 from app.core.databases import Databases
@@ -60,17 +62,11 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
 
     @app.post("/in-transaction")
     async def in_transaction(conn: CheckpointsStatement) -> dict:
-        await conn.execute(text(f"SELECT count(*) FROM {parent}"))
-        driver = (await conn.get_raw_connection()).driver_connection  # what the server was sent
-        in_transaction = driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
-        return {"in_transaction": in_transaction}
+        return {"in_transaction": await driver_in_transaction(conn)}
 
     @app.post("/in-transaction/batch")
     async def in_transaction_batch(conn: CheckpointsConnection) -> dict:
-        await conn.execute(text(f"SELECT count(*) FROM {parent}"))
-        driver = (await conn.get_raw_connection()).driver_connection
-        in_transaction = driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
-        return {"in_transaction": in_transaction}
+        return {"in_transaction": await driver_in_transaction(conn)}
 
     @app.get("/count")
     async def count(conn: CheckpointsConnection) -> dict:
@@ -85,6 +81,17 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
             await conn.execute(text(f"DROP TABLE {child}"))
             await conn.execute(text(f"DROP TABLE {parent}"))
         await databases.close()
+
+
+async def driver_in_transaction(conn: AsyncConnection | PoolProxiedConnection) -> bool:
+    """Whether the driver connection is inside BEGIN after a statement: what the server was sent."""
+    if isinstance(conn, AsyncConnection):
+        await conn.execute(text("SELECT 1"))
+        driver = (await conn.get_raw_connection()).driver_connection
+    else:  # a pooled driver connection (single-statement routes on PostgreSQL)
+        driver = conn.driver_connection
+        await driver.fetchval("SELECT 1")
+    return driver.is_in_transaction() if hasattr(driver, "is_in_transaction") else driver.in_transaction
 
 
 async def stored(databases: Databases, table: str) -> list[int]:

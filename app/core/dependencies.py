@@ -16,6 +16,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -26,21 +27,22 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
 
     Writes run in one transaction that commits when the answer is a success, before it is sent
     (SQLite takes its write lock up front). A route whose every request runs exactly one
-    statement (``single_statement``) skips BEGIN/COMMIT where the backend allows it: one
-    statement is atomic by itself, and it is the last thing such a route does, so what it
-    acknowledges is committed and what it refuses was never written. Reads run in a
-    transaction too, unless single-statement. ``read_only`` marks POST routes that only read.
+    statement (``single_statement``) gets, on PostgreSQL, a pooled driver connection for
+    ``app.core.statements`` instead: no BEGIN/COMMIT, since one statement is atomic by itself
+    and it is the last thing such a route does, so what it acknowledges is committed and what
+    it refuses was never written. Reads run in a transaction too, unless single-statement.
+    ``read_only`` marks POST routes that only read.
     """
 
-    async def connection(request: Request) -> AsyncConnection:
+    async def connection(request: Request) -> StatementConnection:
         databases: Databases = request.app.state.databases
         connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
-        statement_engine = databases.single_statement_engine(db) if single_statement else None
-        if statement_engine is not None:
-            conn = await statement_engine.connect()
-            connections.add(conn, None)
-            return conn
+        if single_statement:
+            borrowed = await databases.borrow_driver_connection(db)
+            if borrowed is not None:
+                connections.add(borrowed)
+                return borrowed
         conn = await databases.engine(db).connect()
         try:
             if not reading:
@@ -64,8 +66,8 @@ def _connection(db: Database, *, single_statement: bool = False, read_only: bool
 # they run without BEGIN/COMMIT (two round trips fewer). A records batch is several statements
 # and keeps its transaction. Vector reads keep one too: SQLAlchemy begins it lazily and
 # searches run on the driver connection, so it sends nothing.
-MetadataStatement = Annotated[AsyncConnection, _connection(Database.metadata, single_statement=True)]
-CheckpointsStatement = Annotated[AsyncConnection, _connection(Database.checkpoints, single_statement=True)]
+MetadataStatement = Annotated[StatementConnection, _connection(Database.metadata, single_statement=True)]
+CheckpointsStatement = Annotated[StatementConnection, _connection(Database.checkpoints, single_statement=True)]
 CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints)]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
 VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]

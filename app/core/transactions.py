@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.util.concurrency import greenlet_spawn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import app_error_response
@@ -24,23 +26,39 @@ SCOPE_KEY = "gateway.connections"
 
 
 class RequestConnections:
-    """The database connections one request opened, in opening order."""
+    """The database connections one request opened, in opening order.
+
+    Each is a SQLAlchemy connection (with its transaction, if it began one) or a connection
+    borrowed from a pool for one driver-level statement (``app.core.statements``).
+    """
 
     def __init__(self) -> None:
-        self._open: list[tuple[AsyncConnection, AsyncTransaction | None]] = []
+        self._open: list[tuple[AsyncConnection | PoolProxiedConnection, AsyncTransaction | None]] = []
 
-    def add(self, conn: AsyncConnection, transaction: AsyncTransaction | None) -> None:
+    def add(self, conn: AsyncConnection | PoolProxiedConnection, transaction: AsyncTransaction | None = None) -> None:
         self._open.append((conn, transaction))
 
     def __bool__(self) -> bool:
         return bool(self._open)
 
-    async def end(self, commit: bool) -> None:
+    async def end(self, commit: bool, *, clean: bool = True) -> None:
         """Commit (or roll back) and close every connection, newest first; after a failed
-        commit the rest roll back, and the first error is raised once all are closed."""
+        commit the rest roll back, and the first error is raised once all are closed.
+
+        ``clean=False``: the request stopped midway (an error escaped, or it was cancelled),
+        so a borrowed driver connection may be inside a statement: it is discarded, not pooled.
+        """
         error: BaseException | None = None
         while self._open:
             conn, transaction = self._open.pop()
+            if not isinstance(conn, AsyncConnection):
+                try:
+                    if not clean:
+                        conn.invalidate()
+                    await greenlet_spawn(conn.close)
+                except Exception as exc:  # noqa: BLE001 (kept, raised once every connection is closed)
+                    error = error or exc
+                continue
             try:
                 if transaction is not None and transaction.is_active:
                     if commit and error is None:
@@ -105,4 +123,4 @@ class TransactionMiddleware:
                 # The answer never started (an error escaped, or the client went away): roll
                 # back, shielded so a cancelled request still returns its connections.
                 with anyio.CancelScope(shield=True):
-                    await connections.end(commit=False)
+                    await connections.end(commit=False, clean=False)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, or_, select, tuple_, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
-from app.core.statements import FixedStatement
+from app.core.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
@@ -44,6 +44,39 @@ def new_version() -> int:
     return secrets.randbits(52) + 1
 
 
+def _numbered(name: str, n: int) -> list[Any]:
+    """``n`` bound parameters ``name0 .. name{n-1}``: a version list of a fixed length."""
+    return [bindparam(f"{name}{i}", type_=t.c.version.type) for i in range(n)]
+
+
+def _numbered_params(name: str, values: list[int]) -> dict[str, int]:
+    return {f"{name}{i}": v for i, v in enumerate(values)}
+
+
+def _replace_if(versions: int | None, not_versions: int) -> Any:
+    cond = [in_scope(t, _NS, _C), t.c.key == _K, _live()]
+    if versions is not None:
+        cond.append(t.c.version.in_(_numbered("mv", versions)))
+    if not_versions:
+        cond.append(t.c.version.not_in(_numbered("xv", not_versions)))
+    return (
+        update(t).where(*cond)
+        .values(value=bindparam("v"), version=t.c.version + 1, updated_at=_now(),
+                expires_at=bindparam("exp", type_=t.c.expires_at.type))
+        .returning(t.c.version)
+    )
+
+
+def _list(prefix: bool, after: bool, with_values: bool) -> Any:
+    stmt = select(t.c.key, t.c.value if with_values else t.c.version, t.c.version).where(in_scope(t, _NS, _C), _live())
+    if prefix:
+        p = bindparam("prefix", type_=t.c.key.type)
+        stmt = stmt.where(t.c.key >= p, func.substr(t.c.key, 1, bindparam("plen", type_=Integer)) == p)
+    if after:
+        stmt = stmt.where(t.c.key > bindparam("after", type_=t.c.key.type))
+    return stmt.order_by(t.c.key).limit(bindparam("lim", type_=Integer))
+
+
 @dataclass(frozen=True)
 class StoredEntry:
     key: str
@@ -53,16 +86,20 @@ class StoredEntry:
 
 class KvRepository:
     """The kv statements, with the ``INSERT ... ON CONFLICT`` builder and the fixed-statement
-    runner of the backend in use. Conditional writes with listed versions build their statement
-    per call; everything else is fixed."""
+    runner of the backend in use (``app.core.statements``)."""
 
     def __init__(self, insert: InsertBuilder, fixed: type[FixedStatement] = FixedStatement) -> None:
         self._insert = insert
         self._get = fixed(select(t.c.value, t.c.version).where(in_scope(t, _NS, _C), t.c.key == _K, _live()))
         self._delete = fixed(delete(t).where(in_scope(t, _NS, _C), t.c.key == _K))
-        self._upsert = self._upsert_statement(None)
-        self._fixed_upsert = fixed(self._upsert)
+        self._upsert = fixed(self._upsert_statement(None))
         self._create_only = fixed(self._upsert_statement(_expired()))
+        # If-None-Match with n listed versions; If-Match with n (None: any) and m excluded versions.
+        self._create_unless = StatementShapes(
+            fixed, lambda n: self._upsert_statement(or_(_expired(), t.c.version.not_in(_numbered("iv", n))))
+        )
+        self._replace_if = StatementShapes(fixed, _replace_if)
+        self._list = StatementShapes(fixed, _list)
 
     # --- statements ----------------------------------------------------------------------
 
@@ -86,73 +123,64 @@ class KvRepository:
 
     # --- reads ---------------------------------------------------------------------------
 
-    async def get(self, conn: AsyncConnection, ns: str, c: str, k: str, now: datetime) -> tuple[str, int] | None:
+    async def get(self, conn: StatementConnection, ns: str, c: str, k: str, now: datetime) -> tuple[str, int] | None:
         row = await self._get.first(conn, {"ns": ns, "c": c, "k": k, "now": now})
         return (row[0], row[1]) if row is not None else None
 
     async def list(
-        self, conn: AsyncConnection, ns: str, c: str, now: datetime, *,
+        self, conn: StatementConnection, ns: str, c: str, now: datetime, *,
         prefix: str | None, after: str | None, limit: int, with_values: bool = True,
     ) -> list[StoredEntry]:
-        cols = [t.c.key, t.c.value if with_values else t.c.version, t.c.version]
-        stmt = select(*cols).where(in_scope(t, ns, c), _live())
-        if prefix:
-            stmt = stmt.where(t.c.key >= prefix, func.substr(t.c.key, 1, len(prefix)) == prefix)
-        if after is not None:
-            stmt = stmt.where(t.c.key > after)
-        stmt = stmt.order_by(t.c.key).limit(limit)
-        rows = (await conn.execute(stmt, {"now": now})).all()
+        params = {"ns": ns, "c": c, "now": now, "lim": limit, "prefix": prefix,
+                  "plen": len(prefix) if prefix else 0, "after": after}
+        rows = await self._list(bool(prefix), after is not None, with_values).all(conn, params)
         return [StoredEntry(r[0], r[1] if with_values else "", r[2]) for r in rows]
 
     # --- writes --------------------------------------------------------------------------
 
     async def upsert(
-        self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime,
+        self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
         expires: datetime | None,
     ) -> int:
         """Set unconditionally; the new version."""
-        row = await self._fixed_upsert.first(conn, self._params(ns, c, k, value, now, expires))
-        assert row is not None  # an unconditional upsert always returns the new version
+        row = await self._upsert.first(conn, self._params(ns, c, k, value, now, expires))
+        assert row is not None  # an unconditional upsert always writes
         return row[0]
 
     async def create_or_replace_unless(
-        self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime,
+        self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
         expires: datetime | None, *, any_version: bool, versions: list[int],
     ) -> int | None:
         """``If-None-Match``: write unless a live entry exists (``any_version``) or has one of
         ``versions``; the new version, or None when the condition failed."""
         params = self._params(ns, c, k, value, now, expires)
         if any_version:
-            row = await self._create_only.first(conn, params)
-            return row[0] if row is not None else None
-        if versions:
-            stmt = self._upsert_statement(or_(_expired(), t.c.version.not_in(versions)))
+            stmt = self._create_only
+        elif versions:
+            stmt = self._create_unless(len(versions))
+            params.update(_numbered_params("iv", versions))
         else:
             stmt = self._upsert
-        result = await conn.execute(stmt, params)
-        return result.scalar_one_or_none()
+        row = await stmt.first(conn, params)
+        return row[0] if row is not None else None
 
     async def replace_if(
-        self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime,
+        self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
         expires: datetime | None, *, versions: list[int] | None, not_versions: list[int] | None = None,
     ) -> int | None:
         """``If-Match``: replace a live entry whose version is in ``versions`` (None = any) and
         not in ``not_versions``; the new version, or None when nothing matched."""
-        cond = [in_scope(t, ns, c), t.c.key == k, _live()]
-        if versions is not None:
-            cond.append(t.c.version.in_(versions))
-        if not_versions:
-            cond.append(t.c.version.not_in(not_versions))
-        stmt = (
-            update(t).where(*cond)
-            .values(value=value, version=t.c.version + 1, updated_at=now, expires_at=expires)
-            .returning(t.c.version)
-        )
-        result = await conn.execute(stmt, {"now": now})
-        return result.scalar_one_or_none()
+        if versions is not None and not versions:
+            return None  # none of the listed ETags is one of ours: nothing can match
+        not_versions = not_versions or []
+        stmt = self._replace_if(None if versions is None else len(versions), len(not_versions))
+        params = {"ns": ns, "c": c, "k": k, "v": value, "now": now, "exp": expires,
+                  **_numbered_params("mv", versions or []), **_numbered_params("xv", not_versions)}
+        row = await stmt.first(conn, params)
+        return row[0] if row is not None else None
 
-    async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
-        await self._delete.run(conn, {"ns": ns, "c": c, "k": k})
+    async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
+        await self._delete.rowcount(conn, {"ns": ns, "c": c, "k": k})
 
     async def sweep_expired(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired entries of any namespace; how many went."""

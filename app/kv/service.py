@@ -13,6 +13,7 @@ from app.core.config import KvSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PreconditionFailed
 from app.core.jsonvalue import parse_value
 from app.core.pagination import decode_cursor, encode_cursor
+from app.core.statements import StatementConnection
 from app.kv.repository import KvRepository
 
 
@@ -55,7 +56,7 @@ class KvService:
             raise InvalidInput("ttl_seconds", f"must be at most {self.settings.max_ttl_seconds}")
         return now + timedelta(seconds=ttl_seconds)
 
-    async def get(self, conn: AsyncConnection, ns: str, c: str, k: str) -> tuple[str, str]:
+    async def get(self, conn: StatementConnection, ns: str, c: str, k: str) -> tuple[str, str]:
         """The value's JSON text and ETag, or 404."""
         found = await self.repo.get(conn, ns, c, k, _utcnow())
         if found is None:
@@ -63,7 +64,7 @@ class KvService:
         return found[0], etag_of(found[1])
 
     async def set(
-        self, conn: AsyncConnection, ns: str, c: str, k: str, body: bytes, *,
+        self, conn: StatementConnection, ns: str, c: str, k: str, body: bytes, *,
         ttl_seconds: float | None, conditions: WriteConditions,
     ) -> str:
         """Store the raw JSON ``body``; the new ETag. 412 when a condition does not hold."""
@@ -94,11 +95,11 @@ class KvService:
             version = await self.repo.upsert(conn, ns, c, k, value, now, expires)
         return etag_of(version)
 
-    async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
+    async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
         await self.repo.delete(conn, ns, c, k)
 
     async def list(
-        self, conn: AsyncConnection, ns: str, c: str, *, prefix: str | None, limit: int,
+        self, conn: StatementConnection, ns: str, c: str, *, prefix: str | None, limit: int,
         cursor: str | None, keys_only: bool = False,
     ) -> KvListPage:
         after = None

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import Integer, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
-from app.core.statements import FixedStatement
+from app.core.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.upsert import InsertBuilder
 from app.records.models import records as t
 
@@ -30,6 +30,21 @@ def _page(descending: bool, after: bool, before: bool) -> Any:
     if before:
         stmt = stmt.where(t.c.key < bindparam("before", type_=t.c.key.type))
     return stmt.order_by(t.c.key.desc() if descending else t.c.key.asc()).limit(bindparam("lim"))
+
+
+def _trim(before: bool, keep_last: bool) -> Any:
+    stmt = delete(t).where(in_scope(t, _NS, _C))
+    if before:
+        stmt = stmt.where(t.c.key < bindparam("before", type_=t.c.key.type))
+    if keep_last:
+        newest = t.alias("newest")  # its own FROM, never correlated with the DELETE's table
+        nth_largest = (
+            select(newest.c.key).where(in_scope(newest, _NS, _C)).order_by(newest.c.key.desc())
+            .offset(bindparam("skip", type_=Integer)).limit(1).scalar_subquery()
+        )
+        # Fewer than keep_last records: the subquery is NULL and nothing compares below it.
+        stmt = stmt.where(t.c.key < nth_largest)
+    return stmt
 
 
 class RecordsRepository:
@@ -48,9 +63,11 @@ class RecordsRepository:
         self._pages = {
             (d, a, b): fixed(_page(d, a, b)) for d in (False, True) for a in (False, True) for b in (False, True)
         }
+        self._trim = StatementShapes(fixed, _trim)
+        self._trim_all = fixed(_trim(False, False))
 
-    async def upsert(self, conn: AsyncConnection, ns: str, c: str, k: str, value: str, now: datetime) -> None:
-        await self._upsert_one.run(conn, {"ns": ns, "c": c, "k": k, "v": value, "now": now})
+    async def upsert(self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime) -> None:
+        await self._upsert_one.rowcount(conn, {"ns": ns, "c": c, "k": k, "v": value, "now": now})
 
     async def upsert_many(
         self, conn: AsyncConnection, ns: str, c: str, items: Sequence[tuple[str, str]], now: datetime
@@ -61,15 +78,15 @@ class RecordsRepository:
                 self._upsert, [{"ns": ns, "c": c, "k": k, "v": v, "now": now} for k, v in items]
             )
 
-    async def get(self, conn: AsyncConnection, ns: str, c: str, k: str) -> str | None:
+    async def get(self, conn: StatementConnection, ns: str, c: str, k: str) -> str | None:
         row = await self._get.first(conn, {"ns": ns, "c": c, "k": k})
         return row[0] if row is not None else None
 
-    async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
-        await self._delete.run(conn, {"ns": ns, "c": c, "k": k})
+    async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
+        await self._delete.rowcount(conn, {"ns": ns, "c": c, "k": k})
 
     async def page(
-        self, conn: AsyncConnection, ns: str, c: str, *, descending: bool, limit: int,
+        self, conn: StatementConnection, ns: str, c: str, *, descending: bool, limit: int,
         after: str | None, before: str | None,
     ) -> list[tuple[str, str]]:
         """Up to ``limit`` records strictly between ``after`` and ``before``, in key order."""
@@ -78,19 +95,11 @@ class RecordsRepository:
         return [(r[0], r[1]) for r in rows]
 
     async def trim(
-        self, conn: AsyncConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
+        self, conn: StatementConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
     ) -> int:
         """Delete keys ``< before`` and/or all but the ``keep_last`` largest; how many went."""
-        stmt = delete(t).where(in_scope(t, ns, c))
-        if before is not None:
-            stmt = stmt.where(t.c.key < before)
-        if keep_last is not None and keep_last > 0:
-            newest = t.alias("newest")  # its own FROM, never correlated with the DELETE's table
-            nth_largest = (
-                select(newest.c.key).where(in_scope(newest, ns, c)).order_by(newest.c.key.desc())
-                .offset(keep_last - 1).limit(1).scalar_subquery()
-            )
-            # Fewer than keep_last records: the subquery is NULL and nothing compares below it.
-            stmt = stmt.where(t.c.key < nth_largest)
-        result = await conn.execute(stmt)
-        return result.rowcount or 0
+        keep = keep_last is not None and keep_last > 0
+        if before is None and not keep:
+            return await self._trim_all.rowcount(conn, {"ns": ns, "c": c})
+        params = {"ns": ns, "c": c, "before": before, "skip": (keep_last or 1) - 1}
+        return await self._trim(before is not None, keep).rowcount(conn, params)

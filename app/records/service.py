@@ -12,6 +12,7 @@ from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.core.jsonvalue import encode_value, parse_value
 from app.core.names import validate_key
 from app.core.pagination import decode_cursor, encode_cursor
+from app.core.statements import StatementConnection
 from app.records.repository import RecordsRepository
 from app.records.schemas import RecordCreate, SortOrder
 
@@ -32,7 +33,7 @@ class RecordsService:
         self.repo = repository
         self.limits = limits
 
-    async def upsert(self, conn: AsyncConnection, ns: str, c: str, k: str, body: bytes) -> None:
+    async def upsert(self, conn: StatementConnection, ns: str, c: str, k: str, body: bytes) -> None:
         value = parse_value("value", body, self.limits.max_value_bytes)
         await self.repo.upsert(conn, ns, c, k, value, _utcnow())
 
@@ -49,18 +50,18 @@ class RecordsService:
         await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 
-    async def get(self, conn: AsyncConnection, ns: str, c: str, k: str) -> str:
+    async def get(self, conn: StatementConnection, ns: str, c: str, k: str) -> str:
         """The record as JSON text, or 404."""
         value = await self.repo.get(conn, ns, c, k)
         if value is None:
             raise NotFound(f"record {k!r} does not exist in collection {c!r}")
         return _record_json(k, value)
 
-    async def delete(self, conn: AsyncConnection, ns: str, c: str, k: str) -> None:
+    async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
         await self.repo.delete(conn, ns, c, k)
 
     async def page(
-        self, conn: AsyncConnection, ns: str, c: str, *, order: SortOrder | None, limit: int,
+        self, conn: StatementConnection, ns: str, c: str, *, order: SortOrder | None, limit: int,
         after: str | None, before: str | None, cursor: str | None,
     ) -> str:
         """A page ``{"items": [...], "next_cursor": ...}`` as JSON text."""
@@ -88,6 +89,6 @@ class RecordsService:
         return '{"items":[' + items + '],"next_cursor":' + _dumps(next_cursor) + "}"
 
     async def trim(
-        self, conn: AsyncConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
+        self, conn: StatementConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
     ) -> int:
         return await self.repo.trim(conn, ns, c, before=before, keep_last=keep_last)
