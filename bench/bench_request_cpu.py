@@ -1,0 +1,127 @@
+"""The gateway's own CPU per request, in-process: the ASGI app called directly, no HTTP server.
+
+At concurrency 16 with one worker the gateway is CPU-bound (one core at 99%), so its
+throughput there is about one over this number; it is also steady enough to compare changes
+on a shared, noisy machine. Each row is the best of three rounds of N sequential requests, on
+a throwaway pgserver PostgreSQL (admin key, so auth makes no lookup). ``--profile ROW`` prints
+a cProfile of that row's requests.
+
+    .venv/bin/python bench/bench_request_cpu.py [-n N] [--profile "kv get"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import ADMIN_KEY, Backend, backend_env, create_postgres_databases, gateway_env, run_cli  # noqa: E402
+
+ROWS: dict[str, tuple[str, str, bytes, bytes]] = {
+    "healthz": ("GET", "/healthz", b"", b""),
+    "kv get": ("GET", "/v1/bench/kv/c/k", b"", b""),
+    "kv set": ("PUT", "/v1/bench/kv/c/k", b'{"a": 2}', b""),
+    "record upsert": ("PUT", "/v1/bench/records/h/0001", b'{"a": 2}', b""),
+    "ordered list (50)": ("GET", "/v1/bench/records/h", b"", b"order=desc&limit=50"),
+}
+
+
+async def call(app: Any, method: str, path: str, body: bytes = b"", query: bytes = b"") -> tuple[int, bytes]:
+    """One request through the ASGI app, as uvicorn would hand it over."""
+    headers = [(b"host", b"bench"), (b"authorization", f"Bearer {ADMIN_KEY}".encode()),
+               (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
+             "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+        return {}
+
+    answer = {"status": 0, "body": b""}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] += message.get("body", b"")
+
+    await app(scope, receive, send)
+    return answer["status"], answer["body"]
+
+
+async def measure(n: int, profile: str | None) -> dict[str, float]:
+    from app.main import create_app
+
+    app = create_app()
+    results = {}
+    async with app.router.lifespan_context(app):
+        await call(app, "PUT", "/v1/bench/kv/c/k", b'{"a": 1}')
+        for i in range(60):
+            await call(app, "PUT", f"/v1/bench/records/h/{i:04d}", b'{"a": 1}')
+        for name, (method, path, body, query) in ROWS.items():
+            for _ in range(300):  # warm up
+                status, answer = await call(app, method, path, body, query)
+            if status >= 300:
+                raise SystemExit(f"{name}: {status} {answer[:200]!r}")
+            best = float("inf")
+            for _ in range(3):
+                started = time.process_time()
+                for _ in range(n):
+                    await call(app, method, path, body, query)
+                best = min(best, (time.process_time() - started) / n * 1e6)
+            results[name] = best
+        if profile:
+            method, path, body, query = ROWS[profile]
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+            for _ in range(n):
+                await call(app, method, path, body, query)
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(50)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=3000, help="requests per round (default 3000)")
+    parser.add_argument("--profile", choices=sorted(ROWS), help="print a cProfile of this row")
+    args = parser.parse_args()
+
+    import pgserver
+
+    work = Path(tempfile.mkdtemp(prefix="bench-cpu-"))
+    pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+    try:
+        urls = create_postgres_databases(pg.get_uri(), f"cpu_{uuid.uuid4().hex[:8]}")
+        backend = Backend("postgres", backend_env(urls, work / "data"), urls)
+        if run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode != 0:
+            raise SystemExit("migration failed")
+        os.environ.update(gateway_env(backend, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning"))
+        results = asyncio.run(measure(args.n, args.profile))
+    finally:
+        pg.cleanup()
+    print(f"\ngateway CPU per request, in-process on PostgreSQL (best of 3 x {args.n})")
+    print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
+    for name, micros in results.items():
+        print(f"{name:<18} {micros:>7.0f} {1e6 / micros:>11.0f}")
+
+
+if __name__ == "__main__":
+    main()
