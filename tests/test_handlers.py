@@ -158,3 +158,23 @@ def test_a_dependency_runs_once_per_request_and_not_after_its_parameters_failed(
         return calls
 
     assert asyncio.run(run()) == ["/v1/items/abc/key1"]  # router-level, endpoint and nested uses: one call
+
+
+def test_dependency_overrides_are_honoured_on_planned_routes() -> None:
+    import asyncio
+
+    async def fake_key() -> str:
+        return "FAKE"
+
+    async def run() -> tuple[dict, dict]:
+        app = make_app(PlannedRoute)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+            app.dependency_overrides[key] = fake_key
+            overridden = (await http.get("/v1/items/abc/key1")).json()
+            app.dependency_overrides.clear()
+            planned = (await http.get("/v1/items/abc/key1")).json()
+        return overridden, planned
+
+    overridden, planned = asyncio.run(run())
+    assert overridden["k"] == "FAKE" and overridden["both"] == "counted:FAKE"
+    assert planned["k"] == "KEY1"

@@ -178,6 +178,29 @@ async def test_if_match_compare_and_swap(gw: GatewayClient) -> None:
     assert await gw.kv.get("c", "counter") == 5
 
 
+@pytest.mark.parametrize("tag", ['"9223372036854775808"', '"99999999999999999999999"'])
+async def test_etags_beyond_any_version_match_nothing(gw: GatewayClient, tag: str) -> None:
+    """Versions are BIGINT: a bigger number is never one of ours (412 for If-Match; If-None-Match writes)."""
+    await gw.kv.set("c", "big", 1)
+    with pytest.raises(PreconditionFailed):
+        await gw.kv.set("c", "big", 2, if_match=tag)
+    await gw.kv.set("c", "big", 3, if_none_match=tag)
+    current = await gw.kv.set("c", "big", 4)
+    await gw.kv.set("c", "big", 5, if_match=f"{tag}, {current}")
+    assert await gw.kv.get("c", "big") == 5
+
+
+async def test_etags_of_non_ascii_digits_match_nothing(gw: GatewayClient, http: httpx.AsyncClient) -> None:
+    """``"\xb2"`` (superscript two, as the latin-1 header decodes) is a digit to Python, not a version."""
+    await gw.kv.set("c", "sup", 1)
+    url = f"/v1/{gw.namespace}/kv/c/sup"
+    r = await http.put(url, json=2, headers={"If-Match": b'"\xb2"'})
+    assert r.status_code == 412 and r.headers["content-type"] == "application/problem+json", r.text
+    r = await http.put(url, json=3, headers={"If-None-Match": b'"\xb2"'})
+    assert r.status_code == 204, r.text
+    assert await gw.kv.get("c", "sup") == 3
+
+
 async def test_if_none_match_star_creates_only(gw: GatewayClient) -> None:
     etag = await gw.kv.set("c", "once", "first", if_none_match="*")
     with pytest.raises(PreconditionFailed):

@@ -176,3 +176,64 @@ async def test_postgres_outage_is_503_then_recovers_without_losing_acknowledged_
     assert code == 0, log[-3000:]
     assert '"status": 500' not in log and '"level": "error"' not in log, log[-5000:]
     assert '"message": "database unavailable: ' in log
+
+
+@pytest.mark.parametrize("db_backend", ["postgres"])
+def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
+    own_postgres: Postgres, tmp_path: Path, db_backend: str
+) -> None:
+    """A network that silently drops packets (here: the gateway's PostgreSQL backends stopped
+    with SIGSTOP) is bounded by the statement timeout and answered 503, never 500; the stalled
+    connections are not used again once the database answers."""
+    import os
+    import signal
+
+    import asyncpg
+
+    urls = create_postgres_databases(own_postgres.uri(), f"gwh_{uuid.uuid4().hex[:8]}")
+    backend = Backend("postgres", backend_env(urls, tmp_path), urls)
+    assert run_cli(backend, "migrate").returncode == 0
+    server = start_server(backend, tmp_path / "gateway.log", GATEWAY_DATABASES__METADATA__STATEMENT_TIMEOUT="1")
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    metadata_db = urls["metadata"].rsplit("/", 1)[-1].split("?")[0]
+    stopped: list[int] = []
+
+    async def exercise() -> None:
+        nonlocal stopped
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as client:
+                assert (await client.put("/v1/hung/kv/c/k", json={"v": 1})).status_code == 204
+                await asyncio.gather(*(client.get("/v1/hung/kv/c/k") for _ in range(8)))  # several pooled
+                admin = await asyncpg.connect(own_postgres.uri().replace("postgresql+asyncpg://", "postgresql://"))
+                try:
+                    stopped = [r["pid"] for r in await admin.fetch(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'storage-gateway'",
+                        metadata_db,
+                    )]
+                finally:
+                    await admin.close()
+                assert stopped
+                for pid in stopped:
+                    os.kill(pid, signal.SIGSTOP)
+                started = time.monotonic()
+                r = await client.get("/v1/hung/kv/c/k")
+                took = time.monotonic() - started
+                assert r.status_code == 503, r.text
+                assert r.json()["code"] == "database_unavailable" and r.headers.get("retry-after")
+                assert took < 1 + POOL_TIMEOUT + 3, took
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+                stopped = []
+                deadline = time.monotonic() + 20
+                while (r := await client.get("/v1/hung/kv/c/k")).status_code != 200:
+                    assert r.status_code == 503, r.text
+                    assert time.monotonic() < deadline, "the gateway did not recover"
+                    await asyncio.sleep(0.2)
+                assert r.json() == {"v": 1}
+
+    try:
+        asyncio.run(exercise())
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        stop_server(server)
+    assert '"status": 500' not in server.log(), server.log()[-3000:]

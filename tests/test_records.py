@@ -153,6 +153,14 @@ async def test_trim_keep_last(gw: GatewayClient) -> None:
     assert await gw.records.get_ordered_records("t") == []
 
 
+@pytest.mark.parametrize("keep_last", [2**31 + 2, 10**12, 2**63, 10**30])
+async def test_trim_keeping_more_than_any_collection_holds_deletes_nothing(gw: GatewayClient, keep_last: int) -> None:
+    await gw.records.upsert_records("big", {"a": 1, "b": 2})
+    assert await gw.records.trim("big", keep_last=keep_last) == 0
+    assert await gw.records.trim("big", before="b", keep_last=keep_last) == 0
+    assert [k for k, _ in await gw.records.get_ordered_records("big")] == ["a", "b"]
+
+
 async def test_trim_answer_shape(gw: GatewayClient, http: httpx.AsyncClient) -> None:
     await gw.records.upsert_records("t", {"a": 1, "b": 2})
     r = await http.post(rec_url(gw.namespace, "t") + "/trim", json={"before": "b"})

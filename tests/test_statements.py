@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import String, bindparam, select, text
+from sqlalchemy import Float, String, bindparam, func, select, text
 from sqlalchemy import exc as sa_exc
 
 from app.core.config import Database
@@ -92,7 +92,7 @@ async def test_a_request_that_stopped_midway_discards_its_connection(backend: Ba
         await databases.close()
 
 
-def test_statement_shapes_are_built_once_and_only_a_bounded_number_kept() -> None:
+def test_statement_shapes_keep_the_most_recently_used() -> None:
     built: list[int] = []
 
     def build(n: int) -> object:
@@ -102,11 +102,73 @@ def test_statement_shapes_are_built_once_and_only_a_bounded_number_kept() -> Non
     shapes = StatementShapes(fixed_statements("postgresql"), build, keep=2)
     assert shapes(1) is shapes(1) and shapes(2) is shapes(2)
     assert "IN ($1, $2)" in shapes(2).sql  # type: ignore[attr-defined]
-    assert shapes(3) is not shapes(3)  # past the bound: built per call, correct but not kept
-    assert built == [1, 2, 3, 3]
+    one = shapes(1)  # the common shape, used again
+    for rare in (3, 4, 5):  # rare shapes come and go...
+        shapes(rare)
+        assert shapes(1) is one  # ...without pushing out the one in use
+    assert built == [1, 2, 3, 4, 5]
+
+
+def test_a_missing_parameter_is_an_error_not_a_null() -> None:
+    statement = fixed_statements("postgresql")(SELECT_ONE)
+    with pytest.raises(KeyError):
+        statement._args({})  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres_only
+async def test_after_a_server_restart_one_failed_request_recycles_the_whole_pool(backend: Backend) -> None:
+    """As SQLAlchemy's Connection does on a disconnect: every connection opened before the
+    dropped one is replaced, so a restart or failover costs one failed request, not one per
+    pooled connection."""
+    databases = Databases.open(settings_for(backend))
+    statement = fixed_statements("postgresql")(SELECT_ONE)
+    try:
+        held = [await databases.borrow_driver_connection(Database.metadata) for _ in range(4)]
+        pids = [conn.driver_connection.get_server_pid() for conn in held]  # type: ignore[union-attr]
+        for conn in held:
+            await greenlet_close(conn)
+        other = Databases.open(settings_for(backend))  # not from this pool: a restart, as the pool sees it
+        try:
+            async with other.engine(Database.metadata).connect() as admin:
+                for pid in pids:
+                    await admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        finally:
+            await other.close()
+        first = await databases.borrow_driver_connection(Database.metadata)
+        assert first is not None
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            await statement.first(first, {"ns": "x"})
+        assert raised.value.connection_invalidated
+        await greenlet_close(first)
+        for _ in range(4):  # every other pooled connection was recycled: no second failure
+            conn = await databases.borrow_driver_connection(Database.metadata)
+            assert conn is not None and conn.driver_connection.get_server_pid() not in pids
+            assert tuple(await statement.first(conn, {"ns": "y"})) == ("y",)
+            await greenlet_close(conn)
+    finally:
+        await databases.close()
 
 
 async def greenlet_close(conn: object) -> None:
     from sqlalchemy.util.concurrency import greenlet_spawn
 
     await greenlet_spawn(conn.close)  # type: ignore[attr-defined]
+
+
+@pytest.mark.postgres_only
+async def test_a_statement_cancelled_by_statement_timeout_is_retryable_and_keeps_the_connection(backend: Backend) -> None:
+    databases = Databases.open(settings_for(backend))
+    try:
+        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        assert borrowed is not None
+        driver = borrowed.driver_connection
+        await driver.execute("SET statement_timeout = 100")
+        slow = fixed_statements("postgresql")(select(func.pg_sleep(bindparam("s", type_=Float()))))
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            await slow.first(borrowed, {"s": 5})
+        assert is_database_unavailable(raised.value)  # answered 503 with Retry-After
+        assert not raised.value.connection_invalidated and not driver.is_closed()  # the server answered: still usable
+        await driver.execute("RESET statement_timeout")
+        await greenlet_close(borrowed)
+    finally:
+        await databases.close()

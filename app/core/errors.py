@@ -208,9 +208,10 @@ def is_database_unavailable(exc: BaseException) -> bool:
         if exc.connection_invalidated:
             return True
         # PostgreSQL says why by SQLSTATE: 08xxx connection exceptions, 57P0x the server is
-        # shutting down / starting up / crashed, 53300 too many connections: all retryable.
+        # shutting down / starting up / crashed, 53300 too many connections, 57014 a statement
+        # cancelled by statement_timeout (an overloaded or stuck server): all retryable.
         sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-        if sqlstate.startswith(("08", "57P")) or sqlstate == "53300":
+        if sqlstate.startswith(("08", "57P")) or sqlstate in ("53300", "57014"):
             return True
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
             return True

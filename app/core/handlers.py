@@ -11,7 +11,9 @@ validator, so the values, and the errors behind a 422, are FastAPI's), call each
 Only what the gateway's routes use is planned: async functions (no generators, no threads),
 ``Request`` parameters, path/query/header/cookie parameters, no request body, no security scopes,
 and an endpoint that returns a ``Response`` itself. For anything else ``compile_handler`` returns
-None and the route keeps FastAPI's own handler, so the two can never disagree on a feature.
+None and the route keeps FastAPI's own handler; while ``app.dependency_overrides`` is set, FastAPI's
+handler serves the request too. (FastAPI 0.165's own telemetry hooks around dependency solving
+are not called for planned routes.)
 """
 
 from __future__ import annotations
@@ -158,15 +160,22 @@ def _solver(dependant: Dependant) -> Solver:
     return solve
 
 
-def compile_handler(dependant: Dependant) -> Handler | None:
+def compile_handler(dependant: Dependant, fastapis: Handler, overrides_provider: Any = None) -> Handler | None:
     """A handler for the route whose full dependency tree is ``dependant``, or None when the
-    route uses something a plan does not support (then FastAPI's own handler serves it)."""
+    route uses something a plan does not support (then FastAPI's own handler serves it).
+
+    ``fastapis`` (FastAPI's handler for the route) serves the requests made while
+    ``overrides_provider.dependency_overrides`` replaces dependencies (tests), which a plan
+    built at start-up cannot know about.
+    """
     endpoint = dependant.call
     if endpoint is None or not _plannable(dependant) or not _returns_response(endpoint):
         return None
     solve = _solver(dependant)
 
     async def handler(request: Request) -> Response:
+        if overrides_provider is not None and overrides_provider.dependency_overrides:
+            return await fastapis(request)
         errors: list[Any] = []
         values = await solve(request, {}, errors)
         if errors:

@@ -42,9 +42,10 @@ class PlannedRoute(APIRoute):
             route = included
         elif _INCLUDED_ROUTE is None:
             return super().get_route_handler()
-        handler = compile_handler(route.dependant)
+        fastapis = super().get_route_handler()
+        handler = compile_handler(route.dependant, fastapis, route.dependency_overrides_provider)
         if handler is None:
-            return super().get_route_handler()
+            return fastapis
         route.planned = True
         return handler
 

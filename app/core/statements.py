@@ -18,10 +18,12 @@ events do not see the driver path; ``observers`` do (the scoping test listens th
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
+import asyncpg.exceptions._base as asyncpg_client_errors
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.engine.interfaces import Dialect
@@ -67,16 +69,17 @@ class _AsyncpgStatement(FixedStatement):
         if "POSTCOMPILE" in compiled.string:  # an expanding IN: its SQL depends on each call's values
             raise TypeError("fixed statements need a fixed number of bound values; use StatementShapes")
         self.sql = compiled.string
-        # (name, the value the statement itself carries, the type's bind processor), in $n order
-        self._binds: list[tuple[str, Any, Callable[[Any], Any] | None]] = [
-            (b.key, b.value, b.type.bind_processor(self._dialect))
+        # (name, whether the caller must give it, the value the statement itself carries, the
+        # type's bind processor), in $n order
+        self._binds: list[tuple[str, bool, Any, Callable[[Any], Any] | None]] = [
+            (b.key, b.required, b.value, b.type.bind_processor(self._dialect))
             for b in (compiled.binds[name] for name in compiled.positiontup or ())
         ]
 
     def _args(self, params: Mapping[str, Any]) -> list[Any]:
         args = []
-        for name, own, process in self._binds:
-            value = params.get(name, own)
+        for name, required, own, process in self._binds:
+            value = params[name] if required else params.get(name, own)  # (a missing one: KeyError, as SQLAlchemy)
             args.append(process(value) if process is not None and value is not None else value)
         return args
 
@@ -108,28 +111,43 @@ class _AsyncpgStatement(FixedStatement):
 
 
 def _connection_suspect(exc: Exception) -> bool:
-    """Whether the connection may be unusable after ``exc``: anything but an error the server
-    answered for this statement alone (a constraint, a type) leaves it suspect."""
+    """Whether the connection may be unusable after ``exc``. Not after an error the server
+    answered for this statement alone (a constraint, a type) or a value asyncpg refused to
+    encode before sending anything; after anything else (a lost socket, a timeout, a protocol
+    state asyncpg gave up on, the server shutting down) it is."""
     if isinstance(exc, asyncpg.PostgresError):
-        return (exc.sqlstate or "").startswith(("08", "57P"))  # connection exception, shutdown
-    return True  # client-side: a lost socket, a timeout, a protocol state asyncpg gave up on
+        return (exc.sqlstate or "").startswith(("08", "57P"))
+    return not isinstance(exc, asyncpg_client_errors.DataError)  # (the client-side one, not SQLSTATE 22)
 
 
 def _translated(conn: PoolProxiedConnection, exc: Exception, sql: str) -> Exception:
-    """``exc`` from asyncpg as the ``DBAPIError`` SQLAlchemy would have raised, so the app's
-    error handling is the same on both paths; a connection that may be broken is invalidated
-    (never pooled again) and the error marked so, which the app answers with a 503."""
+    """What SQLAlchemy's ``Connection`` would have raised for ``exc``, with its side effects.
+
+    asyncpg's errors become SQLAlchemy's ``DBAPIError`` (others, such as a timeout, stay as
+    they are), so the app answers both paths alike (503 for an unreachable or hung database).
+    A connection that may be broken is never pooled again; when the server dropped it, every
+    connection opened before it is recycled too, as after a restart or a failover.
+    """
     adapter = conn.dbapi_connection
     dialect = _AsyncpgStatement._dialect
     try:
-        adapter._handle_exception(exc)  # type: ignore[union-attr]  # raises the DBAPI-level error
-    except Exception as dbapi_error:  # noqa: BLE001
-        invalidated = _connection_suspect(exc) or bool(dialect.is_disconnect(dbapi_error, adapter, None))  # type: ignore[arg-type]
+        adapter._handle_exception(exc)  # type: ignore[union-attr]  # raises the DBAPI-level error, or exc
+    except dialect.loaded_dbapi.Error as dbapi_error:
+        disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))  # type: ignore[arg-type]
+        invalidated = disconnect or _connection_suspect(exc)
+        if disconnect:
+            pool = getattr(conn, "_pool", None)
+            if pool is not None:
+                pool._invalidate(conn, dbapi_error, _checkin=False)  # what Connection does on a disconnect
         if invalidated:
-            conn.invalidate()
+            conn.invalidate(dbapi_error)
         return sa_exc.DBAPIError.instance(
             sql, None, dbapi_error, dialect.loaded_dbapi.Error, connection_invalidated=invalidated
         )
+    except Exception as other:  # noqa: BLE001 (not asyncpg's: returned unchanged)
+        if _connection_suspect(other):
+            conn.invalidate(other)
+        return other
     return exc  # (not reached: _handle_exception always raises)
 
 
@@ -141,18 +159,21 @@ def fixed_statements(dialect: str) -> type[FixedStatement]:
 class StatementShapes:
     """The fixed statement of each shape ``build(*shape)`` makes, built on first use.
 
-    At most ``keep`` shapes are kept; a request with a rarer shape (an ``If-Match`` listing
-    dozens of ETags) gets its statement built for it alone.
+    The ``keep`` most recently used shapes are kept, so a client sending rare shapes (an
+    ``If-Match`` listing dozens of ETags) cannot push the common ones out for good; a shape
+    not kept is built again when it comes back (correct, about 0.3 ms slower).
     """
 
     def __init__(self, fixed: type[FixedStatement], build: Callable[..., ClauseElement], keep: int = 64) -> None:
         self._fixed, self._build, self._keep = fixed, build, keep
-        self._shapes: dict[Hashable, FixedStatement] = {}
+        self._shapes: OrderedDict[Hashable, FixedStatement] = OrderedDict()
 
     def __call__(self, *shape: Hashable) -> FixedStatement:
         statement = self._shapes.get(shape)
         if statement is None:
-            statement = self._fixed(self._build(*shape))
-            if len(self._shapes) < self._keep:
-                self._shapes[shape] = statement
+            statement = self._shapes[shape] = self._fixed(self._build(*shape))
+            if len(self._shapes) > self._keep:
+                self._shapes.popitem(last=False)
+        else:
+            self._shapes.move_to_end(shape)
         return statement

@@ -25,11 +25,15 @@ def etag_of(version: int) -> str:
     return quote_etag(str(version))
 
 
+_MAX_VERSION = 2**63 - 1  # versions are BIGINT
+
+
 def _versions(tags: list[str]) -> list[int]:
-    """The versions named by ETags; tags that are not ours cannot match anything."""
+    """The versions named by ETags; tags that are not ours (not ASCII digits, or beyond any
+    version) cannot match anything."""
     out = []
     for tag in tags:
-        if tag.isdigit():
+        if tag.isascii() and tag.isdigit() and int(tag) <= _MAX_VERSION:
             out.append(int(tag))
     return out
 

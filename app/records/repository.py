@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, delete, select
+from sqlalchemy import BigInteger, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -20,6 +20,7 @@ from app.core.upsert import InsertBuilder
 from app.records.models import records as t
 
 _NS, _C, _K = bindparam("ns"), bindparam("c"), bindparam("k")
+_MAX_BIGINT = 2**63 - 1
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
@@ -40,7 +41,7 @@ def _trim(before: bool, keep_last: bool) -> Any:
         newest = t.alias("newest")  # its own FROM, never correlated with the DELETE's table
         nth_largest = (
             select(newest.c.key).where(in_scope(newest, _NS, _C)).order_by(newest.c.key.desc())
-            .offset(bindparam("skip", type_=Integer)).limit(1).scalar_subquery()
+            .offset(bindparam("skip", type_=BigInteger)).limit(1).scalar_subquery()
         )
         # Fewer than keep_last records: the subquery is NULL and nothing compares below it.
         stmt = stmt.where(t.c.key < nth_largest)
@@ -101,5 +102,6 @@ class RecordsRepository:
         keep = keep_last is not None and keep_last > 0
         if before is None and not keep:
             return await self._trim_all.rowcount(conn, {"ns": ns, "c": c})
-        params = {"ns": ns, "c": c, "before": before, "skip": (keep_last or 1) - 1}
+        # (keeping more records than a collection can hold deletes nothing: OFFSET stays a BIGINT)
+        params = {"ns": ns, "c": c, "before": before, "skip": min((keep_last or 1) - 1, _MAX_BIGINT)}
         return await self._trim(before is not None, keep).rowcount(conn, params)
