@@ -119,9 +119,12 @@ async def test_planned_answers_equal_fastapis(method: str, url: str, headers: di
 
 
 def planned_paths(app: FastAPI) -> set[tuple[str, str]]:
+    """(method, path) of every planned route: included ones (FastAPI's effective route
+    contexts) and the capabilities' own (``CapabilityRoutes``)."""
     found = set()
     for route in app.router.routes:
-        for context in getattr(route, "effective_route_contexts", list)():
+        candidates = [*getattr(route, "effective_route_contexts", list)(), *getattr(route, "routes", [])]
+        for context in candidates:
             if getattr(context, "planned", False):
                 found |= {(m, context.path_format) for m in context.methods}
     return found
@@ -178,3 +181,18 @@ def test_dependency_overrides_are_honoured_on_planned_routes() -> None:
     overridden, planned = asyncio.run(run())
     assert overridden["k"] == "FAKE" and overridden["both"] == "counted:FAKE"
     assert planned["k"] == "KEY1"
+
+
+async def test_a_wrong_method_is_405_listing_every_method_the_path_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
+    app = create_app()  # routing answers before any dependency: no lifespan (databases) needed
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        for method, path, allow in (
+            ("POST", "/v1/ns/kv/c/k", "DELETE, GET, PUT"),
+            ("PATCH", "/v1/ns/records/c/k", "DELETE, GET, PUT"),
+            ("PUT", "/v1/ns/vectors/c/search", "POST"),
+        ):
+            r = await http.request(method, path)
+            assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers.get("allow"))
+            assert r.headers["content-type"] == "application/problem+json"
+        assert (await http.get("/v1/ns/nothing/x")).status_code == 404

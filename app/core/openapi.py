@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.core.errors import PROBLEM_JSON, Problem
+from app.core.routing import api_routes
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 _PROBLEM_CONTENT = {PROBLEM_JSON: {"schema": _PROBLEM_REF}}
@@ -34,7 +35,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
-        title=app.title, version=app.version, description=app.description, routes=app.routes,
+        title=app.title, version=app.version, description=app.description, routes=api_routes(app.routes),
         servers=app.servers,
     )
     components = schema.setdefault("components", {})
