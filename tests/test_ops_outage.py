@@ -178,13 +178,26 @@ async def test_postgres_outage_is_503_then_recovers_without_losing_acknowledged_
     assert '"message": "database unavailable: ' in log
 
 
+HUNG_READS = {  # capability -> (database, set-up requests, the read that meets the hung database)
+    "kv": ("metadata", [("PUT", "/v1/hung/kv/c/k", {"v": 1})], ("GET", "/v1/hung/kv/c/k", None)),
+    "vectors": (
+        "vectors",
+        [("PUT", "/v1/hung/vectors/v", {"vector_size": 2, "distance": "cosine"}),
+         ("POST", "/v1/hung/vectors/v/points", {"points": [{"id": "p", "vector": [1, 0]}]})],
+        ("POST", "/v1/hung/vectors/v/search", {"vector": [1, 0], "limit": 1}),
+    ),
+}
+
+
 @pytest.mark.parametrize("db_backend", ["postgres"])
+@pytest.mark.parametrize("capability", sorted(HUNG_READS))
 def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
-    own_postgres: Postgres, tmp_path: Path, db_backend: str
+    own_postgres: Postgres, tmp_path: Path, db_backend: str, capability: str
 ) -> None:
     """A network that silently drops packets (here: the gateway's PostgreSQL backends stopped
     with SIGSTOP) is bounded by the statement timeout and answered 503, never 500; the stalled
-    connections are not used again once the database answers."""
+    connections are not used again once the database answers. kv reads run on the driver
+    path of app.core.statements, vector searches on pgvector's."""
     import os
     import signal
 
@@ -193,21 +206,24 @@ def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
     urls = create_postgres_databases(own_postgres.uri(), f"gwh_{uuid.uuid4().hex[:8]}")
     backend = Backend("postgres", backend_env(urls, tmp_path), urls)
     assert run_cli(backend, "migrate").returncode == 0
-    server = start_server(backend, tmp_path / "gateway.log", GATEWAY_DATABASES__METADATA__STATEMENT_TIMEOUT="1")
+    database, setup, (method, path, body) = HUNG_READS[capability]
+    server = start_server(backend, tmp_path / "gateway.log", **{f"GATEWAY_DATABASES__{database.upper()}__STATEMENT_TIMEOUT": "1"})
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    metadata_db = urls["metadata"].rsplit("/", 1)[-1].split("?")[0]
+    db_name = urls[database].rsplit("/", 1)[-1].split("?")[0]
     stopped: list[int] = []
 
     async def exercise() -> None:
         nonlocal stopped
         async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as client:
-                assert (await client.put("/v1/hung/kv/c/k", json={"v": 1})).status_code == 204
-                await asyncio.gather(*(client.get("/v1/hung/kv/c/k") for _ in range(8)))  # several pooled
+                for m, p, b in setup:
+                    assert (await client.request(m, p, json=b)).status_code < 300
+                answers = await asyncio.gather(*(client.request(method, path, json=body) for _ in range(8)))  # several pooled
+                assert all(a.status_code == 200 for a in answers)
                 admin = await asyncpg.connect(own_postgres.uri().replace("postgresql+asyncpg://", "postgresql://"))
                 try:
                     stopped = [r["pid"] for r in await admin.fetch(
                         "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = 'storage-gateway'",
-                        metadata_db,
+                        db_name,
                     )]
                 finally:
                     await admin.close()
@@ -215,7 +231,7 @@ def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
                 for pid in stopped:
                     os.kill(pid, signal.SIGSTOP)
                 started = time.monotonic()
-                r = await client.get("/v1/hung/kv/c/k")
+                r = await client.request(method, path, json=body)
                 took = time.monotonic() - started
                 assert r.status_code == 503, r.text
                 assert r.json()["code"] == "database_unavailable" and r.headers.get("retry-after")
@@ -224,11 +240,11 @@ def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
                     os.kill(pid, signal.SIGCONT)
                 stopped = []
                 deadline = time.monotonic() + 20
-                while (r := await client.get("/v1/hung/kv/c/k")).status_code != 200:
+                while (r := await client.request(method, path, json=body)).status_code != 200:
                     assert r.status_code == 503, r.text
                     assert time.monotonic() < deadline, "the gateway did not recover"
                     await asyncio.sleep(0.2)
-                assert r.json() == {"v": 1}
+                assert r.json() == {"v": 1} if capability == "kv" else r.json()["results"][0]["id"] == "p"
 
     try:
         asyncio.run(exercise())

@@ -90,7 +90,7 @@ class _AsyncpgStatement(FixedStatement):
         try:
             return await getattr(conn.driver_connection, method)(self.sql, *args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised
-            raise _translated(conn, exc, self.sql) from exc
+            raise translate_driver_error(conn, exc, self.sql) from exc
 
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
         if isinstance(conn, AsyncConnection):
@@ -120,8 +120,9 @@ def _connection_suspect(exc: Exception) -> bool:
     return not isinstance(exc, asyncpg_client_errors.DataError)  # (the client-side one, not SQLSTATE 22)
 
 
-def _translated(conn: PoolProxiedConnection, exc: Exception, sql: str) -> Exception:
-    """What SQLAlchemy's ``Connection`` would have raised for ``exc``, with its side effects.
+def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str | None = None) -> Exception:
+    """What SQLAlchemy's ``Connection`` would have raised for ``exc``, an error of a statement
+    sent with asyncpg on the pooled ``conn`` (here and in vector search), with its side effects.
 
     asyncpg's errors become SQLAlchemy's ``DBAPIError`` (others, such as a timeout, stay as
     they are), so the app answers both paths alike (503 for an unreachable or hung database).

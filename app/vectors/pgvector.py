@@ -27,9 +27,7 @@ uses HNSW. Dropping or resetting a collection cancels a build running on its tab
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import struct
 import sys
 import weakref
@@ -43,7 +41,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.errors import ServiceUnavailable
+from app.core.statements import translate_driver_error
 from app.vectors.backend import (
     CollectionInfo,
     Hit,
@@ -55,7 +53,6 @@ from app.vectors.backend import (
 )
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
 
-log = logging.getLogger("app.vectors")
 
 HNSW_MAX_DIMS = 2000
 HALFVEC_MAX_DIMS = 4000
@@ -445,14 +442,11 @@ class PgVectorIndex:
         except asyncpg.UndefinedTableError:
             self._gucs.pop(conn, None)  # a rolled-back transaction may take a SET with it
             raise MissingTable() from None
-        except (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-                asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError, asyncpg.AdminShutdownError) as exc:
-            log.warning("vectors database unavailable: %s: %s", exc.__class__.__name__, exc)
-            pooled.invalidate()  # SQLAlchemy did not see the failure: do not pool this connection again
-            raise ServiceUnavailable(
-                "the vectors database is unreachable; retry later",
-                headers={"Retry-After": "2"}, code="database_unavailable",
-            ) from None
+        except Exception as exc:
+            self._gucs.pop(conn, None)
+            # SQLAlchemy did not see the failure: raise what it would have (an unreachable or hung
+            # database is a 503), and never pool a connection that may be broken.
+            raise translate_driver_error(pooled, exc) from exc
         except BaseException:
             self._gucs.pop(conn, None)
             raise
