@@ -60,12 +60,9 @@ class RecordsRepository:
         self._upsert_one = fixed(self._upsert)
         self._get = fixed(select(t.c.value).where(in_scope(t, _NS, _C), t.c.key == _K))
         self._delete = fixed(delete(t).where(in_scope(t, _NS, _C), t.c.key == _K))
-        # Every page shape (order, and which of the exclusive bounds are given) is a fixed statement.
-        self._pages = {
-            (d, a, b): fixed(_page(d, a, b)) for d in (False, True) for a in (False, True) for b in (False, True)
-        }
+        # A page's shape: its order and which exclusive bounds are given; trim's: which limits are.
+        self._page = StatementShapes(fixed, _page)
         self._trim = StatementShapes(fixed, _trim)
-        self._trim_all = fixed(_trim(False, False))
 
     async def upsert(self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime) -> None:
         await self._upsert_one.rowcount(conn, {"ns": ns, "c": c, "k": k, "v": value, "now": now})
@@ -91,7 +88,7 @@ class RecordsRepository:
         after: str | None, before: str | None,
     ) -> list[tuple[str, str]]:
         """Up to ``limit`` records strictly between ``after`` and ``before``, in key order."""
-        stmt = self._pages[(descending, after is not None, before is not None)]
+        stmt = self._page(descending, after is not None, before is not None)
         rows = await stmt.all(conn, {"ns": ns, "c": c, "lim": limit, "after": after, "before": before})
         return [(r[0], r[1]) for r in rows]
 
@@ -100,8 +97,6 @@ class RecordsRepository:
     ) -> int:
         """Delete keys ``< before`` and/or all but the ``keep_last`` largest; how many went."""
         keep = keep_last is not None and keep_last > 0
-        if before is None and not keep:
-            return await self._trim_all.rowcount(conn, {"ns": ns, "c": c})
         # (keeping more records than a collection can hold deletes nothing: OFFSET stays a BIGINT)
         params = {"ns": ns, "c": c, "before": before, "skip": min((keep_last or 1) - 1, _MAX_BIGINT)}
         return await self._trim(before is not None, keep).rowcount(conn, params)
