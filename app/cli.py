@@ -64,6 +64,8 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from app.core.server import PROTOCOL
+
     # The address is part of the settings (auth may only be off on loopback), and workers
     # re-read settings from the environment.
     if args.host:
@@ -103,7 +105,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         log_config=log_config,
         access_log=False,  # app.access writes one JSON line per request instead
         timeout_keep_alive=settings.limits.keep_alive_seconds,
-        limit_concurrency=settings.limits.max_connections,
+        # Connection limits, head limits and deadlines, problem+json refusals (app.core.server);
+        # uvicorn's own limit_concurrency would count idle keep-alive connections and answer in text.
+        http=PROTOCOL,
+        ws="none",
         timeout_graceful_shutdown=(
             args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds
         ),

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from app import __version__
-from app.auth.dependencies import authorize
+from app.auth.cache import KeyCache
+from app.auth.dependencies import admin_guard, capability_guard
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
 from app.core import migrations, observability
@@ -17,9 +20,8 @@ from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
-from app.core.limits import BodyLimitMiddleware
 from app.core.openapi import install_openapi
-from app.core.routing import include_capability
+from app.core.routing import include_capability, include_guarded
 from app.core.runtime import tune_garbage_collector
 from app.core.transactions import TransactionMiddleware
 from app.files import router as files
@@ -63,6 +65,12 @@ def describe_connect_error(settings: Settings, db: Database, exc: BaseException)
     return f"{db.value} database ({safe}) is not usable: {reason}"
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -74,7 +82,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await prepare_databases(databases)
             if settings.auth.mode == "disabled":
                 log.warning("auth is DISABLED: every request is allowed without a key (host %s)", settings.host)
+            keys = KeyCache(databases.engine(Database.metadata), settings.auth.revocation_check_seconds)
+            app.state.key_cache = keys
             async with AsyncExitStack() as stack:
+                watcher = asyncio.create_task(keys.watch(), name="key-revocations")
+                stack.push_async_callback(_cancel, watcher)
                 for capability in CAPABILITIES:
                     await stack.enter_async_context(capability.lifespan(app))
                 tune_garbage_collector()
@@ -95,18 +107,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
-    app.add_middleware(
-        BodyLimitMiddleware,
-        max_body_bytes=settings.limits.max_body_bytes,
-        idle_timeout_seconds=settings.limits.body_idle_timeout_seconds,
-    )
     observability.install(app)  # last: request ids and telemetry wrap everything above
     # Capabilities first, each behind a gate on its name (app.core.routing): every request pays
-    # for the routes tried before its own.
+    # for the routes tried before its own. The gates authorize before any body is read.
     for capability in CAPABILITIES:
-        include_capability(app, capability.router, "/v1/{namespace}", [Depends(authorize)])
+        include_capability(app, capability.router, "/v1/{namespace}", capability_guard)
     app.include_router(health_router)
-    app.include_router(admin_router)
+    include_guarded(app, admin_router, admin_guard)
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -113,6 +114,16 @@ async def test_keys_list_paginates(http: httpx.AsyncClient, namespace: str) -> N
     assert seen == sorted(seen)
 
 
+def wait_for_status(client: httpx.Client, path: str, status: int, within: float) -> bool:
+    """Whether ``path`` answers ``status`` before ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if client.get(path).status_code == status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_keys_cli_create_list_revoke(server: Server) -> None:
     backend = server.backend
     created = run_cli(backend, "keys", "create", "--namespace", "cli-ns", "--scope", "kv:write",
@@ -126,7 +137,8 @@ def test_keys_cli_create_list_revoke(server: Server) -> None:
         assert key_id in listed.stdout and "from the cli" in listed.stdout and key not in listed.stdout
         revoked = run_cli(backend, "keys", "revoke", key_id)
         assert revoked.returncode == 0, revoked.stderr
-        assert client.get("/v1/cli-ns/kv/c/k").status_code == 401
+        # Revoked by another process: refused within 2 x auth.revocation_check_seconds (1 s).
+        assert wait_for_status(client, "/v1/cli-ns/kv/c/k", 401, within=2.0 + 0.5)
     bad = run_cli(backend, "keys", "create", "--namespace", "cli-ns", "--scope", "nope")
     assert bad.returncode != 0 and "scopes" in bad.stderr
 

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from app.core import metrics
 from app.core.config import Database
 from app.core.databases import Databases
-from tests.conftest import ROOT, Backend, Server
+from tests.conftest import ADMIN_KEY, ROOT, Backend, Server
 from tests.test_migrations import settings_for
 
 def parse_metrics(text: str) -> dict[tuple[str, frozenset], float]:
@@ -101,6 +101,7 @@ async def test_every_answer_carries_a_request_id_even_errors(http: httpx.AsyncCl
     rid = f"big-{uuid.uuid4().hex}"
     status, headers, body = await raw_request(
         server.url, f"PUT /v1/ns/kv/c/k HTTP/1.1\r\nHost: x\r\nX-Request-ID: {rid}\r\n"
+        f"Authorization: Bearer {ADMIN_KEY}\r\n"
         "Content-Type: application/json\r\nContent-Length: 999999999\r\n\r\n",
     )
     assert status == 413

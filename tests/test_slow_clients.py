@@ -62,13 +62,16 @@ def test_connections_beyond_the_limit_are_refused_not_queued(backend: Backend, s
     host, port = srv.url.removeprefix("http://").split(":")
     held = []
     try:
-        for _ in range(3):  # idle connections that never finish a request
+        for _ in range(3):  # requests in progress that never finish their body
             sock = socket.create_connection((host, int(port)), timeout=10)
-            sock.sendall(b"PUT /v1/x/kv/c/k HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+            sock.sendall(b"PUT /v1/x/kv/c/k HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n"
+                         b"Authorization: Bearer " + ADMIN_KEY.encode() + b"\r\n\r\n{")
             held.append(sock)
         time.sleep(0.5)
         r = httpx.get(f"{srv.url}/healthz", timeout=10)
         assert r.status_code == 503
+        assert r.headers["content-type"] == "application/problem+json" and r.headers["retry-after"] == "1"
+        assert r.json()["code"] == "too_many_connections"
     finally:
         for sock in held:
             sock.close()

@@ -1,8 +1,9 @@
 """Who may call what: the one check in front of every ``/v1`` route.
 
-The capability comes from the route template (``/v1/{namespace}/<capability>/...``) and the
-action from the method, except the POSTs that only read (vector search and point listing).
-The check runs before any handler touches data, so a refusal says nothing about what exists.
+The capability is the gate's (``app.core.routing``: ``/v1/{namespace}/<capability>/...``) and the
+action the route's: reads are GET/HEAD and the POSTs declared read-only (``@accepts(...,
+read_only=True)``). The check runs from the headers alone, before any byte of the body is read
+and before any handler touches data, so a refusal says nothing about what exists.
 """
 
 from __future__ import annotations
@@ -12,33 +13,23 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.auth.cache import KeyCache
 from app.auth.ratelimit import RateLimiter
-from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret, verify
-from app.core.config import Database
+from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
-from app.core.observability import route_template
 
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-READ_ONLY_POSTS = frozenset({
-    "/v1/{namespace}/vectors/{collection}/search",
-    "/v1/{namespace}/vectors/{collection}/points/list",
-})
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
-
-
-def required_permission(request: Request) -> tuple[str, str]:
-    """(capability, action) of the matched route."""
-    template = route_template(request.scope)
-    parts = template.split("/")
-    capability = parts[3] if len(parts) > 3 else ""
-    read = request.method in READ_METHODS or (request.method == "POST" and template in READ_ONLY_POSTS)
-    return capability, "read" if read else "write"
+_PRINCIPAL = "gateway.principal"
 
 
 async def authenticate(request: Request) -> Principal:
-    """The caller's principal, or 401. With auth disabled everyone is anonymous and allowed."""
+    """The caller's principal, or 401 (once per request). With auth disabled everyone is anonymous."""
+    known = request.scope.get(_PRINCIPAL)
+    if known is not None:
+        return known
     settings = request.app.state.settings
     if settings.auth.mode == "disabled":
+        request.scope[_PRINCIPAL] = ANONYMOUS
         return ANONYMOUS
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -49,13 +40,14 @@ async def authenticate(request: Request) -> Principal:
     if admin_key is not None and same_secret(token, admin_key.get_secret_value()):
         principal = ADMIN
     else:
-        async with request.app.state.databases.engine(Database.metadata).connect() as conn:
-            principal = await verify(conn, token)
-        if principal is None:
+        keys: KeyCache = request.app.state.key_cache
+        found = await keys.principal(token)
+        if found is None:
             raise Unauthorized(
                 "the API key is not valid (unknown, malformed or revoked)",
                 headers={"WWW-Authenticate": 'Bearer realm="storage-gateway", error="invalid_token"'},
             )
+        principal = found
     limiter: RateLimiter = request.app.state.rate_limiter
     if limiter.enabled and not principal.is_admin:
         wait = limiter.acquire(principal.key_id)
@@ -63,17 +55,24 @@ async def authenticate(request: Request) -> Principal:
             raise TooManyRequests(
                 "rate limit exceeded for this key", headers={"Retry-After": str(max(1, math.ceil(wait)))}
             )
+    request.scope[_PRINCIPAL] = principal
     request.state.principal = principal
     return principal
 
 
-async def authorize(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
-    """403 unless the key covers this namespace and the route's capability and action."""
+async def capability_guard(request: Request, capability: str, reads: bool) -> None:
+    """The gate of every capability route: 401 without a valid key, 403 unless the key covers
+    this namespace and the capability's read (or write) scope. Runs before the body is read."""
+    principal = await authenticate(request)
     namespace = request.path_params.get("namespace", "")
-    capability, action = required_permission(request)
+    action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
-    return principal
+
+
+async def admin_guard(request: Request, _gate: str, _reads: bool) -> None:
+    """The gate of key management: the admin key only. Runs before the body is read."""
+    await require_admin(await authenticate(request))
 
 
 async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
@@ -82,5 +81,4 @@ async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) 
     return principal
 
 
-Authorized = Annotated[Principal, Depends(authorize)]
 Admin = Annotated[Principal, Depends(require_admin)]

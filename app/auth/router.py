@@ -12,6 +12,7 @@ from app.auth.schemas import KeyCreate, KeyCreated, KeyRead
 from app.core.config import Database
 from app.core.dependencies import PageLimit
 from app.core.errors import Forbidden, InvalidInput, Unauthorized, problem_responses
+from app.core.limits import Body, accepts
 from app.core.pagination import Page, decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))
@@ -25,6 +26,7 @@ def _engine(request: Request):  # noqa: ANN202
     "", status_code=status.HTTP_201_CREATED, response_model=KeyCreated,
     summary="Create an API key", responses=problem_responses(InvalidInput),
 )
+@accepts(Body.JSON)
 async def create_key(body: KeyCreate, request: Request, _: Admin) -> KeyCreated:
     """Issue a key for a namespace pattern and scopes; the secret is in this answer only."""
     async with _engine(request).begin() as conn:
@@ -54,7 +56,9 @@ async def revoke_key(
     request: Request, _: Admin,
     key_id: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$", description="The key's public id.")],
 ) -> Response:
-    """Refused from the next request on, on every worker; revoking twice is fine."""
+    """Refused from the next request on this process, and on every other worker and replica
+    within twice `auth.revocation_check_seconds`; revoking twice is fine."""
     async with _engine(request).begin() as conn:
         await service.revoke_key(conn, key_id)
+    request.app.state.key_cache.forget_all()  # other processes see it within 2 x auth.revocation_check_seconds
     return Response(status_code=status.HTTP_204_NO_CONTENT)

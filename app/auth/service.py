@@ -1,8 +1,8 @@
 """API keys: issuing, listing, revoking, and deciding what a key may do.
 
 A key reads ``sgw_<key_id>_<secret>``. Only the sha256 of the whole key is stored; checks
-compare digests in constant time. Keys are looked up on every request (no cache), so a
-revocation holds on the next request on every worker.
+compare digests in constant time. ``app.auth.cache`` keeps checked keys per process and
+bounds how long a revocation takes to hold everywhere (``revocation_state``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth.models import api_keys
@@ -145,6 +145,16 @@ async def revoke_key(conn: AsyncConnection, key_id: str) -> bool:
         .values(revoked_at=datetime.now(UTC))
     )
     return result.rowcount > 0
+
+
+def well_formed(presented: str) -> bool:
+    return _KEY_RE.fullmatch(presented) is not None
+
+
+async def revocation_state(conn: AsyncConnection) -> tuple[object, ...]:
+    """What changes whenever a key is revoked: how many are, and the latest revocation time."""
+    row = (await conn.execute(select(func.count(api_keys.c.revoked_at), func.max(api_keys.c.revoked_at)))).one()
+    return tuple(row)
 
 
 async def verify(conn: AsyncConnection, presented: str) -> Principal | None:

@@ -121,11 +121,28 @@ class LimitsSettings(_Strict):
     max_filter_depth: int = Field(default=8, ge=1, description="Deepest nesting of $and/$or in a filter.")
     max_filter_terms: int = Field(default=128, ge=1, description="Most conditions in one filter.")
     max_connections: int = Field(
-        default=1000, ge=1, description="Concurrent connections per process; more are answered 503."
+        default=1000,
+        ge=1,
+        description="Open connections per process; past it an idle one is closed, or the new one is answered 503.",
     )
     keep_alive_seconds: float = Field(default=5.0, gt=0, description="How long an idle keep-alive connection stays open.")
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024, le=1024 * 1024,
+        description="Largest request head (request line and headers); larger is answered 431.",
+    )
+    max_headers: int = Field(default=100, ge=8, le=10000, description="Most header lines in a request; more is answered 431.")
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="A request head must arrive within this long of the connection (or the last answer)."
+    )
     body_idle_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A request body that sends nothing for this long is answered 408."
+    )
+    body_timeout_seconds: float = Field(
+        default=20.0, gt=0,
+        description="A request body must arrive within this long, plus one second per `min_body_rate_bytes`; else 408.",
+    )
+    min_body_rate_bytes: int = Field(
+        default=500, ge=1, description="Bytes a second that extend the body deadline (see `body_timeout_seconds`)."
     )
 
     @model_validator(mode="after")
@@ -149,6 +166,10 @@ class AuthSettings(_Strict):
     )
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second per key; 0 = off.")
     rate_limit_burst: int = Field(default=50, ge=1, description="Token bucket size for the rate limit.")
+    revocation_check_seconds: float = Field(
+        default=1.0, gt=0, le=60,
+        description="How often each process checks for revoked keys; a revoked key is refused everywhere within twice this.",
+    )
 
     @field_validator("admin_key")
     @classmethod

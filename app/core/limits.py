@@ -1,142 +1,205 @@
-"""Request body limits enforced before a handler reads anything.
+"""Request bodies: what each route takes, read only after the caller is known, within limits.
 
-JSON routes are bounded by ``limits.max_body_bytes``: a declared ``Content-Length`` over it is
-refused before the handler runs, and a chunked body is counted as it arrives. File uploads
-stream and count their own bytes against ``limits.max_file_bytes`` instead, so they are passed
-through.
+Every route declares its body with ``@accepts(...)`` on its endpoint (``Body.JSON``, ``Body.VALUE``,
+``Body.STREAM``); a route that declares nothing takes no body, and a route with a body model or a
+writing method that declares nothing fails at start-up (``body_spec``). ``app.core.routing``
+reads the declaration of the *matched* route, after authentication, and only then:
 
-Before answering 413 the rest of the body is read and dropped (up to ``DRAIN_MAX_BYTES``): an
-HTTP/1.1 client that is still sending would otherwise see a reset connection instead of the
-answer. Past that bound the connection is closed.
+- ``NONE``: any body byte is a 413 (nothing is buffered).
+- ``JSON`` / ``VALUE``: the whole body is read, at most ``limits.max_body_bytes`` (JSON) or
+  ``limits.max_value_bytes`` plus ``VALUE_SLACK_BYTES`` (one stored value; the service checks the
+  exact limit), and handed to the route complete: the route's database connection and locks are
+  taken only after the last byte has arrived.
+- ``STREAM``: the route reads the body itself as it arrives (file uploads), counted against
+  ``limits.max_file_bytes`` plus the declared overhead.
 
-A body that stops arriving (a slow or stalled client) is cut off after
-``limits.body_idle_timeout_seconds`` without a byte, with 408, on every route.
+A declared ``Content-Length`` over the limit is refused before a byte is read. Every body is read
+against two clocks (``BodyClock``): ``limits.body_idle_timeout_seconds`` without a byte, and a
+deadline that starts at ``limits.body_timeout_seconds`` and grows by one second per
+``limits.min_body_rate_bytes`` received (Apache's ``mod_reqtimeout`` rule), so a client sending a
+byte a second is cut off however long it keeps trickling. Either is a 408 that closes the
+connection. A body that is cut off mid-send frees what was read at once (nothing of it outlives
+the read, and no exception is left holding it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope
 
-DRAIN_MAX_BYTES = 64 * 1024 * 1024
+from app.core.config import LimitsSettings
+from app.core.errors import PayloadTooLarge, RequestTimeout
 
+VALUE_SLACK_BYTES = 64 * 1024  # whitespace around a value, which the exact check in the service allows
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_ATTRIBUTE = "__gateway_body__"
 
-async def drain(receive: Receive, max_bytes: int = DRAIN_MAX_BYTES) -> bool:
-    """Read and drop the rest of a request body; False when it was longer than ``max_bytes``."""
-    drained = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        drained += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return True
-        if drained > max_bytes:
-            return False
-
-from app.core.errors import PayloadTooLarge, RequestTimeout, render
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def idle_timeout(receive: Receive, seconds: float) -> Receive:
-    """``receive`` that raises ``RequestTimeout`` when the body stalls for ``seconds``.
-
-    Only while the body is still arriving: afterwards ``receive`` waits for the disconnect,
-    which may rightly take as long as the response does.
-    """
-    body_done = False
-
-    async def timed() -> Message:
-        nonlocal body_done
-        if body_done:
-            return await receive()
-        try:
-            async with asyncio.timeout(seconds):  # no task per read, unlike asyncio.wait_for
-                message = await receive()
-        except TimeoutError:
-            raise RequestTimeout(f"the request body sent nothing for {seconds:g} seconds") from None
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            body_done = True
-        return message
-
-    return timed
+class Body(enum.Enum):
+    NONE = "none"
+    JSON = "json"
+    VALUE = "value"
+    STREAM = "stream"
 
 
-def _has_body(scope: Scope) -> bool:
+@dataclass(frozen=True)
+class BodySpec:
+    """What a route takes as its request body, and whether a POST only reads."""
+
+    kind: Body = Body.NONE
+    read_only: bool = False
+    overhead: int = 0  # bytes allowed above a STREAM's file limit (multipart framing)
+
+    def limit(self, limits: LimitsSettings) -> int:
+        if self.kind is Body.JSON:
+            return limits.max_body_bytes
+        if self.kind is Body.VALUE:
+            return limits.max_value_bytes + VALUE_SLACK_BYTES
+        if self.kind is Body.STREAM:
+            return limits.max_file_bytes + self.overhead
+        return 0
+
+    @property
+    def buffered(self) -> bool:
+        return self.kind in (Body.JSON, Body.VALUE)
+
+
+NO_BODY = BodySpec()
+
+
+def accepts(kind: Body, *, read_only: bool = False, overhead: int = 0) -> Callable[[F], F]:
+    """Declare the request body of the route whose endpoint this decorates."""
+    spec = BodySpec(kind, read_only, overhead)
+
+    def mark(endpoint: F) -> F:
+        setattr(endpoint, _ATTRIBUTE, spec)
+        return endpoint
+
+    return mark
+
+
+def body_spec(endpoint: Callable[..., Any], methods: set[str], has_body_model: bool, path: str) -> BodySpec:
+    """The endpoint's declared body; a route that obviously takes one but says nothing fails here."""
+    spec = getattr(endpoint, _ATTRIBUTE, None)
+    if spec is not None:
+        return spec
+    if has_body_model or methods & WRITE_METHODS:
+        raise RuntimeError(
+            f"{sorted(methods)} {path}: declare the request body with @accepts(Body.…) on {endpoint.__qualname__}"
+        )
+    return NO_BODY
+
+
+def declared_length(scope: Scope) -> int | None:
+    """``Content-Length`` (the server layer refused malformed or conflicting ones), or None."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value)
+    return None
+
+
+def has_body(scope: Scope) -> bool:
     """Whether the request announces a body (HTTP/1.1 needs Content-Length or chunking for one)."""
-    for name, value in scope.get("headers", ()):
+    for name, value in scope["headers"]:
         if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
             return True
     return False
 
 
-class BodyLimitMiddleware:
-    def __init__(
-        self, app: ASGIApp, max_body_bytes: int, idle_timeout_seconds: float = 30.0,
-        streamed_marker: str = "/files/",
-    ) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.idle_timeout_seconds = idle_timeout_seconds
-        self.streamed_marker = streamed_marker
+def too_large(spec: BodySpec, limit: int) -> PayloadTooLarge:
+    if spec.kind is Body.NONE:
+        return PayloadTooLarge("this route takes no request body")
+    what = "value" if spec.kind is Body.VALUE else "request body"
+    message = f"{what} exceeds the limit of {limit} bytes"
+    errors = [{"loc": ["value"], "msg": message}] if spec.kind is Body.VALUE else None
+    return PayloadTooLarge(message, errors=errors)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _has_body(scope):
-            await self.app(scope, receive, send)
-            return
-        receive = idle_timeout(receive, self.idle_timeout_seconds)
-        if self.streamed_marker in scope.get("path", ""):
-            await self.app(scope, receive, send)
-            return
+
+class BodyClock:
+    """Times one request body: an idle timeout and a deadline that a minimum rate extends."""
+
+    __slots__ = ("_idle", "_initial", "_rate", "_start", "received", "done")
+
+    def __init__(self, limits: LimitsSettings) -> None:
+        self._idle = limits.body_idle_timeout_seconds
+        self._initial = limits.body_timeout_seconds
+        self._rate = float(limits.min_body_rate_bytes)
+        self._start: float | None = None
+        self.received = 0
+        self.done = False
+
+    async def receive(self, receive: Receive) -> Message:
+        if self.done:  # afterwards ``receive`` waits for the disconnect, as long as the answer takes
+            return await receive()
+        now = asyncio.get_running_loop().time()
+        if self._start is None:
+            self._start = now
+        deadline = min(now + self._idle, self._start + self._initial + self.received / self._rate)
         try:
-            await self._buffered(scope, receive, send)
-        except RequestTimeout as exc:
-            response = render(exc)
-            response.headers["Connection"] = "close"
-            await response(scope, receive, send)
+            async with asyncio.timeout_at(deadline):  # no task per read, unlike asyncio.wait_for
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeout(
+                "the request body arrived too slowly (a stall of "
+                f"{self._idle:g} s, or under {self._rate:g} bytes a second after {self._initial:g} s)",
+                headers={"Connection": "close"},
+            ) from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.done = True
+        self.received += len(message.get("body", b""))
+        return message
 
-    async def _buffered(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limit = self.max_body_bytes
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = -1
-                if declared > limit:
-                    await self._refuse(scope, receive, send, limit, drain_first=declared <= DRAIN_MAX_BYTES)
-                    return
-        # Read the whole (bounded) body now; JSON handlers would hold it in memory anyway.
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
+
+async def read_body(scope: Scope, receive: Receive, spec: BodySpec, limit: int, clock: BodyClock) -> bytes | None:
+    """The whole body, at most ``limit`` bytes; None when the client went away before its end."""
+    declared = declared_length(scope)
+    if declared is not None and declared > limit:
+        raise too_large(spec, limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            message = await clock.receive(receive)
+            if message["type"] != "http.request":
+                return None
             body = message.get("body", b"")
-            more = message.get("more_body", False)
             size += len(body)
             if size > limit:
-                await self._refuse(scope, receive, send, limit, drain_first=more)
-                return
-            chunks.append(body)
-        payload = b"".join(chunks)
-        sent = False
+                raise too_large(spec, limit)
+            if body:
+                chunks.append(body)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+    finally:
+        chunks.clear()  # a cut-off or refused body is freed now, whoever keeps this frame
 
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that hands over ``body`` as one message, then waits as ``receive`` does."""
+    pending: list[bytes] = [body]
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int, drain_first: bool) -> None:
-        if drain_first and not await drain(receive):
-            drain_first = False
-        response = render(PayloadTooLarge(f"request body exceeds the limit of {limit} bytes"))
-        if not drain_first:
-            response.headers["Connection"] = "close"
-        await response(scope, receive, send)
+    async def replayed() -> Message:
+        if pending:
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def streamed(receive: Receive, spec: BodySpec, limit: int, clock: BodyClock) -> Receive:
+    """``receive`` for a route that reads its body as it arrives: timed, and counted to ``limit``."""
+
+    async def counted() -> Message:
+        message = await clock.receive(receive)
+        if clock.received > limit:
+            raise too_large(spec, limit)
+        return message
+
+    return counted

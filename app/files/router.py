@@ -32,6 +32,7 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
+from app.core.limits import Body, accepts
 from app.core.names import validate_key
 from app.core.routing import CapabilityRouter
 from app.files.backend import backend_for
@@ -160,6 +161,7 @@ async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     responses={201: {"model": FileRead, "description": "Created"}, **_UPLOAD_ERRORS},
     openapi_extra={"requestBody": {"required": True, "content": _BINARY}},
 )
+@accepts(Body.STREAM)
 async def put_file(
     request: Request,
     namespace: NamespacePath,
@@ -203,6 +205,7 @@ async def put_file(
         }
     },
 )
+@accepts(Body.STREAM, overhead=MULTIPART_OVERHEAD_BYTES)
 async def post_file(
     request: Request,
     namespace: NamespacePath,

@@ -23,6 +23,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.statements import fixed_statements
 from app.core.upsert import insert_builder
@@ -49,6 +50,7 @@ JSON = "application/json"
         **problem_responses(InvalidInput, PreconditionFailed, PayloadTooLarge, ServiceUnavailable),
     },
 )
+@accepts(Body.VALUE)
 async def set_value(
     namespace: NamespacePath,
     collection: CollectionPath,

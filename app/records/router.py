@@ -24,6 +24,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.statements import fixed_statements
 from app.core.upsert import insert_builder
@@ -54,6 +55,7 @@ _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
     openapi_extra=VALUE_REQUEST_BODY,
     responses={204: {"description": "Stored."}, **problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)},
 )
+@accepts(Body.VALUE)
 async def upsert_record(
     namespace: NamespacePath,
     collection: CollectionPath,
@@ -73,6 +75,7 @@ async def upsert_record(
     response_model=TrimResult,
     responses=_ERRORS,
 )
+@accepts(Body.JSON)
 async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
@@ -93,6 +96,7 @@ async def trim_records(
     response_model=RecordBatchResult,
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
+@accepts(Body.JSON)
 async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,

@@ -19,6 +19,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.vectors.backend import RegistryCache
 from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
@@ -65,6 +66,7 @@ async def list_collections(
     status_code=201,
     responses={200: {"description": "Already existed with these settings."}, **problem_responses(InvalidInput, Conflict, ServiceUnavailable)},
 )
+@accepts(Body.JSON)
 async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
     """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
     info, created = await service.create(collection, body)
@@ -85,6 +87,7 @@ async def drop_collection(collection: CollectionPath, service: VectorServiceDep)
 
 
 @router.post("/{collection}/reset", summary="Remove all points", status_code=204, responses=_ERRORS)
+@accepts(Body.NONE)
 async def reset_collection(collection: CollectionPath, service: VectorServiceDep) -> Response:
     """Remove every point and keep the collection and its settings."""
     await service.reset(collection)
@@ -97,6 +100,7 @@ async def reset_collection(collection: CollectionPath, service: VectorServiceDep
     response_model=PointsUpserted,
     responses=problem_responses(InvalidInput, NotFound, Conflict, PayloadTooLarge, ServiceUnavailable),
 )
+@accepts(Body.JSON)
 async def upsert_points(
     collection: CollectionPath,
     body: PointsUpsert,
@@ -116,18 +120,21 @@ async def upsert_points(
 
 
 @router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
+@accepts(Body.JSON, read_only=True)
 async def search(collection: CollectionPath, body: SearchRequest, service: VectorReadServiceDep) -> Response:
     """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
     return json_response(await service.search(collection, body))
 
 
 @router.post("/{collection}/points/list", summary="List points", response_model=PointPage, responses=_ERRORS)
+@accepts(Body.JSON, read_only=True)
 async def list_points(collection: CollectionPath, body: PointsList, service: VectorReadServiceDep) -> Response:
     """Points matching `filters`, by id, a page at a time."""
     return json_response(await service.list_points(collection, body))
 
 
 @router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
+@accepts(Body.JSON)
 async def delete_points(
     collection: CollectionPath, body: PointsDelete, request: Request, service: VectorServiceDep, background: BackgroundTasks
 ) -> Response:
@@ -150,6 +157,7 @@ async def get_point(
 
 
 @router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
+@accepts(Body.JSON)
 async def update_point(
     collection: CollectionPath,
     point_id: PointId,

@@ -1,0 +1,183 @@
+"""The connection layer: what uvicorn's HTTP/1.1 protocol is told to refuse, and how.
+
+uvicorn (httptools) has no limit on the size or number of request headers, no deadline for a
+request head, counts idle keep-alive connections against ``limit_concurrency``, and answers a
+malformed request or a full server in plain text. ``GatewayHttpProtocol`` is uvicorn's own
+protocol with these added, per connection, from ``limits.*``:
+
+- a request head (request line and headers) over ``max_header_bytes``, or with more than
+  ``max_headers`` header lines, is answered 431;
+- a head must arrive within ``header_timeout_seconds`` of the connection opening, or of the last
+  answer on it (plus ``keep_alive_seconds``): otherwise 408 if it had begun, else a quiet close.
+  This also bounds how long the rest of a refused body is read and dropped;
+- past ``max_connections`` open connections, the longest idle one (no request in progress) is
+  closed to make room; only when none is idle is the new connection answered 503;
+- every refusal is ``application/problem+json`` with a stable ``code``, then the connection closes.
+
+This subclasses uvicorn internals (the parser callbacks and ``send_400_response``): the one place
+that does, pinned by ``tests/test_server_protocol.py``. Served as ``http=PROTOCOL`` by ``app.cli``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import time
+from functools import lru_cache
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.core.config import LimitsSettings, get_settings
+from app.core.errors import PROBLEM_JSON
+from app.core.metrics import count_problem
+
+PROTOCOL = "app.core.server:GatewayHttpProtocol"
+
+
+@lru_cache(maxsize=1)
+def _limits() -> LimitsSettings:
+    return get_settings().limits
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback: httptools turns it into a parse error, answered 431."""
+
+
+def problem_bytes(
+    status: int, code: str, detail: str, default_headers: list[tuple[bytes, bytes]], extra: dict[str, str] | None = None
+) -> bytes:
+    """A complete HTTP/1.1 problem+json answer that closes the connection."""
+    phrase = http.HTTPStatus(status).phrase
+    body = json.dumps(
+        {"type": "about:blank", "title": phrase, "status": status, "code": code, "detail": detail}
+    ).encode()
+    head = [f"HTTP/1.1 {status} {phrase}\r\n".encode()]
+    for name, value in default_headers:
+        head.append(name + b": " + value + b"\r\n")
+    for name, text in (extra or {}).items():
+        head.append(f"{name}: {text}\r\n".encode())
+    head.append(
+        f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+    )
+    count_problem(code, status)
+    return b"".join(head) + body
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head limits, a head deadline and idle-first eviction."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limits = _limits()
+        self._max_head = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        self._head_timeout = limits.header_timeout_seconds
+        self._keep_alive = limits.keep_alive_seconds
+        self._max_connections = limits.max_connections
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_pending = True  # the bytes arriving now belong to a request head
+        self._head_bytes = 0
+        self._header_lines = 0
+        self._refusal: tuple[int, str, str] | None = None
+        self.idle_since: float | None = None  # when the last answer ended (None: a request is on)
+
+    # --- connections --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.idle_since = time.monotonic()
+        if len(self.connections) > self._max_connections and not self._close_an_idle_connection():
+            self.connections.discard(self)
+            self._refuse(503, "too_many_connections", "the server has too many open connections; retry shortly",
+                         {"Retry-After": "1"})
+            return
+        self._arm_head_timer(self._head_timeout)
+
+    def _close_an_idle_connection(self) -> bool:
+        """Close the connection idle the longest (never one with a request in progress)."""
+        idle = [c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.idle_since)
+        self.connections.discard(oldest)
+        oldest.transport.close()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    # --- the request head ---------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_pending:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_pending and self._head_bytes > self._max_head and not self.transport.is_closing():
+            self._refuse(431, "request_header_fields_too_large",
+                         f"the request head exceeds {self._max_head} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.idle_since = None
+        self._header_lines = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_lines += 1
+        if self._header_lines > self._max_headers:
+            self._refusal = (431, "request_header_fields_too_large",
+                             f"the request has more than {self._max_headers} header lines")
+            raise HeadTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_pending = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_pending = True  # what follows is the next request's head
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        self.idle_since = time.monotonic()
+        # The next head (and the rest of a body the answer did not wait for) must come in time.
+        self._arm_head_timer(self._keep_alive + self._head_timeout)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request httptools could not parse, as problem+json."""
+        status, code, detail = self._refusal or (400, "malformed_request", "the request is not valid HTTP/1.1")
+        self._refuse(status, code, detail)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _refuse(self, status: int, code: str, detail: str, extra: dict[str, str] | None = None) -> None:
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        self.transport.write(problem_bytes(status, code, detail, self.server_state.default_headers, extra))
+        self.transport.close()
+
+    def _arm_head_timer(self, seconds: float) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_pending and self._head_bytes > 0 and (self.cycle is None or self.cycle.response_complete):
+            self._refuse(408, "request_timeout", f"the request head did not arrive within {self._head_timeout:g} s")
+        else:
+            self.transport.close()
