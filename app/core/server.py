@@ -12,7 +12,8 @@ protocol with these added, per connection, from ``limits.*``:
   This also bounds how long the rest of a refused body is read and dropped;
 - past ``max_connections`` open connections, the longest idle one (no request in progress) is
   closed to make room; only when none is idle is the new connection answered 503;
-- every refusal is ``application/problem+json`` with a stable ``code``, then the connection closes.
+- every refusal is ``application/problem+json`` with a stable ``code``, then the connection closes
+  (lingering: what the client still sends is read and dropped for a moment, so it reads the answer).
 
 This subclasses uvicorn internals (the parser callbacks and ``send_400_response``): the one place
 that does, pinned by ``tests/test_server_protocol.py``. Served as ``http=PROTOCOL`` by ``app.cli``.
@@ -34,6 +35,7 @@ from app.core.errors import PROBLEM_JSON
 from app.core.metrics import count_problem
 
 PROTOCOL = "app.core.server:GatewayHttpProtocol"
+LINGER_SECONDS = 2.0
 
 
 @lru_cache(maxsize=1)
@@ -80,7 +82,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_pending = True  # the bytes arriving now belong to a request head
         self._head_bytes = 0
         self._header_lines = 0
+        self._parsed_bytes = 0  # request line and headers of the current head, as parsed
         self._refusal: tuple[int, str, str] | None = None
+        self._lingering = False
         self.idle_since: float | None = None  # when the last answer ended (None: a request is on)
 
     # --- connections --------------------------------------------------------------------------
@@ -112,7 +116,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # --- the request head ---------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self._head_pending:
+        if self._lingering:
+            return  # refused: dropped until the client closes or the linger ends
+        if self._head_pending:  # raw bytes: a head still incomplete (one huge header) is bounded too
             self._head_bytes += len(data)
         super().data_received(data)
         if self._head_pending and self._head_bytes > self._max_head and not self.transport.is_closing():
@@ -123,12 +129,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self.idle_since = None
         self._header_lines = 0
+        self._parsed_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_bytes += len(url)
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_lines += 1
+        self._parsed_bytes += len(name) + len(value) + 4
         if self._header_lines > self._max_headers:
             self._refusal = (431, "request_header_fields_too_large",
                              f"the request has more than {self._max_headers} header lines")
+            raise HeadTooLarge
+        if self._parsed_bytes > self._max_head:
+            self._refusal = (431, "request_header_fields_too_large", f"the request head exceeds {self._max_head} bytes")
             raise HeadTooLarge
         super().on_header(name, value)
 
@@ -158,11 +173,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # --- helpers ------------------------------------------------------------------------------
 
     def _refuse(self, status: int, code: str, detail: str, extra: dict[str, str] | None = None) -> None:
+        """Answer and close, lingering: a client still sending would otherwise get a reset that
+        can destroy the answer before it reads it, so what it sends next is read and dropped for
+        up to ``LINGER_SECONDS`` after our side of the connection is shut (nginx's lingering close)."""
         self._cancel_head_timer()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._lingering:
             return
         self.transport.write(problem_bytes(status, code, detail, self.server_state.default_headers, extra))
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._lingering = True
+        self.transport.write_eof()
+        self.transport.resume_reading()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def _arm_head_timer(self, seconds: float) -> None:
         self._cancel_head_timer()
