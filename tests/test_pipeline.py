@@ -181,7 +181,8 @@ def strict_server(backend: Backend, server: Server, tmp_path_factory: pytest.Tem
     srv = start_server(
         backend, log,
         GATEWAY_LIMITS__BODY_TIMEOUT_SECONDS="2", GATEWAY_LIMITS__HEADER_TIMEOUT_SECONDS="2",
-        GATEWAY_LIMITS__MIN_BODY_RATE_BYTES="500",
+        GATEWAY_LIMITS__MIN_BODY_RATE_BYTES="500", GATEWAY_LIMITS__SEND_IDLE_TIMEOUT_SECONDS="2",
+        GATEWAY_FILES__MAX_DOWNLOADS="4", GATEWAY_FILES__MAX_DOWNLOADS_PER_NAMESPACE="2",
     )
     yield srv
     stop_server(srv)
@@ -307,3 +308,36 @@ def test_header_floods_and_malformed_heads_are_refused_in_problem_json(server: S
     if status >= 400:
         assert answer_headers["content-type"] == PROBLEM
         assert json.loads(body)["status"] == status
+
+
+def stuck_download(server: Server, path: str) -> socket.socket:
+    """A download whose client reads its head and then stops reading."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(address(server))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n".encode())
+    assert sock.recv(12).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_stuck_downloads_are_capped_and_cut_off(strict_server: Server, namespace: str) -> None:
+    """Downloads hold a connection while their client reads: per namespace and per process only a
+    share of the pool may do so (503 + Retry-After past it, before a connection is taken), and a
+    client that stops reading is cut off after limits.send_idle_timeout_seconds."""
+    other = f"{namespace}b"
+    blob = b"z" * (32 * MiB)
+    with httpx.Client(base_url=strict_server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        for ns in (namespace, other):
+            assert client.put(f"/v1/{ns}/files/c/big", content=blob).status_code in (200, 201)
+        stuck = [stuck_download(strict_server, f"/v1/{namespace}/files/c/big") for _ in range(2)]
+        try:
+            r = client.get(f"/v1/{namespace}/files/c/big")
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.headers["content-type"] == PROBLEM
+            assert client.get(f"/v1/{other}/files/c/big").content == blob  # another namespace still downloads
+            assert client.put(f"/v1/{namespace}/kv/c/k", json=1).status_code == 204  # and other routes run
+            time.sleep(4)  # past send_idle_timeout_seconds=2: the stuck readers were cut off
+            assert client.get(f"/v1/{namespace}/files/c/big").content == blob
+        finally:
+            for sock in stuck:
+                sock.close()

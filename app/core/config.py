@@ -137,6 +137,9 @@ class LimitsSettings(_Strict):
     body_idle_timeout_seconds: float = Field(
         default=30.0, gt=0, description="A request body that sends nothing for this long is answered 408."
     )
+    send_idle_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="A streamed answer (a download) whose client takes no byte for this long is cut off."
+    )
     body_timeout_seconds: float = Field(
         default=20.0, gt=0,
         description="A request body must arrive within this long, plus one second per `min_body_rate_bytes`; else 408.",
@@ -196,6 +199,14 @@ class FilesSettings(_Strict):
         default=600.0, gt=0, description="An upload that stored no chunk for this long is abandoned and swept."
     )
     sweep_interval_seconds: float = Field(default=60.0, gt=0, description="How often abandoned uploads are swept.")
+    max_downloads: int | None = Field(
+        default=None, ge=1,
+        description="Downloads in progress per process, each holding a metadata connection while its client reads "
+        "(default: half of the metadata pool_size + max_overflow); more are 503 with Retry-After.",
+    )
+    max_downloads_per_namespace: int | None = Field(
+        default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads).",
+    )
 
 
 class VectorsSettings(_Strict):

@@ -1,7 +1,9 @@
 """HTTP routes of the files capability: streamed uploads and downloads, Range, ETags.
 
 Uploads read ``request.stream()`` themselves (no body parameters: FastAPI would buffer them);
-downloads are a ``StreamingResponse`` that owns a snapshot connection until the last byte.
+downloads are a ``StreamingResponse`` that owns a snapshot connection until the last byte, and a
+download slot (``FilesService.downloads``): their number is capped, per process and per namespace,
+and a client that stops reading is cut off (``limits.send_idle_timeout_seconds``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import quote
 from fastapi import FastAPI, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.core.conditions import Conditions, quote_etag
 from app.core.config import Database
@@ -35,6 +37,7 @@ from app.core.errors import (
 from app.core.limits import Body, accepts
 from app.core.names import validate_key
 from app.core.routing import CapabilityRouter
+from app.core.slots import Slot
 from app.files.backend import backend_for
 from app.files.dependencies import STATE_KEY, Files
 from app.files.multipart import read_form
@@ -127,20 +130,53 @@ def _stored_response(row_read: FileRead, etag: str, created: bool, location: str
     )
 
 
-class BlobResponse(StreamingResponse):
-    """Streams a ``BlobReader`` and closes it however the response ends (done, error, disconnect)."""
+SEND_PIECE_BYTES = 256 * 1024
 
-    def __init__(self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict) -> None:
+
+class ReaderStalled(Exception):
+    """The client took no byte of the answer for ``limits.send_idle_timeout_seconds``."""
+
+
+class BlobResponse(StreamingResponse):
+    """Streams a ``BlobReader`` and closes it however the response ends (done, error, disconnect,
+    or a client that stopped reading: each piece of at most ``SEND_PIECE_BYTES`` must be taken
+    within ``send_timeout``, so a stuck reader gives its connection and download slot back)."""
+
+    def __init__(
+        self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict,
+        slot: Slot, send_timeout: float,
+    ) -> None:
         super().__init__(content, status_code=status_code, headers=headers)
         self._reader = reader
+        self._slot = slot
+        self._send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        timeout = self._send_timeout
+
+        async def timed(message: Message) -> None:
+            body = message.get("body", b"")
+            pieces = [body] if len(body) <= SEND_PIECE_BYTES else [
+                body[i:i + SEND_PIECE_BYTES] for i in range(0, len(body), SEND_PIECE_BYTES)
+            ]
+            more = message.get("more_body", False)
+            for n, piece in enumerate(pieces):
+                out = message if len(pieces) == 1 else {**message, "body": piece, "more_body": more or n < len(pieces) - 1}
+                try:
+                    async with asyncio.timeout(timeout):
+                        await send(out)
+                except TimeoutError:
+                    raise ReaderStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
-        except ClientDisconnect:
+            await super().__call__(scope, receive, timed)
+        except* ClientDisconnect:
             pass  # the client left; nothing to answer
+        except* ReaderStalled:
+            log.warning("a download's client took nothing for %g s: cut off", timeout)
         finally:
             await self._reader.close()
+            self._slot.release()
 
 
 # --- routes -------------------------------------------------------------------------------
@@ -265,22 +301,31 @@ async def get_file(
     if_range: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The file's bytes; a single Range gives 206, several ranges the whole file (200)."""
-    reader = await files.open(namespace, collection, file_id)
+    slot = files.downloads.take(namespace)  # before the connection: stuck readers cannot take the pool
+    try:
+        reader = await files.open(namespace, collection, file_id)
+    except BaseException:
+        slot.release()
+        raise
     try:
         row = reader.row
         plan = plan_download(row, range, if_none_match, if_range)
         headers = file_headers(row)
         if plan.status == 304:
             await reader.close()
+            slot.release()
             return Response(status_code=304, headers=headers)
         headers["Content-Type"] = row.content_type
         headers["Content-Length"] = str(max(plan.byte_range.length, 0))
         if plan.status == 206:
             r = plan.byte_range
             headers["Content-Range"] = f"bytes {r.start}-{r.end}/{row.size}"
-        return BlobResponse(reader, reader.iter_bytes(plan.byte_range), plan.status, headers)
+        return BlobResponse(
+            reader, reader.iter_bytes(plan.byte_range), plan.status, headers, slot, files.send_timeout
+        )
     except BaseException:
         await reader.close()
+        slot.release()
         raise
 
 

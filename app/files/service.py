@@ -32,6 +32,7 @@ from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from app.core.names import validate_key
 from app.core.pagination import decode_cursor, encode_cursor
+from app.core.slots import Slots
 from app.files.backend import FilesBackend
 from app.files.ranges import ByteRange, parse_range, whole
 from app.files.repository import FileRow, FilesRepository
@@ -249,6 +250,10 @@ class FilesService:
         self.chunk_bytes = settings.limits.file_chunk_bytes
         self.max_file_bytes = settings.limits.max_file_bytes
         self.stale_after = timedelta(seconds=settings.files.upload_stale_seconds)
+        pool = settings.databases.metadata
+        total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
+        self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
+        self.send_timeout = settings.limits.send_idle_timeout_seconds
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
