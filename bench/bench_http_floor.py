@@ -41,6 +41,8 @@ from tests.conftest import (  # noqa: E402
     BIN, Backend, backend_env, create_postgres_databases, free_port, run_cli, start_server, stop_server,
 )
 
+BEARER = {"key": ADMIN_KEY}  # replaced by a namespace-scoped key once the gateway runs
+
 NS, COLL, KEY = "bench", "settings", "key-00001"
 
 
@@ -66,7 +68,7 @@ def start_uvicorn(app: str, env: dict[str, str], log: Path) -> tuple[subprocess.
 def with_wrk(url: str, concurrency: int, seconds: float) -> tuple[float, float, float]:
     out = subprocess.run(
         ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency",
-         "-H", f"Authorization: Bearer {ADMIN_KEY}", url],
+         "-H", f"Authorization: Bearer {BEARER['key']}", url],
         capture_output=True, text=True, check=True,
     ).stdout
 
@@ -82,7 +84,7 @@ def with_python(url: str, concurrency: int, seconds: float) -> tuple[float, floa
     path = "/" + url.removeprefix("http://").split("/", 1)[1]
 
     async def make(_w: int):  # noqa: ANN202
-        conn = HttpConnection(host, int(port))
+        conn = HttpConnection(host, int(port), BEARER["key"])
         await conn.open()
         return lambda _i: conn.request("GET", path)
 
@@ -110,6 +112,11 @@ def main() -> None:
                                GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
         httpx.put(f"{gateway.url}/v1/{NS}/kv/{COLL}/{KEY}", json={"role": "user", "content": "hello world " * 4},
                   headers={"Authorization": f"Bearer {ADMIN_KEY}"}).raise_for_status()
+        # Every row is loaded with a key for this namespace only, as each plugin runs.
+        made = httpx.post(f"{gateway.url}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                          json={"namespace": NS, "scopes": ["kv:read"]})
+        made.raise_for_status()
+        BEARER["key"] = made.json()["key"]
         env = {"FLOOR_DSN": libpq_dsn(urls["metadata"])}
         raw, raw_url = start_uvicorn("_floor_apps:raw_asgi", env, work / "raw.log")
         fast, fast_url = start_uvicorn("_floor_apps:fastapi_app", env, work / "fastapi.log")
@@ -125,7 +132,7 @@ def main() -> None:
         ]
         rows = []
         for name, url in stacks:
-            assert httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200, url
+            assert httpx.get(url, headers={"Authorization": f"Bearer {BEARER['key']}"}).status_code == 200, url
             rows.append((name, load(url, 1, args.seconds), load(url, 16, args.seconds)))
     finally:
         for proc in procs:

@@ -3,8 +3,9 @@
 At concurrency 16 with one worker the gateway is CPU-bound (one core at 99%), so its
 throughput there is about one over this number; it is also steady enough to compare changes
 on a shared, noisy machine. Each row is the best of three rounds of N sequential requests, on
-a throwaway pgserver PostgreSQL (admin key, so auth makes no lookup). ``--profile ROW`` prints
-a cProfile of that row's requests.
+a throwaway pgserver PostgreSQL, with a namespace-scoped key (as each plugin runs); the row
+marked ``(admin)`` repeats kv get with the admin key. ``--profile ROW`` prints a cProfile of that
+row's requests.
 
     .venv/bin/python bench/bench_request_cpu.py [-n N] [--profile "kv get"]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import os
 import pstats
 import sys
@@ -31,15 +33,20 @@ from tests.conftest import ADMIN_KEY, Backend, backend_env, create_postgres_data
 ROWS: dict[str, tuple[str, str, bytes, bytes]] = {
     "healthz": ("GET", "/healthz", b"", b""),
     "kv get": ("GET", "/v1/bench/kv/c/k", b"", b""),
+    "kv get (admin)": ("GET", "/v1/bench/kv/c/k", b"", b""),
     "kv set": ("PUT", "/v1/bench/kv/c/k", b'{"a": 2}', b""),
     "record upsert": ("PUT", "/v1/bench/records/h/0001", b'{"a": 2}', b""),
     "ordered list (50)": ("GET", "/v1/bench/records/h", b"", b"order=desc&limit=50"),
+    "vector search": ("POST", "/v1/bench/vectors/v/search", b'{"vector": [0.1, 0.2, 0.3, 0.4], "limit": 5}', b""),
 }
+KEY = {"key": ADMIN_KEY}
 
 
-async def call(app: Any, method: str, path: str, body: bytes = b"", query: bytes = b"") -> tuple[int, bytes]:
+async def call(
+    app: Any, method: str, path: str, body: bytes = b"", query: bytes = b"", key: str | None = None
+) -> tuple[int, bytes]:
     """One request through the ASGI app, as uvicorn would hand it over."""
-    headers = [(b"host", b"bench"), (b"authorization", f"Bearer {ADMIN_KEY}".encode()),
+    headers = [(b"host", b"bench"), (b"authorization", f"Bearer {key or KEY['key']}".encode()),
                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
@@ -72,19 +79,26 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
     app = create_app()
     results = {}
     async with app.router.lifespan_context(app):
+        _, made = await call(app, "POST", "/v1/admin/keys",
+                             b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write"]}')
+        scoped = json.loads(made)["key"]
         await call(app, "PUT", "/v1/bench/kv/c/k", b'{"a": 1}')
         for i in range(60):
             await call(app, "PUT", f"/v1/bench/records/h/{i:04d}", b'{"a": 1}')
+        await call(app, "PUT", "/v1/bench/vectors/v", b'{"vector_size": 4, "distance": "cosine"}')
+        points = [{"id": f"p{i}", "vector": [i % 7, i % 5, i % 3, 1], "payload": {"i": i}} for i in range(200)]
+        await call(app, "POST", "/v1/bench/vectors/v/points", json.dumps({"points": points}).encode())
         for name, (method, path, body, query) in ROWS.items():
+            key = ADMIN_KEY if "(admin)" in name else scoped
             for _ in range(300):  # warm up
-                status, answer = await call(app, method, path, body, query)
+                status, answer = await call(app, method, path, body, query, key)
             if status >= 300:
                 raise SystemExit(f"{name}: {status} {answer[:200]!r}")
             best = float("inf")
             for _ in range(3):
                 started = time.process_time()
                 for _ in range(n):
-                    await call(app, method, path, body, query)
+                    await call(app, method, path, body, query, key)
                 best = min(best, (time.process_time() - started) / n * 1e6)
             results[name] = best
         if profile:
@@ -92,7 +106,7 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
             profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             for _ in range(n):
-                await call(app, method, path, body, query)
+                await call(app, method, path, body, query, ADMIN_KEY if "(admin)" in profile else scoped)
             profiler.disable()
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(50)
     return results
@@ -117,7 +131,7 @@ def main() -> None:
         results = asyncio.run(measure(args.n, args.profile))
     finally:
         pg.cleanup()
-    print(f"\ngateway CPU per request, in-process on PostgreSQL (best of 3 x {args.n})")
+    print(f"\ngateway CPU per request, in-process on PostgreSQL, namespace-scoped key (best of 3 x {args.n})")
     print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
     for name, micros in results.items():
         print(f"{name:<18} {micros:>7.0f} {1e6 / micros:>11.0f}")

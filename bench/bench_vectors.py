@@ -157,7 +157,14 @@ def start_gateway(kind: str, workdir: Path, pg_uri: str | None):
     if result.returncode != 0:
         raise RuntimeError(result.stderr)
     # Two workers: the machine's cores (Chroma's server is multi-threaded too).
-    return start_server(backend, workdir / f"gateway-{kind}.log", "--workers", str(WORKERS)), ADMIN_KEY
+    server = start_server(backend, workdir / f"gateway-{kind}.log", "--workers", str(WORKERS))
+    # Loaded with a key for the bench namespace only, as each plugin runs (never the admin key).
+    import httpx
+
+    made = httpx.post(f"{server.url}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                      json={"namespace": "bench", "scopes": ["vectors:write"], "description": "bench"})
+    made.raise_for_status()
+    return server, made.json()["key"]
 
 
 # --- pgvector direct (the reference) -----------------------------------------------------------
