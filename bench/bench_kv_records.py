@@ -207,6 +207,7 @@ async def scoped_key(url: str) -> str:
 
 
 IDLE = "kv get +200 idle"
+IDLE_REF = "kv get (idle ref)"
 ADMIN = "kv get (admin)"
 
 
@@ -229,13 +230,20 @@ async def bench_gateway(url: str, seconds: float) -> dict[tuple[str, int], tuple
             results[(name, concurrency)] = await measure(maker(op, key), concurrency, seconds)
     for concurrency in (1, 16):
         results[(ADMIN, concurrency)] = await measure(maker(ops["kv get"], ADMIN_KEY), concurrency, seconds)
-    idle = [HttpConnection(host, int(port), key) for _ in range(200)]
-    for conn in idle:  # each has answered once and now waits, kept alive, beside the load
-        await conn.open()
-        await ops["kv get"](conn, 0)
-    results[(IDLE, 16)] = await measure(maker(ops["kv get"], key), 16, seconds)
-    for conn in idle:
-        await conn.close()
+    # With and without 200 idle keep-alive connections, alternated three times (best of each), so
+    # that the machine's noise falls on both alike.
+    plain, beside = [], []
+    for _ in range(3):
+        plain.append(await measure(maker(ops["kv get"], key), 16, seconds / 2))
+        idle = [HttpConnection(host, int(port), key) for _ in range(200)]
+        for conn in idle:  # each has answered once and now waits, kept alive, beside the load
+            await conn.open()
+            await ops["kv get"](conn, 0)
+        beside.append(await measure(maker(ops["kv get"], key), 16, seconds / 2))
+        for conn in idle:
+            await conn.close()
+    results[(IDLE_REF, 16)] = max(plain)
+    results[(IDLE, 16)] = max(beside)
     return results
 
 
@@ -329,18 +337,18 @@ def print_table(gw: dict, direct: dict, sqlite: dict, seconds: float) -> None:
     print(header)
     print("-" * len(header))
     for (name, conc), (ops, p50, p99) in gw.items():
-        d_ops, d_p50, d_p99 = direct[("kv get" if name in (ADMIN, IDLE) else name, conc)]
+        d_ops, d_p50, d_p99 = direct[("kv get" if name in (ADMIN, IDLE, IDLE_REF) else name, conc)]
         s = sqlite.get((name, conc))
         sq = f"{s[0]:>15.0f} {s[1]:>7.2f} {s[2]:>7.2f}" if s else f"{'-':>15} {'-':>7} {'-':>7}"
         print(f"{name:<18} {conc:>4} | {ops:>16.0f} {p50:>7.2f} {p99:>7.2f} | {d_ops:>12.0f} {d_p50:>7.2f} "
               f"{d_p99:>7.2f} | {ops / d_ops:>5.2f} {p50 - d_p50:>7.2f} | {sq}")
-    scoped = [k for k in gw if k[0] not in (ADMIN, IDLE)]
+    scoped = [k for k in gw if k[0] not in (ADMIN, IDLE, IDLE_REF)]
     c16 = [gw[k][0] / direct[k][0] for k in scoped if k[1] == 16]
     c1 = [gw[k][1] - direct[k][1] for k in scoped if k[1] == 1]
-    idle = gw[(IDLE, 16)][0] / gw[("kv get", 16)][0]
+    idle = gw[(IDLE, 16)][0] / gw[(IDLE_REF, 16)][0]
     print(f"\nscoped key: target c16 ratio >= 0.25: min {min(c16):.2f} {'OK' if min(c16) >= 0.25 else 'MISSED'}; "
           f"target c1 p50 within 2 ms: max {max(c1):.2f} ms {'OK' if max(c1) <= 2 else 'MISSED'}; "
-          f"200 idle connections: x{idle:.2f} of kv get c16 {'OK' if idle >= 0.9 else 'MISSED'}")
+          f"200 idle connections: x{idle:.2f} of the same rounds without {'OK' if idle >= 0.9 else 'MISSED'}")
 
 
 if __name__ == "__main__":

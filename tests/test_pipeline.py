@@ -354,3 +354,28 @@ def test_stuck_downloads_are_capped_and_cut_off(strict_server: Server, namespace
         finally:
             for sock in stuck:
                 sock.close()
+
+
+AMPLIFIERS = [
+    pytest.param(b'{"points": [' + b"{}," * (5 * MiB) + b"{}]}", 413, id="5M-empty-objects"),
+    pytest.param(b'{"points": [{"vector": [' + b'"a",' * (3 * MiB) + b"1]}]}", 413, id="3M-values"),
+    pytest.param(b'{"points": [{"vector": [' + b'"a",' * 1_900_000 + b"1]}]}", 422, id="1.9M-bad-numbers"),
+    pytest.param(b'{"points": [' + b"[" * 90_000 + b"]" * 90_000 + b"]}", 400, id="90k-deep"),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), AMPLIFIERS)
+def test_json_bodies_that_would_cost_far_more_than_their_size_are_refused_quickly(
+    fresh_server: Server, namespace: str, body: bytes, status: int
+) -> None:
+    """Under 16 MiB, but millions of objects or values: refused before parsing (413), or stopped
+    at the first element past a hard ceiling (422), in well under a second and a few MiB."""
+    with httpx.Client(base_url=fresh_server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        assert client.put(f"/v1/{namespace}/vectors/v", json={"vector_size": 3, "distance": "cosine"}).is_success
+        before = rss_bytes(fresh_server)
+        started = time.monotonic()
+        r = client.post(f"/v1/{namespace}/vectors/v/points", content=body, headers={"Content-Type": "application/json"})
+        elapsed = time.monotonic() - started
+    assert r.status_code == status and r.headers["content-type"] == PROBLEM, r.text[:300]
+    assert elapsed < 2.0, elapsed
+    assert rss_bytes(fresh_server) - before < 64 * MiB

@@ -165,20 +165,23 @@ def render(error: ProblemError, request: Request | None = None) -> JSONResponse:
     )
 
 
+MAX_LISTED_ERRORS = 100
+
+
 def _jsonable_errors(errors: Any) -> list[dict[str, Any]]:
     out = []
-    for err in errors:
+    for err in errors[:MAX_LISTED_ERRORS]:
         item = {"loc": [str(x) for x in err.get("loc", ())], "msg": str(err.get("msg", "")), "type": err.get("type")}
         out.append(item)
     return out
 
 
-def _describe_validation(errors: list[dict[str, Any]]) -> str:
+def _describe_validation(errors: list[dict[str, Any]], total: int) -> str:
     parts = []
     for err in errors[:5]:
         loc = [x for x in err["loc"] if x not in ("body", "query", "path", "header")] or err["loc"]
         parts.append(f"{'.'.join(loc)}: {err['msg']}")
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    more = f" (and {total - 5} more)" if total > 5 else ""
     return "; ".join(parts) + more
 
 
@@ -242,9 +245,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return render(exc, request)
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _jsonable_errors(exc.errors())
+        every = exc.errors()
+        errors = _jsonable_errors(every)  # the first MAX_LISTED_ERRORS of them
         return problem_response(
-            422, "Unprocessable Content", "invalid_input", _describe_validation(errors),
+            422, "Unprocessable Content", "invalid_input", _describe_validation(errors, len(every)),
             request=request, errors=errors,
         )
 

@@ -9,7 +9,9 @@ reads the declaration of the *matched* route, after authentication, and only the
 - ``JSON`` / ``VALUE``: the whole body is read, at most ``limits.max_body_bytes`` (JSON) or
   ``limits.max_value_bytes`` plus ``VALUE_SLACK_BYTES`` (one stored value; the service checks the
   exact limit), and handed to the route complete: the route's database connection and locks are
-  taken only after the last byte has arrived.
+  taken only after the last byte has arrived. A JSON body must also not hold more than
+  ``limits.max_json_containers`` objects and arrays or ``limits.max_json_values`` values
+  (``check_json_shape``), which bounds what parsing it costs.
 - ``STREAM``: the route reads the body itself as it arrives (file uploads), counted against
   ``limits.max_file_bytes`` plus the declared overhead.
 
@@ -179,6 +181,26 @@ async def read_body(scope: Scope, receive: Receive, spec: BodySpec, limit: int, 
                 return b"".join(chunks)
     finally:
         chunks.clear()  # a cut-off or refused body is freed now, whoever keeps this frame
+
+
+def check_json_shape(body: bytes, limits: LimitsSettings) -> None:
+    """413 before parsing when a JSON body would cost far more memory and CPU than its size.
+
+    16 MiB of ``{},{},...`` is 5.6 million dicts (3 GB and 20 s of validation measured before this
+    check). Objects and arrays are counted by their opening brackets and values by the commas
+    between them; both are upper bounds (brackets and commas inside strings count too), taken
+    with two ``bytes.count`` scans (a few ms for 16 MiB).
+    """
+    containers = body.count(b"{") + body.count(b"[")
+    if containers > limits.max_json_containers:
+        raise PayloadTooLarge(
+            f"the JSON body has more than {limits.max_json_containers} objects and arrays "
+            "(`limits.max_json_containers`)"
+        )
+    if body.count(b",") >= limits.max_json_values:
+        raise PayloadTooLarge(
+            f"the JSON body has more than {limits.max_json_values} values (`limits.max_json_values`)"
+        )
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

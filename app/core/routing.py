@@ -41,6 +41,7 @@ from app.core.limits import (
     BodyClock,
     BodySpec,
     body_spec,
+    check_json_shape,
     declared_length,
     has_body,
     read_body,
@@ -167,6 +168,8 @@ class GatedRoutes(BaseRoute):
                 body = await read_body(scope, receive, spec, limit, clock)
                 if body is None:
                     return  # the client went away before the end of its body: nothing to answer
+                if spec.kind is Body.JSON:
+                    check_json_shape(body, self.limits)
                 receive = replay(body, receive)
                 del body
         await route.handle(scope, receive, send)

@@ -51,8 +51,8 @@ class RecordBatchCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    records: list[RecordCreate] = Field(
-        min_length=1, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
+    records: list[RecordCreate] = Field(  # a hard ceiling; limits.max_batch_items is checked by the service
+        min_length=1, max_length=100_000, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
     )
 
 

@@ -13,6 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 StrictNumber = Annotated[float, Strict()]
+# Hard ceilings on request lists, so validation stops at the first element past them instead of
+# collecting an error per element (the settings' own, lower limits are checked by the service).
+MAX_VECTOR_LENGTH = 16000  # pgvector's largest vector
+MAX_LIST_ITEMS = 100_000
+Vector = Annotated[list[StrictNumber], Field(max_length=MAX_VECTOR_LENGTH)]
 DistanceName = Literal["cosine", "l2", "ip"]
 Filters = Annotated[
     dict[str, Any] | None,
@@ -93,7 +98,7 @@ class PointWrite(_Body):
     """One point: `vector` or `vector_b64`, an optional id (generated when absent) and payload."""
 
     id: str | None = Field(default=None, description="Point id (1-1024 bytes); generated when absent.")
-    vector: list[StrictNumber] | None = Field(default=None, examples=[[0.1, 0.2, 0.3]])
+    vector: Vector | None = Field(default=None, examples=[[0.1, 0.2, 0.3]])
     vector_b64: str | None = Field(default=None, description="base64 of little-endian float32.")
     payload: dict[str, Any] | None = Field(default=None, examples=[{"user_id": "u1", "text": "hello"}])
 
@@ -102,13 +107,14 @@ class PointsUpsert(_Body):
     """A batch of points, as a list of `points` or as parallel lists (`vectors`/`vectors_b64`,
     `payloads`, `ids`) whose lengths must match."""
 
-    points: list[PointWrite] | None = None
-    vectors: list[list[StrictNumber]] | None = None
+    points: list[PointWrite] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    vectors: list[Vector] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
     vectors_b64: list[str] | None = Field(
-        default=None, description="The vectors of the batch, each as base64 of little-endian float32."
+        default=None, max_length=MAX_LIST_ITEMS,
+        description="The vectors of the batch, each as base64 of little-endian float32.",
     )
-    payloads: list[dict[str, Any] | None] | None = None
-    ids: list[str | None] | None = None
+    payloads: list[dict[str, Any] | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    ids: list[str | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
 
     model_config = ConfigDict(
         extra="forbid",
@@ -125,7 +131,7 @@ class PointsUpserted(BaseModel):
 class PointUpdate(_Body):
     """New vector and/or payload; a field left out or null keeps the stored one."""
 
-    vector: list[StrictNumber] | None = None
+    vector: Vector | None = None
     vector_b64: str | None = None
     payload: dict[str, Any] | None = None
 
@@ -145,7 +151,7 @@ class PointPage(BaseModel):
 class SearchRequest(_Body):
     """Nearest points to `vector` among those matching `filters`."""
 
-    vector: list[StrictNumber] | None = None
+    vector: Vector | None = None
     vector_b64: str | None = Field(default=None, description="The query vector as base64 float32.")
     query: str | None = Field(default=None, description="Text for hybrid search (needs a text_field).")
     limit: int = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
@@ -182,7 +188,7 @@ class PointsList(_Body):
 class PointsDelete(_Body):
     """Delete the points in `ids`, or matching `filters` (both: those in `ids` that match)."""
 
-    ids: list[str] | None = None
+    ids: list[str] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
     filters: Filters = None
 
 
