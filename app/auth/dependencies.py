@@ -22,6 +22,7 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_ONLY_POSTS = frozenset({
     "/v1/{namespace}/vectors/{collection}/search",
     "/v1/{namespace}/vectors/{collection}/points/list",
+    "/v1/{namespace}/checkpoints/search",
 })
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
 

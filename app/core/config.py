@@ -168,6 +168,19 @@ class KvSettings(_Strict):
     max_ttl_seconds: int = Field(default=10 * 365 * 24 * 3600, ge=1, description="Largest `ttl_seconds`.")
 
 
+class CheckpointsSettings(_Strict):
+    """LangGraph checkpoints: sizes per request and the retention sweep."""
+
+    max_blob_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1, description="Largest checkpoint, channel value or pending write (typed bytes)."
+    )
+    max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
+    sweep_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
+    )
+    sweep_batch: int = Field(default=100, ge=1, description="Most threads one retention statement batch handles.")
+
+
 class FilesSettings(_Strict):
     """Housekeeping of file uploads in progress."""
 
@@ -247,6 +260,7 @@ class Settings(BaseSettings):
     vectors: VectorsSettings = VectorsSettings()
     files: FilesSettings = FilesSettings()
     kv: KvSettings = KvSettings()
+    checkpoints: CheckpointsSettings = CheckpointsSettings()
     auth: AuthSettings = AuthSettings()
 
     @field_validator("data_dir")
