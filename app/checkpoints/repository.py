@@ -28,6 +28,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.checkpoints.backend import CheckpointsBackend
@@ -50,33 +51,6 @@ CheckpointKey = tuple[int, str, str]  # (thread_pk, checkpoint_ns, checkpoint_id
 def _thread_pk() -> Any:
     """The pk of thread ``:tid`` of namespace ``:ns`` (NULL when it has none)."""
     return select(threads.c.pk).where(threads.c.namespace == _NS, threads.c.thread_id == _TID).scalar_subquery()
-
-
-@dataclass(frozen=True)
-class StoredCheckpoint:
-    thread_pk: int
-    thread_id: str
-    checkpoint_ns: str
-    checkpoint_id: str
-    parent_checkpoint_id: str | None
-    type: str
-    checkpoint: bytes
-    channel_versions: str  # JSON text, returned verbatim
-    metadata: str  # JSON text, returned verbatim
-
-    @property
-    def key(self) -> CheckpointKey:
-        return (self.thread_pk, self.checkpoint_ns, self.checkpoint_id)
-
-
-@dataclass(frozen=True)
-class StoredWrite:
-    task_id: str
-    channel: str
-    type: str
-    blob: bytes
-    task_path: str
-    idx: int
 
 
 @dataclass(frozen=True)
@@ -172,95 +146,12 @@ class CheckpointsRepository:
 
     # --- reads ---------------------------------------------------------------------------
 
-    def _checkpoint_columns(self) -> list[Any]:
-        j = self.backend.json_text
-        return [
-            cp.c.thread_pk, threads.c.thread_id, cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id,
-            cp.c.type, cp.c.checkpoint, j(cp.c.channel_versions), j(cp.c.metadata),
-        ]
-
-    async def search(
-        self, conn: AsyncConnection, ns: str, *, thread_id: str | None, checkpoint_ns: str | None,
-        checkpoint_id: str | None = None, before: str | None = None, filter: Mapping[str, Any] | None = None,
-        after_key: tuple[str, int, str] | None = None, limit: int,
-    ) -> list[StoredCheckpoint]:
-        """Checkpoints of namespace ``ns`` newest first (``checkpoint_id``, then thread and
-        checkpoint_ns, descending); ``after_key`` continues after that position."""
-        params: dict[str, Any] = {"ns": ns, "lim": limit}
-        stmt = (
-            select(*self._checkpoint_columns())
-            .select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
-            .where(threads.c.namespace == _NS)
-        )
-        if thread_id is not None:
-            stmt = stmt.where(threads.c.thread_id == _TID)
-            params["tid"] = thread_id
-        if checkpoint_ns is not None:
-            stmt = stmt.where(cp.c.checkpoint_ns == _CNS)
-            params["cns"] = checkpoint_ns
-        if checkpoint_id is not None:
-            stmt = stmt.where(cp.c.checkpoint_id == bindparam("cid"))
-            params["cid"] = checkpoint_id
-        if before is not None:
-            stmt = stmt.where(cp.c.checkpoint_id < bindparam("before", type_=cp.c.checkpoint_id.type))
-            params["before"] = before
-        if filter:
-            stmt = stmt.where(*self.backend.metadata_filter(cp, filter, params))
-        if after_key is not None:
-            stmt = stmt.where(
-                tuple_(cp.c.checkpoint_id, cp.c.thread_pk, cp.c.checkpoint_ns)
-                < tuple_(bindparam("a_cid", type_=cp.c.checkpoint_id.type), bindparam("a_pk", type_=Integer),
-                         bindparam("a_cns", type_=cp.c.checkpoint_ns.type))
-            )
-            params["a_cid"], params["a_pk"], params["a_cns"] = after_key
-        stmt = stmt.order_by(cp.c.checkpoint_id.desc(), cp.c.thread_pk.desc(), cp.c.checkpoint_ns.desc()).limit(
-            bindparam("lim", type_=Integer)
-        )
-        rows = (await conn.execute(stmt, params)).all()
-        return [StoredCheckpoint(*row) for row in rows]
-
-    async def values(self, conn: AsyncConnection, keys: Sequence[CheckpointKey]) -> dict[CheckpointKey, list[tuple[str, str, bytes]]]:
-        """The stored channel values (channel, type, bytes) of each checkpoint's channel versions."""
-        if not keys:
-            return {}
-        c = cp.alias("c")
-        v = self.backend.versions_of(c)
-        stmt = (
-            select(c.c.thread_pk, c.c.checkpoint_ns, c.c.checkpoint_id, blobs.c.channel, blobs.c.type, blobs.c.blob)
-            .select_from(c.join(v, true()).join(blobs, and_(
-                blobs.c.thread_pk == c.c.thread_pk, blobs.c.checkpoint_ns == c.c.checkpoint_ns,
-                blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
-            )))
-            .where(tuple_(c.c.thread_pk, c.c.checkpoint_ns, c.c.checkpoint_id).in_(bindparam("keys", expanding=True)))
-        )
-        out: dict[CheckpointKey, list[tuple[str, str, bytes]]] = {k: [] for k in keys}
-        for pk, ns, cid, channel, type_, blob in (await conn.execute(stmt, {"keys": list(keys)})).all():
-            out[(pk, ns, cid)].append((channel, type_, blob))
-        return out
-
-    async def pending_writes(self, conn: AsyncConnection, keys: Sequence[CheckpointKey]) -> dict[CheckpointKey, list[StoredWrite]]:
-        """Each checkpoint's pending writes ordered by (task_path, task_id, idx)."""
-        if not keys:
-            return {}
-        stmt = (
-            select(writes.c.thread_pk, writes.c.checkpoint_ns, writes.c.checkpoint_id, writes.c.task_id,
-                   writes.c.channel, writes.c.type, writes.c.blob, writes.c.task_path, writes.c.idx)
-            .where(tuple_(writes.c.thread_pk, writes.c.checkpoint_ns, writes.c.checkpoint_id).in_(bindparam("keys", expanding=True)))
-            .order_by(writes.c.task_path, writes.c.task_id, writes.c.idx)
-        )
-        out: dict[CheckpointKey, list[StoredWrite]] = {k: [] for k in keys}
-        for pk, ns, cid, *rest in (await conn.execute(stmt, {"keys": list(keys)})).all():
-            out[(pk, ns, cid)].append(StoredWrite(*rest))
-        return out
-
     async def lineage(self, conn: AsyncConnection, pk: int) -> list[Lineage]:
         """Every checkpoint of the thread, newest first per checkpoint_ns."""
         j = self.backend.json_text
         stmt = select(
             cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, j(cp.c.channel_versions), j(cp.c.metadata)
         ).where(cp.c.thread_pk == _PK).order_by(cp.c.checkpoint_ns, cp.c.checkpoint_id.desc())
-        import orjson
-
         out = []
         for ns, cid, parent, versions, metadata in (await conn.execute(stmt, {"pk": pk})).all():
             counters = orjson.loads(metadata).get("counters_since_delta_snapshot")
@@ -343,7 +234,8 @@ class CheckpointsRepository:
             .select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
             .where(threads.c.namespace == _NS)
         )
-        stmt = stmt.where(*self.backend.metadata_filter(cp, {"run_id": run_id}, params))
+        stmt = stmt.where(*self.backend.metadata_filter_shape(cp, 1))
+        params.update(self.backend.metadata_filter_params({"run_id": run_id}))
         return [tuple(r) for r in (await conn.execute(stmt, params)).all()]  # type: ignore[misc]
 
     async def lock_pks(self, conn: AsyncConnection, ns: str, pks: Iterable[int]) -> None:

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from app.checkpoints.backend import backend_for
 from app.checkpoints.dependencies import CheckpointsServiceDep
+from app.checkpoints.reads import CheckpointReader
 from app.checkpoints.repository import CheckpointsRepository
 from app.checkpoints.schemas import (
     CheckpointConfig,
@@ -36,11 +37,13 @@ from app.checkpoints.schemas import (
     WritesCreate,
 )
 from app.checkpoints.service import CheckpointsService
+from app.checkpoints.writer import writer_for
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
-from app.core.dependencies import CheckpointsConnection, CheckpointsReadConnection, NamespacePath
+from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.routing import CapabilityRouter
+from app.core.statements import fixed_statements
 from app.core.upsert import insert_builder
 
 log = logging.getLogger("app.checkpoints")
@@ -54,7 +57,7 @@ _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavaila
 
 @router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
 async def put_checkpoint(
-    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
     their version are kept once. Storing the same id again replaces the checkpoint."""
@@ -63,7 +66,7 @@ async def put_checkpoint(
 
 @router.post("/writes", summary="Store pending writes", status_code=204, responses=_WRITE_ERRORS)
 async def put_writes(
-    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Store one task's writes against a checkpoint (`aput_writes`)."""
     await service.put_writes(conn, namespace, body)
@@ -77,21 +80,21 @@ async def put_writes(
 async def get_tuple(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
-    conn: CheckpointsReadConnection,
+    conn: CheckpointsReadStatement,
     service: CheckpointsServiceDep,
     checkpoint_ns: Annotated[str, Query(max_length=1024, description="`\"\"` for the root graph.")] = "",
     checkpoint_id: Annotated[str | None, Query(max_length=128, description="Omit: the newest.")] = None,
 ) -> Response:
     """A checkpoint with its channel values and pending writes (`aget_tuple`); 404 when there is none."""
-    thread_id = _valid(ThreadId, "thread_id", thread_id)
-    checkpoint_ns = _valid(CheckpointNs, "checkpoint_ns", checkpoint_ns)
-    checkpoint_id = _valid(CheckpointId, "checkpoint_id", checkpoint_id) if checkpoint_id else None
+    thread_id = _valid("thread", "thread_id", thread_id)
+    checkpoint_ns = _valid("ns", "checkpoint_ns", checkpoint_ns)
+    checkpoint_id = _valid("id", "checkpoint_id", checkpoint_id) if checkpoint_id else None
     return Response(await service.get(conn, namespace, thread_id, checkpoint_ns, checkpoint_id), media_type=JSON)
 
 
 @router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_ERRORS)
 async def search_checkpoints(
-    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`."""
@@ -106,7 +109,7 @@ async def delete_thread(
     service: CheckpointsServiceDep,
 ) -> Deleted:
     """Every checkpoint, value and pending write of the thread (`adelete_thread`); fine if it has none."""
-    thread_id = _valid(ThreadId, "thread_id", thread_id)
+    thread_id = _valid("thread", "thread_id", thread_id)
     return Deleted(deleted=await service.delete_thread(conn, namespace, thread_id))
 
 
@@ -147,18 +150,22 @@ async def set_retention(
 @router.get("/retention", summary="Get retention", response_model=RetentionRead, responses=_ERRORS)
 async def get_retention(
     namespace: NamespacePath,
-    conn: CheckpointsReadConnection,
+    conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
     thread_id: Annotated[str | None, Query(max_length=1024, description="Omit: the namespace's.")] = None,
 ) -> RetentionRead:
     """The retention set for the namespace or one thread (`null`: not set)."""
-    thread_id = _valid(ThreadId, "thread_id", thread_id) if thread_id is not None else None
+    thread_id = _valid("thread", "thread_id", thread_id) if thread_id is not None else None
     return await service.retention(conn, namespace, thread_id)
 
 
-def _valid(annotation: object, field: str, value: str) -> str:
+_ADAPTERS = {name: TypeAdapter(a) for name, a in (("thread", ThreadId), ("ns", CheckpointNs), ("id", CheckpointId))}
+
+
+def _valid(kind: str, field: str, value: str) -> str:
+    """``value`` checked as the body models check the same field (query parameters)."""
     try:
-        return TypeAdapter(annotation).validate_python(value)
+        return _ADAPTERS[kind].validate_python(value)
     except ValidationError as exc:
         raise InvalidInput(field, exc.errors()[0]["msg"]) from None
 
@@ -190,8 +197,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     databases: Databases = app.state.databases
     settings = app.state.settings
     dialect = databases.dialect(Database.checkpoints)
-    repository = CheckpointsRepository(backend_for(dialect), insert_builder(dialect))
-    service = CheckpointsService(repository, settings.limits, settings.checkpoints)
+    backend = backend_for(dialect)
+    fixed = fixed_statements(dialect)
+    repository = CheckpointsRepository(backend, insert_builder(dialect))
+    writer = writer_for(dialect, repository, backend, fixed)
+    service = CheckpointsService(repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints)
     app.state.checkpoints_service = service
     sweeper = asyncio.create_task(_sweep_forever(databases, service), name="checkpoints-sweep")
     try:

@@ -12,11 +12,14 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.checkpoints.lineage import kept_ids
-from app.checkpoints.repository import CheckpointKey, CheckpointsRepository, StoredCheckpoint
+from app.checkpoints.reads import CheckpointReader, PageRow
+from app.checkpoints.repository import CheckpointKey, CheckpointsRepository
+from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.core.pagination import decode_cursor, encode_cursor
+from app.core.statements import StatementConnection
 
 _b64 = base64.b64encode
 
@@ -26,8 +29,13 @@ def _typed(type_: str, data: bytes) -> dict[str, str]:
 
 
 class CheckpointsService:
-    def __init__(self, repository: CheckpointsRepository, limits: LimitsSettings, settings: CheckpointsSettings) -> None:
+    def __init__(
+        self, repository: CheckpointsRepository, reader: CheckpointReader, writer: CheckpointWriter,
+        limits: LimitsSettings, settings: CheckpointsSettings,
+    ) -> None:
         self.repo = repository
+        self.reader = reader
+        self.writer = writer
         self.limits = limits
         self.settings = settings
 
@@ -57,70 +65,65 @@ class CheckpointsService:
 
     # --- writes --------------------------------------------------------------------------
 
-    async def put(self, conn: AsyncConnection, ns: str, body: CheckpointCreate) -> dict[str, str]:
+    async def put(self, conn: StatementConnection, ns: str, body: CheckpointCreate) -> dict[str, str]:
         self._check_count("blobs", len(body.blobs))
         self._check_bytes("checkpoint.data", body.checkpoint.data)
         for i, blob in enumerate(body.blobs):
             self._check_bytes(f"blobs.{i}.data", blob.data)
         metadata = self._json("metadata", body.metadata, self.settings.max_metadata_bytes)
         versions = self._json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
-        pk = await self.repo.touch_thread(conn, ns, body.thread_id, time.time())
-        await self.repo.put_checkpoint(
-            conn, pk, body.checkpoint_ns, body.checkpoint_id, body.parent_checkpoint_id, body.checkpoint.type,
-            body.checkpoint.data, versions, metadata, [(b.channel, b.version, b.type, b.data) for b in body.blobs],
+        await self.writer.put(
+            conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.parent_checkpoint_id,
+            body.checkpoint.type, body.checkpoint.data, versions, metadata, body.metadata,
+            [(b.channel, b.version, b.type, b.data) for b in body.blobs],
         )
-        await self.repo.backend.write_terms(conn, pk, body.checkpoint_ns, body.checkpoint_id, body.metadata)
         return {"thread_id": body.thread_id, "checkpoint_ns": body.checkpoint_ns, "checkpoint_id": body.checkpoint_id}
 
-    async def put_writes(self, conn: AsyncConnection, ns: str, body: WritesCreate) -> None:
+    async def put_writes(self, conn: StatementConnection, ns: str, body: WritesCreate) -> None:
         self._check_count("writes", len(body.writes))
         for i, write in enumerate(body.writes):
             self._check_bytes(f"writes.{i}.data", write.data)
         if not body.writes:
             return
-        pk = await self.repo.touch_thread(conn, ns, body.thread_id, time.time())
-        await self.repo.put_writes(
-            conn, pk, body.checkpoint_ns, body.checkpoint_id, body.task_id, body.task_path,
-            [(w.idx, w.channel, w.type, w.data) for w in body.writes],
+        rows = {w.idx: (w.idx, w.channel, w.type, w.data) for w in body.writes}  # one per idx: the last
+        await self.writer.put_writes(
+            conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.task_id,
+            body.task_path, list(rows.values()),
             # LangGraph's rule: special writes (negative idx) replace, regular ones are kept once
             replace=all(w.idx < 0 for w in body.writes),
         )
 
     # --- reads ---------------------------------------------------------------------------
 
-    async def _tuples(self, conn: AsyncConnection, rows: Sequence[StoredCheckpoint]) -> list[dict[str, Any]]:
-        keys = [r.key for r in rows]
-        values = await self.repo.values(conn, keys)
-        writes = await self.repo.pending_writes(conn, keys)
-        out = []
-        for r in rows:
-            out.append({
-                "thread_id": r.thread_id,
-                "checkpoint_ns": r.checkpoint_ns,
-                "checkpoint_id": r.checkpoint_id,
-                "parent_checkpoint_id": r.parent_checkpoint_id,
-                "checkpoint": _typed(r.type, r.checkpoint),
-                "channel_versions": orjson.Fragment(r.channel_versions),
-                "metadata": orjson.Fragment(r.metadata),
-                "values": {channel: _typed(t, d) for channel, t, d in values[r.key]},
-                "pending_writes": [
-                    {"task_id": w.task_id, "channel": w.channel, **_typed(w.type, w.blob), "task_path": w.task_path, "idx": w.idx}
-                    for w in writes[r.key]
-                ],
-            })
-        return out
+    @staticmethod
+    def _tuple(r: PageRow) -> dict[str, Any]:
+        return {
+            "thread_id": r.thread_id,
+            "checkpoint_ns": r.checkpoint_ns,
+            "checkpoint_id": r.checkpoint_id,
+            "parent_checkpoint_id": r.parent_checkpoint_id,
+            "checkpoint": _typed(r.type, r.checkpoint),
+            "channel_versions": orjson.Fragment(r.channel_versions),
+            "metadata": orjson.Fragment(r.metadata),
+            "values": {channel: _typed(t, d) for channel, t, d in r.values},
+            "pending_writes": [
+                {"task_id": task_id, "channel": channel, **_typed(t, d), "task_path": task_path, "idx": idx}
+                for task_id, channel, t, d, task_path, idx in r.writes
+            ],
+        }
 
-    async def get(self, conn: AsyncConnection, ns: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> bytes:
+    async def get(self, conn: StatementConnection, ns: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> bytes:
         """The checkpoint (the newest of the thread and checkpoint_ns without an id) as JSON, or 404."""
-        rows = await self.repo.search(
+        rows = await self.reader.page(
             conn, ns, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, limit=1
         )
         if not rows:
             what = f"checkpoint {checkpoint_id!r}" if checkpoint_id else "no checkpoint"
             raise NotFound(f"{what} in thread {thread_id!r} (checkpoint_ns {checkpoint_ns!r})")
-        return orjson.dumps((await self._tuples(conn, rows))[0])
+        return orjson.dumps(self._tuple(rows[0]))
 
-    async def search(self, conn: AsyncConnection, ns: str, body: CheckpointSearch) -> bytes:
+    async def search(self, conn: StatementConnection, ns: str, body: CheckpointSearch) -> bytes:
+        """A page newest first; a full page has a ``next_cursor`` (the page after may be empty)."""
         limit = body.limit or self.limits.default_page_size
         if limit > self.limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {self.limits.max_page_size}")
@@ -132,19 +135,14 @@ class CheckpointsService:
             pk = position["p"]
             if not (isinstance(position["c"], str) and isinstance(pk, int) and 0 < pk < 2**63 and isinstance(position["n"], str)):
                 raise InvalidInput("cursor", "is not a cursor returned by this list")
-            after = (position["c"], position["p"], position["n"])
-        rows = await self.repo.search(
+            after = (position["c"], pk, position["n"])
+        rows = await self.reader.page(
             conn, ns, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
-            before=body.before,
-            filter=body.filter, after_key=after, limit=limit + 1,
+            before=body.before, filter=body.filter, after_key=after, limit=limit,
         )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        last = rows[-1] if rows else None
-        next_cursor = (
-            encode_cursor({"c": last.checkpoint_id, "p": last.thread_pk, "n": last.checkpoint_ns}) if more and last else None
-        )
-        return orjson.dumps({"items": await self._tuples(conn, rows), "next_cursor": next_cursor})
+        last = rows[-1] if len(rows) == limit else None
+        next_cursor = encode_cursor({"c": last.checkpoint_id, "p": last.thread_pk, "n": last.checkpoint_ns}) if last else None
+        return orjson.dumps({"items": [self._tuple(r) for r in rows], "next_cursor": next_cursor})
 
     # --- deletes, copies, pruning ----------------------------------------------------------
 
