@@ -5,8 +5,8 @@ Per step a graph saves a checkpoint and its task's writes (``aput`` + ``aput_wri
 the same state: ``GatewayCheckpointSaver`` through the gateway over HTTP (one uvicorn worker,
 PostgreSQL backend, a namespace-scoped key), LangGraph's ``AsyncPostgresSaver`` connected
 directly to the same PostgreSQL (a pool of 8 connections), and ``AsyncSqliteSaver`` on a local
-file. Then the bytes each stores per 100-step thread (tables and indexes after ``VACUUM FULL``;
-the SQLite file's pages in use).
+file. Then the bytes each stores per 100-step thread: what five such threads add to the tables
+and indexes (after ``VACUUM FULL``; for SQLite, the file's pages in use), divided by five.
 
     .venv/bin/python bench/bench_checkpoints.py [--seconds N]
 
@@ -113,11 +113,12 @@ async def measure(ops: list[Callable[[], Awaitable[None]]], seconds: float) -> t
 async def bench_saver(saver: BaseCheckpointSaver, seconds: float, size: Callable[[], Awaitable[int]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # bytes: BYTES_THREADS complete threads into an empty store
+    empty = await size()
     threads = [Thread(saver) for _ in range(BYTES_THREADS)]
     for t in threads:
         for _ in range(STEPS):
             await t.advance()
-    out["bytes"] = await size() / BYTES_THREADS
+    out["bytes"] = (await size() - empty) / BYTES_THREADS
     configs = [t.config["configurable"]["thread_id"] for t in threads]
 
     for conc in (1, 8):

@@ -65,15 +65,16 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
 
 
 async def put_steps(saver: GatewayCheckpointSaver, thread_id: str, n: int, ns: str = "") -> list[str]:
-    """``n`` checkpoints in a chain: channel ``a`` changes every step, ``b`` is written once;
-    each checkpoint gets one pending write."""
+    """``n`` checkpoints in a chain: channel ``a`` changes every step, ``b`` is written once
+    (both stored as values: lists), ``c`` is a primitive (kept inside the checkpoint); each
+    checkpoint gets one pending write."""
     config: dict = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
     ids = []
     for i in range(n):
         cp = empty_checkpoint()
-        cp["channel_values"] = {"a": f"a{i}" * 50, "b": ["constant"]}
-        cp["channel_versions"] = {"a": i + 1, "b": 1}
-        new_versions = {"a": i + 1, **({"b": 1} if i == 0 else {})}
+        cp["channel_values"] = {"a": [f"a{i}" * 50], "b": ["constant"], "c": i}
+        cp["channel_versions"] = {"a": i + 1, "b": 1, "c": i + 1}
+        new_versions = {"a": i + 1, "c": i + 1, **({"b": 1} if i == 0 else {})}
         config = await saver.aput(config, cp, {"source": "loop", "step": i}, new_versions)
         await saver.aput_writes(config, [("a", f"w{i}")], f"task{i}")
         ids.append(cp["id"])
@@ -107,7 +108,7 @@ async def test_keep_latest_per_namespace_and_thread_override(gateway: Gateway, n
         assert await gateway.rows(checkpoint_blobs, ns, "t1") == (2 + 1) * 2
         assert await gateway.rows(checkpoint_writes, ns, "t1") == 2 * 2
         latest = await saver.aget_tuple({"configurable": {"thread_id": "t1", "checkpoint_ns": ""}})
-        assert latest.checkpoint["channel_values"] == {"a": "a4" * 50, "b": ["constant"]}
+        assert latest.checkpoint["channel_values"] == {"a": ["a4" * 50], "b": ["constant"], "c": 4}
         assert [w[2] for w in latest.pending_writes] == ["w4"]
         # the thread that turned retention off, and the other namespace, kept everything
         assert await ids_of(saver, "t2") == kept_whole[::-1]

@@ -4,7 +4,8 @@ the gateway's checkpoints capability. Needs the ``langgraph`` extra.
 Values are serialized by the saver's ``serde`` (``dumps_typed``) and travel as typed bytes the
 gateway stores without reading. Of a config only ``thread_id``, ``checkpoint_ns`` and
 ``checkpoint_id`` travel (configs also carry live objects). Channel values are stored once per
-(thread, checkpoint_ns, channel, version), as LangGraph's PostgreSQL saver stores them.
+(thread, checkpoint_ns, channel, version), as LangGraph's PostgreSQL saver stores them; like it,
+primitive values (str, int, float, bool, None) ride inside the checkpoint instead.
 
 The async methods are the interface. The sync ones work from a thread other than the event loop
 the saver runs on (they submit to that loop, as ``AsyncPostgresSaver`` does) and raise
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ._transport import Transport
 
 T = TypeVar("T")
+_PRIMITIVE = (str, int, float, bool)
 PAGE_SIZE = 100  # checkpoints fetched per request by alist
 BATCH = 500  # thread or run ids sent per request
 
@@ -94,7 +96,8 @@ class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
     def _tuple(self, item: dict[str, Any]) -> CheckpointTuple:
         checkpoint = self._load(item["checkpoint"])
         checkpoint["channel_versions"] = item["channel_versions"]
-        checkpoint["channel_values"] = {ch: self._load(v) for ch, v in item["values"].items()}
+        inline = checkpoint.get("channel_values") or {}
+        checkpoint["channel_values"] = {**inline, **{ch: self._load(v) for ch, v in item["values"].items()}}
         thread_id, ns = item["thread_id"], item["checkpoint_ns"]
         parent = item["parent_checkpoint_id"]
         return CheckpointTuple(
@@ -181,10 +184,13 @@ class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
         rest: dict[str, Any] = dict(checkpoint)
         values = rest.pop("channel_values")
         versions = rest.pop("channel_versions")
+        # Primitive values ride inside the checkpoint, as PostgresSaver keeps them in its row;
+        # the others are stored once per version.
+        rest["channel_values"] = {k: v for k, v in values.items() if v is None or isinstance(v, _PRIMITIVE)}
         blobs = [
             {"channel": channel, "version": str(version), **self._typed(values[channel])}
             for channel, version in new_versions.items()
-            if channel in values
+            if channel in values and channel not in rest["channel_values"]
         ]
         await self._post("/put", {
             "thread_id": thread_id,
