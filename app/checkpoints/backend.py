@@ -22,7 +22,6 @@ from sqlalchemy.sql import ColumnElement, FromClause
 
 from app.checkpoints.models import checkpoint_blobs as blobs
 from app.checkpoints.models import checkpoint_metadata_terms as terms
-from app.checkpoints.models import checkpoints as cp
 
 Scalar = str | int | float | bool | None
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, Text, and_, bindparam, cast, literal, null, select, true, tuple_, union_all
+from sqlalchemy import Integer, Text, and_, bindparam, cast, literal, null, select, tuple_, union_all
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_threads as threads

@@ -10,14 +10,14 @@ a stored blob is never interleaved with the statement collecting unreferenced bl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     Integer,
     Text,
-    and_,
     bindparam,
     cast,
     delete,
@@ -28,7 +28,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.checkpoints.backend import CheckpointsBackend

@@ -91,7 +91,7 @@ class PersistenceSettings(_Strict):
     vector_sqlite_path: Path | None = Field(default=None, description="SQLite file of vectors (default DATA_DIR/vectors.db).")
     metadata_sqlite_path: Path | None = Field(default=None, description="SQLite file of metadata (default DATA_DIR/metadata.db).")
     checkpoints_sqlite_path: Path | None = Field(
-        default=None, description="SQLite file of records (default DATA_DIR/checkpoints.db)."
+        default=None, description="SQLite file of records and checkpoints (default DATA_DIR/checkpoints.db)."
     )
 
     @field_validator("vector_sqlite_path", "metadata_sqlite_path", "checkpoints_sqlite_path")
