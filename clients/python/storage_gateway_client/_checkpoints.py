@@ -149,8 +149,9 @@ class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         body: dict[str, Any] = {}
         if config is not None:
-            configurable = config["configurable"]
-            body["thread_id"] = str(configurable["thread_id"])
+            configurable = config.get("configurable") or {}
+            if configurable.get("thread_id") is not None:
+                body["thread_id"] = str(configurable["thread_id"])
             if configurable.get("checkpoint_ns") is not None:
                 body["checkpoint_ns"] = configurable["checkpoint_ns"]
             if checkpoint_id := get_checkpoint_id(config):
