@@ -24,6 +24,7 @@ from app.core.openapi import install_openapi
 from app.core.routing import include_capability, include_guarded
 from app.core.runtime import tune_garbage_collector
 from app.core.transactions import TransactionMiddleware
+from app.checkpoints import router as checkpoints
 from app.files import router as files
 from app.kv import router as kv
 from app.records import router as records
@@ -31,7 +32,7 @@ from app.vectors import router as vectors
 
 log = logging.getLogger("app")
 
-CAPABILITIES = (records, kv, files, vectors)
+CAPABILITIES = (records, kv, files, vectors, checkpoints)
 
 DESCRIPTION = """\
 Isolated persistent storage for AI-agent plugins: ordered **records**, **key-value**,

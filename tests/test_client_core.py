@@ -22,7 +22,7 @@ from tests.conftest import Server
 
 PUBLIC = [
     "AsyncPersistStore", "ClientClosed", "Conflict", "FileDownload", "FileHead", "FileInfo", "FileList",
-    "FilesUsage", "Forbidden", "GatewayClient", "GatewayError", "HTTPStatusError", "IntegrityError",
+    "FilesUsage", "Forbidden", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "HTTPStatusError", "IntegrityError",
     "InvalidRequest", "KvEntry", "NotFound", "PreconditionFailed", "RateLimited", "Record",
     "RemotePersistStore", "RemoteVectorStore", "SortOrder", "TransportError", "Unauthorized", "Unavailable",
     "VectorRecord", "VectorStoreProtocol", "VectorsAPI", "create_persist_store", "create_vector_store",

@@ -14,7 +14,20 @@ import pytest
 
 from tests.conftest import Server
 
-READ_ONLY_POSTS = {"/v1/{namespace}/vectors/{collection}/search", "/v1/{namespace}/vectors/{collection}/points/list"}
+READ_ONLY_POSTS = {
+    "/v1/{namespace}/vectors/{collection}/search",
+    "/v1/{namespace}/vectors/{collection}/points/list",
+    "/v1/{namespace}/checkpoints/search",
+}
+CHECKPOINT = {
+    "thread_id": "t1", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="},
+    "channel_versions": {"m": "1"}, "metadata": {"run_id": "r1", "step": 1},
+    "blobs": [{"channel": "m", "version": "1", "type": "bytes", "data": "AQ=="}],
+}
+WRITES = {
+    "thread_id": "t1", "checkpoint_id": "c1", "task_id": "task1",
+    "writes": [{"idx": 0, "channel": "m", "type": "bytes", "data": "Ag=="}],
+}
 PARAMS = {"collection": "c1", "key": "k1", "file_id": "f1", "point_id": "p1"}
 
 
@@ -55,12 +68,19 @@ async def seed(http: httpx.AsyncClient, ns: str) -> None:
     assert (await http.put(f"/v1/{ns}/vectors/c1", json={"vector_size": 3, "distance": "cosine"})).is_success
     r = await http.post(f"/v1/{ns}/vectors/c1/points", json={"points": [{"id": "p1", "vector": [1, 0, 0], "payload": {"a": 1}}]})
     assert r.is_success, r.text
+    assert (await http.post(f"/v1/{ns}/checkpoints/put", json=CHECKPOINT)).is_success
+    assert (await http.post(f"/v1/{ns}/checkpoints/writes", json=WRITES)).is_success
+    assert (await http.put(f"/v1/{ns}/checkpoints/retention", json={"keep_latest": 5})).is_success
 
 
 async def snapshot(http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
     async def get(url: str, raw: bool = False) -> Any:
         r = await http.get(url)
         return (r.status_code, r.content if raw else r.json())
+
+    async def get_post(url: str, body: dict[str, Any]) -> Any:
+        r = await http.post(url, json=body)
+        return (r.status_code, r.json())
 
     return {
         "kv": await get(f"/v1/{ns}/kv/c1"),
@@ -69,6 +89,9 @@ async def snapshot(http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
         "files": (await http.get(f"/v1/{ns}/files/c1")).json()["items"],
         "collection": await get(f"/v1/{ns}/vectors/c1"),
         "points": await get(f"/v1/{ns}/vectors/c1/points/p1"),
+        "checkpoint": await get(f"/v1/{ns}/checkpoints/tuple?thread_id=t1"),
+        "checkpoints": await get_post(f"/v1/{ns}/checkpoints/search", {}),
+        "retention": await get(f"/v1/{ns}/checkpoints/retention"),
     }
 
 
@@ -86,7 +109,7 @@ async def test_isolation_matrix(server: Server, http: httpx.AsyncClient, namespa
     spec = (await http.get("/openapi.json")).json()
     ops = operations(spec)
     capabilities = {template.split("/")[3] for _, template, _ in ops}
-    assert capabilities == {"records", "kv", "files", "vectors"}, capabilities
+    assert capabilities == {"records", "kv", "files", "vectors", "checkpoints"}, capabilities
 
     key_a = await make_key(http, ns_a, "*:*")
     reader_b = await make_key(http, ns_b, "*:read")
@@ -116,7 +139,7 @@ async def test_isolation_matrix(server: Server, http: httpx.AsyncClient, namespa
     assert len(outcomes) == len(ops) >= 20
 
 
-@pytest.mark.parametrize("capability", ["kv", "records", "files", "vectors"])
+@pytest.mark.parametrize("capability", ["kv", "records", "files", "vectors", "checkpoints"])
 async def test_same_names_in_two_namespaces_never_meet(http: httpx.AsyncClient, namespace: str, capability: str) -> None:
     """Admin writes the same names in two namespaces; each reads back only its own."""
     a, b = f"{namespace}a", f"{namespace}b"
@@ -133,6 +156,18 @@ async def test_same_names_in_two_namespaces_never_meet(http: httpx.AsyncClient, 
     elif capability == "files":
         await http.put(f"/v1/{a}/files/c1/f1", content=b"only-a")
         assert (await http.get(f"/v1/{b}/files/c1/f1")).content == b"file-bytes"
+    elif capability == "checkpoints":
+        before = (await http.get(f"/v1/{b}/checkpoints/tuple?thread_id=t1")).json()
+        await http.post(f"/v1/{a}/checkpoints/put", json={**CHECKPOINT, "checkpoint_id": "c2", "parent_checkpoint_id": "c1"})
+        await http.post(f"/v1/{a}/checkpoints/prune", json={"thread_ids": ["t1"], "strategy": "keep_latest"})
+        await http.post(f"/v1/{a}/checkpoints/runs/delete", json={"run_ids": ["r1"]})
+        await http.post(f"/v1/{a}/checkpoints/threads/copy", json={"source_thread_id": "t1", "target_thread_id": "t2"})
+        await http.delete(f"/v1/{a}/checkpoints/threads", params={"thread_id": "t1"})
+        assert (await http.get(f"/v1/{a}/checkpoints/tuple?thread_id=t1")).status_code == 404
+        assert (await http.get(f"/v1/{b}/checkpoints/tuple?thread_id=t1")).json() == before
+        listed = (await http.post(f"/v1/{b}/checkpoints/search", json={"filter": {"run_id": "r1"}})).json()
+        assert [(i["thread_id"], i["checkpoint_id"]) for i in listed["items"]] == [("t1", "c1")]
+        assert (await http.get(f"/v1/{b}/checkpoints/tuple?thread_id=t2")).status_code == 404
     else:
         await http.post(f"/v1/{a}/vectors/c1/reset")
         hits = (await http.post(f"/v1/{b}/vectors/c1/search", json={"vector": [1, 0, 0], "limit": 5})).json()

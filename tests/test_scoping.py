@@ -63,6 +63,28 @@ async def workload(client: httpx.AsyncClient, ns: str) -> None:
     await ok("GET", f"/v1/{ns}/vectors/v")
     await ok("POST", f"/v1/{ns}/vectors/v/reset")
     await ok("DELETE", f"/v1/{ns}/vectors/v")
+    blob = {"channel": "m", "version": "1", "type": "bytes", "data": "AQ=="}
+    for cid, parent in (("c1", None), ("c2", "c1")):
+        await ok("POST", f"/v1/{ns}/checkpoints/put", json={
+            "thread_id": "t", "checkpoint_id": cid, "parent_checkpoint_id": parent,
+            "checkpoint": {"type": "bytes", "data": "AA=="}, "channel_versions": {"m": "1"},
+            "metadata": {"run_id": cid, "step": 1}, "blobs": [blob],
+        })
+    await ok("POST", f"/v1/{ns}/checkpoints/writes", json={
+        "thread_id": "t", "checkpoint_id": "c2", "task_id": "k", "writes": [{"idx": 0, "channel": "m", "type": "b", "data": "AA=="}],
+    })
+    await ok("GET", f"/v1/{ns}/checkpoints/tuple", params={"thread_id": "t"})
+    await ok("POST", f"/v1/{ns}/checkpoints/search", json={"thread_id": "t", "filter": {"step": 1}, "limit": 1})
+    await ok("POST", f"/v1/{ns}/checkpoints/search", json={"filter": {"run_id": "c1"}})
+    await ok("POST", f"/v1/{ns}/checkpoints/threads/copy", json={"source_thread_id": "t", "target_thread_id": "u"})
+    await ok("POST", f"/v1/{ns}/checkpoints/prune", json={"thread_ids": ["t"], "strategy": "keep_latest"})
+    await ok("POST", f"/v1/{ns}/checkpoints/runs/delete", json={"run_ids": ["c2"]})
+    await ok("PUT", f"/v1/{ns}/checkpoints/retention", json={"keep_latest": 3})
+    await ok("PUT", f"/v1/{ns}/checkpoints/retention", json={"thread_id": "t", "idle_ttl_seconds": 60})
+    await ok("GET", f"/v1/{ns}/checkpoints/retention")
+    await ok("GET", f"/v1/{ns}/checkpoints/retention", params={"thread_id": "t"})
+    await ok("POST", f"/v1/{ns}/checkpoints/prune", json={"thread_ids": ["u"], "strategy": "delete"})
+    await ok("DELETE", f"/v1/{ns}/checkpoints/threads", params={"thread_id": "t"})
 
 
 async def test_every_statement_on_a_namespaced_table_is_scoped(

@@ -22,7 +22,7 @@ from app.auth.models import api_keys
 from app.core.errors import InvalidInput
 from app.core.names import NAME_PATTERN
 
-CAPABILITIES = ("records", "kv", "files", "vectors")
+CAPABILITIES = ("records", "kv", "files", "vectors", "checkpoints")
 ACTIONS = ("read", "write")
 KEY_PREFIX = "sgw_"
 _KEY_RE = re.compile(r"^sgw_([0-9a-f]{16})_([A-Za-z0-9_-]{32,128})$")

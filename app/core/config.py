@@ -91,7 +91,7 @@ class PersistenceSettings(_Strict):
     vector_sqlite_path: Path | None = Field(default=None, description="SQLite file of vectors (default DATA_DIR/vectors.db).")
     metadata_sqlite_path: Path | None = Field(default=None, description="SQLite file of metadata (default DATA_DIR/metadata.db).")
     checkpoints_sqlite_path: Path | None = Field(
-        default=None, description="SQLite file of records (default DATA_DIR/checkpoints.db)."
+        default=None, description="SQLite file of records and checkpoints (default DATA_DIR/checkpoints.db)."
     )
 
     @field_validator("vector_sqlite_path", "metadata_sqlite_path", "checkpoints_sqlite_path")
@@ -198,6 +198,19 @@ class KvSettings(_Strict):
     max_ttl_seconds: int = Field(default=10 * 365 * 24 * 3600, ge=1, description="Largest `ttl_seconds`.")
 
 
+class CheckpointsSettings(_Strict):
+    """LangGraph checkpoints: sizes per request and the retention sweep."""
+
+    max_blob_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1, description="Largest checkpoint, channel value or pending write (typed bytes)."
+    )
+    max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
+    sweep_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
+    )
+    sweep_batch: int = Field(default=100, ge=1, description="Most threads one retention statement batch handles.")
+
+
 class FilesSettings(_Strict):
     """Housekeeping of file uploads in progress."""
 
@@ -285,6 +298,7 @@ class Settings(BaseSettings):
     vectors: VectorsSettings = VectorsSettings()
     files: FilesSettings = FilesSettings()
     kv: KvSettings = KvSettings()
+    checkpoints: CheckpointsSettings = CheckpointsSettings()
     auth: AuthSettings = AuthSettings()
 
     @field_validator("data_dir")

@@ -69,6 +69,9 @@ def _connection(db: Database, *, single_statement: bool = False, read_only: bool
 MetadataStatement = Annotated[StatementConnection, _connection(Database.metadata, single_statement=True)]
 CheckpointsStatement = Annotated[StatementConnection, _connection(Database.checkpoints, single_statement=True)]
 CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints)]
+CheckpointsReadStatement = Annotated[
+    StatementConnection, _connection(Database.checkpoints, single_statement=True, read_only=True)
+]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
 VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]
 

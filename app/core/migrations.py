@@ -40,6 +40,8 @@ def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: AN
     """Tables created at run time (one per vector collection) are not the migrations' business."""
     if type_ == "table" and reflected and compare_to is None:
         return not name.startswith(RUNTIME_TABLE_PREFIXES)
+    if type_ == "index" and not reflected and compare_to is None and getattr(obj, "_ddl_if", None) is not None:
+        return False  # a one-dialect index (``Index.ddl_if``) is not missing where it does not apply
     return True
 
 

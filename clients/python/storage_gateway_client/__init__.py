@@ -31,6 +31,7 @@ __all__ = [
     "FileList",
     "FilesUsage",
     "Forbidden",
+    "GatewayCheckpointSaver",
     "GatewayClient",
     "GatewayError",
     "HTTPStatusError",
@@ -53,3 +54,12 @@ __all__ = [
     "create_persist_store",
     "create_vector_store",
 ]
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    """``GatewayCheckpointSaver`` is imported on first use: it needs the ``langgraph`` extra."""
+    if name == "GatewayCheckpointSaver":
+        from ._checkpoints import GatewayCheckpointSaver
+
+        return GatewayCheckpointSaver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -13,6 +14,9 @@ from ._records import RecordsAPI
 from ._transport import RetryPolicy, Transport
 from ._vector_store import RemoteVectorStore
 from ._vectors import VectorsAPI
+
+if TYPE_CHECKING:
+    from ._checkpoints import GatewayCheckpointSaver
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -62,6 +66,13 @@ class GatewayClient:
     def vector_store(self, collection: str) -> RemoteVectorStore:
         """The seed's VectorStoreProtocol bound to one vector collection."""
         return RemoteVectorStore(self.vectors, collection)
+
+    def checkpointer(self, *, serde: Any = None) -> "GatewayCheckpointSaver":
+        """A LangGraph checkpointer (``BaseCheckpointSaver``) storing graph state in this namespace
+        (needs the ``langgraph`` extra); ``serde`` defaults to LangGraph's own serializer."""
+        from ._checkpoints import GatewayCheckpointSaver
+
+        return GatewayCheckpointSaver(self, serde=serde)
 
     async def close(self) -> None:
         """Release pooled connections; calling it again does nothing."""

@@ -1,0 +1,1 @@
+"""The checkpoints capability: LangGraph graph state (threads, checkpoints, blobs, pending writes)."""

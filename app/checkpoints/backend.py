@@ -1,0 +1,157 @@
+"""What differs between backends for checkpoints, behind one small interface chosen at start-up.
+
+- reading a checkpoint's ``channel_versions`` as rows (``jsonb_each_text`` LATERAL on PostgreSQL,
+  ``json_each`` on SQLite), which is how a checkpoint finds its channel values;
+- JSON columns: JSONB on PostgreSQL (bound as text and cast), JSON text on SQLite;
+- the metadata filter of a list: ``metadata @> :filter`` served by the GIN index on PostgreSQL;
+  on SQLite one ``EXISTS`` per filter entry on ``checkpoint_metadata_terms``, whose rows (the
+  top-level scalar entries of each checkpoint's metadata) are written with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import orjson
+from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, select, true
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import ColumnElement, FromClause
+
+from app.checkpoints.models import checkpoint_blobs as blobs
+from app.checkpoints.models import checkpoint_metadata_terms as terms
+
+Scalar = str | int | float | bool | None
+
+
+def canonical_json(value: Scalar) -> str:
+    """One text per JSON value, so equal values compare equal as text (``1.0`` is ``1``)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return orjson.dumps(value).decode()
+
+
+def scalar_terms(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The top-level scalar entries of ``metadata`` as canonical JSON text."""
+    return {
+        k: canonical_json(v) for k, v in metadata.items()
+        if v is None or isinstance(v, (str, int, float, bool)) and len(k.encode("utf-8")) <= 1024
+    }
+
+
+class CheckpointsBackend(Protocol):
+    def versions_of(self, table: FromClause) -> FromClause:
+        """``table.channel_versions`` as a FROM item with ``key`` and ``value`` (text) columns."""
+
+    def values_of(self, page: FromClause) -> tuple[FromClause, FromClause]:
+        """``page`` joined with the stored values of its rows' channel versions (each found by
+        its primary key), and the FROM item that has their ``channel``, ``type`` and ``blob``."""
+
+    def json_param(self, name: str) -> ColumnElement[Any]:
+        """A bound parameter taking JSON text, as the JSON column type."""
+
+    def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
+        """A JSON column read back as its text."""
+
+    def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
+        """Conditions on ``table`` (the checkpoints table) that a filter of ``keys`` entries holds."""
+
+    def metadata_filter_params(self, filter: Mapping[str, Scalar]) -> dict[str, Any]:
+        """The bound values of those conditions for ``filter``."""
+
+    async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
+        """Keep what the filter reads in step with a checkpoint just stored."""
+
+
+class PostgresBackend:
+    def versions_of(self, table: FromClause) -> FromClause:
+        return func.jsonb_each_text(table.c.channel_versions).table_valued("key", "value").lateral("v")
+
+    def values_of(self, page: FromClause) -> tuple[FromClause, FromClause]:
+        # one primary-key lookup per version (LATERAL ... LIMIT 1), whatever the planner
+        # estimates: a hash join would read every value the thread ever stored
+        v = self.versions_of(page)
+        value = (
+            select(blobs.c.channel, blobs.c.type, blobs.c.blob)
+            .where(blobs.c.thread_pk == page.c.thread_pk, blobs.c.checkpoint_ns == page.c.checkpoint_ns,
+                   blobs.c.channel == v.c.key, blobs.c.version == v.c.value)
+            .limit(1)
+            .lateral("b")
+        )
+        return page.join(v, true()).join(value, true()), value
+
+    def json_param(self, name: str) -> ColumnElement[Any]:
+        return cast(bindparam(name, type_=Text), postgresql.JSONB)
+
+    def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
+        return cast(column, Text)
+
+    def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
+        return [table.c.metadata.op("@>")(self.json_param("mfilter"))] if keys else []
+
+    def metadata_filter_params(self, filter: Mapping[str, Scalar]) -> dict[str, Any]:
+        return {"mfilter": orjson.dumps(dict(filter)).decode()}
+
+    async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
+        return None  # the GIN index on metadata serves the filter
+
+
+_TERM_KEY = (terms.c.thread_pk, terms.c.checkpoint_ns, terms.c.checkpoint_id)
+
+
+class SqliteBackend:
+    def __init__(self) -> None:
+        self._delete_terms = delete(terms).where(
+            terms.c.thread_pk == bindparam("pk"), terms.c.checkpoint_ns == bindparam("cns"),
+            terms.c.checkpoint_id == bindparam("cid"),
+        )
+        self._insert_terms = insert(terms)
+
+    def versions_of(self, table: FromClause) -> FromClause:
+        return func.json_each(table.c.channel_versions).table_valued("key", "value").alias("v")
+
+    def values_of(self, page: FromClause) -> tuple[FromClause, FromClause]:
+        v = self.versions_of(page)
+        return page.join(v, true()).join(blobs, and_(
+            blobs.c.thread_pk == page.c.thread_pk, blobs.c.checkpoint_ns == page.c.checkpoint_ns,
+            blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
+        )), blobs
+
+    def json_param(self, name: str) -> ColumnElement[Any]:
+        return bindparam(name, type_=Text)
+
+    def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
+        return column
+
+    def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
+        return [
+            exists().where(
+                terms.c.thread_pk == table.c.thread_pk, terms.c.checkpoint_ns == table.c.checkpoint_ns,
+                terms.c.checkpoint_id == table.c.checkpoint_id,
+                terms.c.key == bindparam(f"mk{i}", type_=Text), terms.c.value == bindparam(f"mv{i}", type_=Text),
+            )
+            for i in range(keys)
+        ]
+
+    def metadata_filter_params(self, filter: Mapping[str, Scalar]) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        for i, (key, value) in enumerate(filter.items()):
+            params[f"mk{i}"], params[f"mv{i}"] = key, canonical_json(value)
+        return params
+
+    async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
+        await conn.execute(self._delete_terms, {"pk": thread_pk, "cns": ns, "cid": checkpoint_id})
+        rows = [
+            {"thread_pk": thread_pk, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id, "key": k, "value": v}
+            for k, v in scalar_terms(metadata).items()
+        ]
+        if rows:
+            await conn.execute(self._insert_terms, rows)
+
+
+def backend_for(dialect: str) -> CheckpointsBackend:
+    return PostgresBackend() if dialect == "postgresql" else SqliteBackend()
+
+

@@ -1,0 +1,154 @@
+"""The one statement that reads checkpoints: a page of them with their values and writes.
+
+A page of checkpoint rows (a CTE) and, in the same statement, the stored values of their channel
+versions and their pending writes, as one ``UNION ALL`` of rows tagged by ``kind``. One
+statement means one round trip, and on PostgreSQL no BEGIN/COMMIT (``app.core.statements``):
+a read answers from one snapshot either way. Statements are built once per shape (which of the
+optional conditions a request has) and reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Integer, Text, and_, bindparam, cast, literal, null, select, tuple_, union_all
+
+from app.checkpoints.backend import CheckpointsBackend
+from app.checkpoints.models import checkpoint_threads as threads
+from app.checkpoints.models import checkpoint_writes as writes
+from app.checkpoints.models import checkpoints as cp
+from app.core.statements import FixedStatement, StatementConnection, StatementShapes
+
+CHECKPOINT, VALUE, WRITE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Shape:
+    thread: bool
+    checkpoint_ns: bool
+    checkpoint_id: bool
+    before: bool
+    filter_keys: int  # entries of the metadata filter (0: none)
+    cursor: bool
+
+
+@dataclass
+class PageRow:
+    """A checkpoint of the page, with its values (channel, type, bytes) and writes."""
+
+    thread_pk: int
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    type: str
+    checkpoint: bytes
+    channel_versions: str  # JSON text
+    metadata: str  # JSON text
+    values: list[tuple[str, str, bytes]]
+    writes: list[tuple[str, str, str, bytes, str, int]]  # task_id, channel, type, bytes, task_path, idx
+
+
+def _text(value: Any = None) -> Any:
+    return cast(null(), Text) if value is None else value
+
+
+def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
+    columns = [
+        cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, cp.c.type,
+        cp.c.checkpoint, cp.c.channel_versions, cp.c.metadata,
+    ]
+    if shape.thread:
+        # the thread's pk as a constant of the statement: its checkpoints come in primary-key
+        # order (newest first is a backward index scan that stops at the limit)
+        thread_pk = select(threads.c.pk).where(
+            threads.c.namespace == bindparam("ns"), threads.c.thread_id == bindparam("tid")
+        ).scalar_subquery()
+        page = select(*columns, cast(bindparam("tid", type_=Text), Text).label("thread_id")).where(cp.c.thread_pk == thread_pk)
+        order = [cp.c.checkpoint_id.desc()] if shape.checkpoint_ns else [cp.c.checkpoint_id.desc(), cp.c.checkpoint_ns.desc()]
+    else:
+        page = (
+            select(*columns, cast(threads.c.thread_id, Text).label("thread_id"))
+            .select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
+            .where(threads.c.namespace == bindparam("ns"))
+        )
+        order = [cp.c.checkpoint_id.desc(), cp.c.thread_pk.desc(), cp.c.checkpoint_ns.desc()]
+    if shape.checkpoint_ns:
+        page = page.where(cp.c.checkpoint_ns == bindparam("cns", type_=Text))
+    if shape.checkpoint_id:
+        page = page.where(cp.c.checkpoint_id == bindparam("cid", type_=Text))
+    if shape.before:
+        page = page.where(cp.c.checkpoint_id < bindparam("before", type_=cp.c.checkpoint_id.type))
+    if shape.filter_keys:
+        page = page.where(*backend.metadata_filter_shape(cp, shape.filter_keys))
+    if shape.cursor:
+        page = page.where(
+            tuple_(cp.c.checkpoint_id, cp.c.thread_pk, cp.c.checkpoint_ns)
+            < tuple_(bindparam("a_cid", type_=cp.c.checkpoint_id.type), bindparam("a_pk", type_=Integer),
+                     bindparam("a_cns", type_=cp.c.checkpoint_ns.type))
+        )
+    page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
+    key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
+    j = backend.json_text
+    rows = select(
+        literal(CHECKPOINT, Integer).label("kind"), *key, page.c.thread_id.label("a"),
+        cast(page.c.parent_checkpoint_id, Text).label("b"), cast(page.c.type, Text).label("c"),
+        page.c.checkpoint.label("data"), j(page.c.channel_versions).label("d"), j(page.c.metadata).label("e"),
+        cast(null(), Integer).label("idx"),
+    )
+    found, value = backend.values_of(page)
+    values = select(
+        literal(VALUE, Integer), *key, cast(value.c.channel, Text), _text(), cast(value.c.type, Text),
+        value.c.blob, _text(), _text(), cast(null(), Integer),
+    ).select_from(found)
+    pending = select(
+        literal(WRITE, Integer), *key, cast(writes.c.task_id, Text), cast(writes.c.channel, Text),
+        cast(writes.c.type, Text), writes.c.blob, writes.c.task_path, _text(), writes.c.idx,
+    ).select_from(page.join(writes, and_(
+        writes.c.thread_pk == page.c.thread_pk, writes.c.checkpoint_ns == page.c.checkpoint_ns,
+        writes.c.checkpoint_id == page.c.checkpoint_id,
+    )))
+    return union_all(rows, values, pending)
+
+
+class CheckpointReader:
+    def __init__(self, backend: CheckpointsBackend, fixed: type[FixedStatement]) -> None:
+        self._backend = backend
+        self._shapes = StatementShapes(fixed, lambda shape: _statement(backend, shape))
+
+    async def page(
+        self, conn: StatementConnection, ns: str, *, thread_id: str | None, checkpoint_ns: str | None,
+        checkpoint_id: str | None = None, before: str | None = None, filter: Mapping[str, Any] | None = None,
+        after_key: tuple[str, int, str] | None = None, limit: int,
+    ) -> list[PageRow]:
+        """Checkpoints of namespace ``ns`` newest first (``checkpoint_id``, then thread and
+        checkpoint_ns, descending); ``after_key`` continues after that position."""
+        params: dict[str, Any] = {"ns": ns, "lim": limit, "tid": thread_id, "cns": checkpoint_ns,
+                                  "cid": checkpoint_id, "before": before}
+        if filter:
+            params.update(self._backend.metadata_filter_params(filter))
+        if after_key is not None:
+            params["a_cid"], params["a_pk"], params["a_cns"] = after_key
+        shape = Shape(thread_id is not None, checkpoint_ns is not None, checkpoint_id is not None, before is not None,
+                      len(filter or {}), after_key is not None)
+        pages: dict[tuple[int, str, str], PageRow] = {}
+        values, pending = [], []
+        for kind, pk, cns, cid, a, b, c, data, d, e, idx in await self._shapes(shape).all(conn, params):
+            if kind == CHECKPOINT:
+                pages[(pk, cns, cid)] = PageRow(pk, a, cns, cid, b, c, bytes(data), d, e, [], [])
+            elif kind == VALUE:
+                values.append(((pk, cns, cid), (a, c, bytes(data))))
+            else:
+                pending.append(((pk, cns, cid), (a, b, c, bytes(data), d, idx)))
+        for key, value in values:
+            pages[key].values.append(value)
+        for key, write in pending:
+            pages[key].writes.append(write)
+        out = sorted(pages.values(), key=lambda r: (r.checkpoint_id, r.thread_pk, r.checkpoint_ns), reverse=True)
+        for row in out:
+            row.writes.sort(key=lambda w: (w[4], w[0], w[5]))  # (task_path, task_id, idx)
+        return out
+
+

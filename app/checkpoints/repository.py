@@ -1,0 +1,326 @@
+"""All SQL of the checkpoints capability.
+
+A thread's rows are found through ``checkpoint_threads``, always by (namespace, thread_id) in a
+request (``_thread_pk`` / ``touch_thread``), so no statement a request sends can reach another
+namespace's rows; only the retention sweep (``app.checkpoints.retention``) goes by ``pk`` across
+namespaces. Statements that delete or copy a thread's rows lock its registry row first
+(``FOR UPDATE`` on PostgreSQL; SQLite writes one at a time), so a concurrent ``put`` that reuses
+a stored blob is never interleaved with the statement collecting unreferenced blobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import (
+    Integer,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.checkpoints.backend import CheckpointsBackend
+from app.checkpoints.models import checkpoint_blobs as blobs
+from app.checkpoints.models import checkpoint_metadata_terms as terms
+from app.checkpoints.models import checkpoint_retention as retention
+from app.checkpoints.models import checkpoint_threads as threads
+from app.checkpoints.models import checkpoint_writes as writes
+from app.checkpoints.models import checkpoints as cp
+from app.core.upsert import InsertBuilder
+
+_NS, _TID = bindparam("ns"), bindparam("tid")
+_PK = bindparam("pk", type_=Integer)
+_CNS = bindparam("cns", type_=Text)
+_CHILD_TABLES = (writes, terms, cp, blobs)
+
+CheckpointKey = tuple[int, str, str]  # (thread_pk, checkpoint_ns, checkpoint_id)
+
+
+def _thread_pk() -> Any:
+    """The pk of thread ``:tid`` of namespace ``:ns`` (NULL when it has none)."""
+    return select(threads.c.pk).where(threads.c.namespace == _NS, threads.c.thread_id == _TID).scalar_subquery()
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What pruning needs of one checkpoint."""
+
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    channel_versions: dict[str, Any]
+    delta_channels: frozenset[str]  # its metadata's counters_since_delta_snapshot keys
+
+
+class CheckpointsRepository:
+    def __init__(self, backend: CheckpointsBackend, insert: InsertBuilder) -> None:
+        self.backend = backend
+        self._insert = insert
+        b = backend
+        touch = insert(threads).values(
+            namespace=_NS, thread_id=_TID, touched_at=bindparam("now"),
+        )
+        self._touch = touch.on_conflict_do_update(
+            index_elements=[threads.c.namespace, threads.c.thread_id],
+            set_={"touched_at": touch.excluded.touched_at},
+        ).returning(threads.c.pk)
+        self._lock = (
+            select(threads.c.pk).where(threads.c.namespace == _NS, threads.c.thread_id == _TID).with_for_update()
+        )
+        blob_insert = insert(blobs).values(
+            thread_pk=_PK, checkpoint_ns=_CNS, channel=bindparam("channel"), version=bindparam("version"),
+            type=bindparam("type"), blob=bindparam("blob"),
+        )
+        self._put_blob = blob_insert.on_conflict_do_nothing()
+        ins = insert(cp).values(
+            thread_pk=_PK, checkpoint_ns=_CNS, checkpoint_id=bindparam("cid"),
+            parent_checkpoint_id=bindparam("parent"), type=bindparam("type"), checkpoint=bindparam("data"),
+            channel_versions=b.json_param("versions"), metadata=b.json_param("metadata"),
+        )
+        self._put_checkpoint = ins.on_conflict_do_update(
+            index_elements=[cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id],
+            set_={
+                "parent_checkpoint_id": ins.excluded.parent_checkpoint_id, "type": ins.excluded.type,
+                "checkpoint": ins.excluded.checkpoint, "channel_versions": ins.excluded.channel_versions,
+                "metadata": ins.excluded.metadata,
+            },
+        )
+        w = insert(writes).values(
+            thread_pk=_PK, checkpoint_ns=_CNS, checkpoint_id=bindparam("cid"), task_id=bindparam("task_id"),
+            idx=bindparam("idx"), task_path=bindparam("task_path"), channel=bindparam("channel"),
+            type=bindparam("type"), blob=bindparam("blob"),
+        )
+        self._insert_writes = w.on_conflict_do_nothing()
+        self._upsert_writes = w.on_conflict_do_update(
+            index_elements=[writes.c.thread_pk, writes.c.checkpoint_ns, writes.c.checkpoint_id, writes.c.task_id, writes.c.idx],
+            set_={"channel": w.excluded.channel, "type": w.excluded.type, "blob": w.excluded.blob},
+        )
+
+    # --- threads -------------------------------------------------------------------------
+
+    async def touch_thread(self, conn: AsyncConnection, ns: str, thread_id: str, now: float) -> int:
+        """The pk of the thread (created if new), marked as written at ``now``."""
+        return (await conn.execute(self._touch, {"ns": ns, "tid": thread_id, "now": now})).scalar_one()
+
+    async def lock_thread(self, conn: AsyncConnection, ns: str, thread_id: str) -> int | None:
+        """The pk of the thread, its row locked until the end of the transaction; None if it has none."""
+        return (await conn.execute(self._lock, {"ns": ns, "tid": thread_id})).scalar()
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def put_checkpoint(
+        self, conn: AsyncConnection, pk: int, ns: str, checkpoint_id: str, parent: str | None, type_: str,
+        data: bytes, versions_json: str, metadata_json: str, new_blobs: Sequence[tuple[str, str, str, bytes]],
+    ) -> None:
+        if new_blobs:
+            await conn.execute(self._put_blob, [
+                {"pk": pk, "cns": ns, "channel": c, "version": v, "type": t, "blob": d} for c, v, t, d in new_blobs
+            ])
+        await conn.execute(self._put_checkpoint, {
+            "pk": pk, "cns": ns, "cid": checkpoint_id, "parent": parent, "type": type_, "data": data,
+            "versions": versions_json, "metadata": metadata_json,
+        })
+
+    async def put_writes(
+        self, conn: AsyncConnection, pk: int, ns: str, checkpoint_id: str, task_id: str, task_path: str,
+        rows: Sequence[tuple[int, str, str, bytes]], *, replace: bool,
+    ) -> None:
+        stmt = self._upsert_writes if replace else self._insert_writes
+        await conn.execute(stmt, [
+            {"pk": pk, "cns": ns, "cid": checkpoint_id, "task_id": task_id, "task_path": task_path,
+             "idx": idx, "channel": channel, "type": t, "blob": d}
+            for idx, channel, t, d in rows
+        ])
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def lineage(self, conn: AsyncConnection, pk: int) -> list[Lineage]:
+        """Every checkpoint of the thread, newest first per checkpoint_ns."""
+        j = self.backend.json_text
+        stmt = select(
+            cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, j(cp.c.channel_versions), j(cp.c.metadata)
+        ).where(cp.c.thread_pk == _PK).order_by(cp.c.checkpoint_ns, cp.c.checkpoint_id.desc())
+        out = []
+        for ns, cid, parent, versions, metadata in (await conn.execute(stmt, {"pk": pk})).all():
+            counters = orjson.loads(metadata).get("counters_since_delta_snapshot")
+            out.append(Lineage(
+                ns, cid, parent, orjson.loads(versions),
+                frozenset(counters) if isinstance(counters, dict) else frozenset(),
+            ))
+        return out
+
+    async def blob_keys(self, conn: AsyncConnection, pk: int) -> set[tuple[str, str, str]]:
+        """(checkpoint_ns, channel, version) of every stored value of the thread."""
+        stmt = select(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).where(blobs.c.thread_pk == _PK)
+        return {tuple(r) for r in (await conn.execute(stmt, {"pk": pk})).all()}  # type: ignore[misc]
+
+    # --- deletes -------------------------------------------------------------------------
+
+    async def delete_threads(self, conn: AsyncConnection, pks: Sequence[int], ns: str | None) -> int:
+        """Every row of these threads, and the threads (of namespace ``ns``; None: the sweep,
+        any); how many checkpoints went."""
+        if not pks:
+            return 0
+        keys = bindparam("pks", expanding=True)
+        deleted = 0
+        for table in _CHILD_TABLES:
+            result = await conn.execute(delete(table).where(table.c.thread_pk.in_(keys)), {"pks": list(pks)})
+            if table is cp:
+                deleted = result.rowcount or 0
+        stmt = delete(threads).where(threads.c.pk.in_(keys))
+        if ns is not None:
+            stmt = stmt.where(threads.c.namespace == _NS)
+        await conn.execute(stmt, {"pks": list(pks), "ns": ns})
+        return deleted
+
+    async def delete_checkpoints(self, conn: AsyncConnection, keys: Sequence[CheckpointKey]) -> int:
+        """These checkpoints with their pending writes and metadata terms (not their blobs: ``collect_blobs``)."""
+        if not keys:
+            return 0
+        deleted = 0
+        for table in (writes, terms, cp):
+            stmt = delete(table).where(
+                tuple_(table.c.thread_pk, table.c.checkpoint_ns, table.c.checkpoint_id).in_(bindparam("keys", expanding=True))
+            )
+            result = await conn.execute(stmt, {"keys": list(keys)})
+            if table is cp:
+                deleted = result.rowcount or 0
+        return deleted
+
+    async def orphan_parents(self, conn: AsyncConnection, pk: int, ns: str) -> None:
+        """Forget parents that are no longer stored (a kept checkpoint becomes a chain root)."""
+        parent = cp.alias("parent")
+        gone = ~select(parent.c.checkpoint_id).where(
+            parent.c.thread_pk == cp.c.thread_pk, parent.c.checkpoint_ns == cp.c.checkpoint_ns,
+            parent.c.checkpoint_id == cp.c.parent_checkpoint_id,
+        ).exists()
+        stmt = update(cp).where(
+            cp.c.thread_pk == _PK, cp.c.checkpoint_ns == _CNS, cp.c.parent_checkpoint_id.is_not(None), gone
+        ).values(parent_checkpoint_id=None)
+        await conn.execute(stmt, {"pk": pk, "cns": ns})
+
+    async def collect_blobs(self, conn: AsyncConnection, pk: int) -> int:
+        """Delete the thread's stored values that no checkpoint of it uses any more."""
+        c = cp.alias("c")
+        v = self.backend.versions_of(c)
+        used = (
+            select(c.c.checkpoint_ns, v.c.key, cast(v.c.value, Text))
+            .select_from(c.join(v, true()))
+            .where(c.c.thread_pk == _PK)
+        )
+        stmt = delete(blobs).where(
+            blobs.c.thread_pk == _PK,
+            tuple_(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).not_in(used),
+        )
+        return (await conn.execute(stmt, {"pk": pk})).rowcount or 0
+
+    async def run_checkpoints(self, conn: AsyncConnection, ns: str, run_id: str) -> list[CheckpointKey]:
+        """Keys of the namespace's checkpoints whose metadata ``run_id`` is ``run_id``."""
+        params: dict[str, Any] = {"ns": ns}
+        stmt = (
+            select(cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id)
+            .select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
+            .where(threads.c.namespace == _NS)
+        )
+        stmt = stmt.where(*self.backend.metadata_filter_shape(cp, 1))
+        params.update(self.backend.metadata_filter_params({"run_id": run_id}))
+        return [tuple(r) for r in (await conn.execute(stmt, params)).all()]  # type: ignore[misc]
+
+    async def lock_pks(self, conn: AsyncConnection, ns: str, pks: Iterable[int]) -> None:
+        pks = sorted(set(pks))
+        if pks:
+            stmt = select(threads.c.pk).where(
+                threads.c.namespace == _NS, threads.c.pk.in_(bindparam("pks", expanding=True))
+            ).with_for_update()
+            await conn.execute(stmt, {"ns": ns, "pks": pks})
+
+    # --- copy ----------------------------------------------------------------------------
+
+    async def copy_thread(self, conn: AsyncConnection, source: int, target: int) -> int:
+        """Every row of thread ``source`` into thread ``target`` (rows it already has stay)."""
+        copied = 0
+        for table in (blobs, cp, writes, terms):
+            columns = [c for c in table.c if c.name != "thread_pk"]
+            source_rows = select(literal(target, type_=Integer), *columns).where(table.c.thread_pk == bindparam("src", type_=Integer))
+            stmt = self._insert(table).from_select(["thread_pk", *(c.name for c in columns)], source_rows).on_conflict_do_nothing()
+            result = await conn.execute(stmt, {"src": source})
+            if table is cp:
+                copied = result.rowcount or 0
+        return copied
+
+    # --- retention settings ----------------------------------------------------------------
+
+    async def set_namespace_retention(self, conn: AsyncConnection, ns: str, keep: int | None, ttl: float | None) -> None:
+        ins = self._insert(retention).values(namespace=_NS, keep_latest=bindparam("keep"), idle_ttl_seconds=bindparam("ttl"))
+        stmt = ins.on_conflict_do_update(
+            index_elements=[retention.c.namespace],
+            set_={"keep_latest": ins.excluded.keep_latest, "idle_ttl_seconds": ins.excluded.idle_ttl_seconds},
+        )
+        await conn.execute(stmt, {"ns": ns, "keep": keep, "ttl": ttl})
+
+    async def namespace_retention(self, conn: AsyncConnection, ns: str) -> tuple[int | None, float | None]:
+        stmt = select(retention.c.keep_latest, retention.c.idle_ttl_seconds).where(retention.c.namespace == _NS)
+        row = (await conn.execute(stmt, {"ns": ns})).first()
+        return (row[0], row[1]) if row is not None else (None, None)
+
+    async def set_thread_retention(
+        self, conn: AsyncConnection, ns: str, thread_id: str, keep: int | None, ttl: float | None, now: float
+    ) -> None:
+        ins = self._insert(threads).values(
+            namespace=_NS, thread_id=_TID, touched_at=bindparam("now"), keep_latest=bindparam("keep"),
+            idle_ttl_seconds=bindparam("ttl"),
+        )
+        stmt = ins.on_conflict_do_update(
+            index_elements=[threads.c.namespace, threads.c.thread_id],
+            set_={"keep_latest": ins.excluded.keep_latest, "idle_ttl_seconds": ins.excluded.idle_ttl_seconds,
+                  "pruned_at": None},
+        )
+        await conn.execute(stmt, {"ns": ns, "tid": thread_id, "now": now, "keep": keep, "ttl": ttl})
+
+    async def thread_retention(self, conn: AsyncConnection, ns: str, thread_id: str) -> tuple[int | None, float | None]:
+        stmt = select(threads.c.keep_latest, threads.c.idle_ttl_seconds).where(
+            threads.c.namespace == _NS, threads.c.thread_id == _TID
+        )
+        row = (await conn.execute(stmt, {"ns": ns, "tid": thread_id})).first()
+        return (row[0], row[1]) if row is not None else (None, None)
+
+    # --- the retention sweep (every namespace) ------------------------------------------------
+
+    async def idle_threads(self, conn: AsyncConnection, now: float, batch: int) -> list[int]:
+        """Threads idle longer than their (or their namespace's) TTL."""
+        ttl = func.coalesce(threads.c.idle_ttl_seconds, retention.c.idle_ttl_seconds)
+        stmt = (
+            select(threads.c.pk)
+            .select_from(threads.outerjoin(retention, retention.c.namespace == threads.c.namespace))
+            .where(ttl > 0, threads.c.touched_at + ttl < bindparam("now"))
+            .limit(bindparam("lim", type_=Integer))
+        )
+        return [r[0] for r in (await conn.execute(stmt, {"now": now, "lim": batch})).all()]
+
+    async def threads_to_trim(self, conn: AsyncConnection, batch: int) -> list[tuple[int, int]]:
+        """(pk, keep_latest) of threads written since keep-latest retention last ran on them."""
+        keep = func.coalesce(threads.c.keep_latest, retention.c.keep_latest)
+        stmt = (
+            select(threads.c.pk, keep)
+            .select_from(threads.outerjoin(retention, retention.c.namespace == threads.c.namespace))
+            .where(keep > 0, (threads.c.pruned_at.is_(None)) | (threads.c.pruned_at < threads.c.touched_at))
+            .limit(bindparam("lim", type_=Integer))
+            .with_for_update(of=threads)
+        )
+        return [(r[0], r[1]) for r in (await conn.execute(stmt, {"lim": batch})).all()]
+
+    async def mark_pruned(self, conn: AsyncConnection, pks: Sequence[int], now: float) -> None:
+        if pks:
+            stmt = update(threads).where(threads.c.pk.in_(bindparam("pks", expanding=True))).values(pruned_at=bindparam("now"))
+            await conn.execute(stmt, {"pks": list(pks), "now": now})

@@ -1,0 +1,220 @@
+"""HTTP routes of the checkpoints capability: what ``GatewayCheckpointSaver`` (the client's
+LangGraph ``BaseCheckpointSaver``) sends, one route per saver method."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+import orjson
+from fastapi import FastAPI, Query, Response
+from pydantic import TypeAdapter, ValidationError
+
+from app.checkpoints.backend import backend_for
+from app.checkpoints.dependencies import CheckpointsServiceDep
+from app.checkpoints.reads import CheckpointReader
+from app.checkpoints.repository import CheckpointsRepository
+from app.checkpoints.schemas import (
+    CheckpointConfig,
+    CheckpointCreate,
+    CheckpointId,
+    CheckpointNs,
+    CheckpointPage,
+    CheckpointSearch,
+    CheckpointTupleRead,
+    Copied,
+    Deleted,
+    RetentionRead,
+    RetentionUpdate,
+    RunsDelete,
+    ThreadCopy,
+    ThreadId,
+    ThreadsPrune,
+    WritesCreate,
+)
+from app.checkpoints.service import CheckpointsService
+from app.checkpoints.writer import writer_for
+from app.core.config import Database
+from app.core.databases import SQLITE_BEGIN_OPTION, Databases
+from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.limits import Body, accepts
+from app.core.routing import CapabilityRouter
+from app.core.statements import fixed_statements
+from app.core.upsert import insert_builder
+
+log = logging.getLogger("app.checkpoints")
+
+router = CapabilityRouter("checkpoints", tags=["checkpoints"])
+
+JSON = "application/json"
+_ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
+_WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
+
+
+@router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
+@accepts(Body.JSON)
+async def put_checkpoint(
+    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
+) -> Response:
+    """Store a checkpoint with the channel values new in it (`aput`); values already stored at
+    their version are kept once. Storing the same id again replaces the checkpoint."""
+    return Response(orjson.dumps(await service.put(conn, namespace, body)), media_type=JSON)
+
+
+@router.post("/writes", summary="Store pending writes", status_code=204, responses=_WRITE_ERRORS)
+@accepts(Body.JSON)
+async def put_writes(
+    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
+) -> Response:
+    """Store one task's writes against a checkpoint (`aput_writes`)."""
+    await service.put_writes(conn, namespace, body)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/tuple", summary="Get a checkpoint", response_model=CheckpointTupleRead,
+    responses=problem_responses(InvalidInput, NotFound, ServiceUnavailable),
+)
+async def get_tuple(
+    namespace: NamespacePath,
+    thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
+    conn: CheckpointsReadStatement,
+    service: CheckpointsServiceDep,
+    checkpoint_ns: Annotated[str, Query(max_length=1024, description="`\"\"` for the root graph.")] = "",
+    checkpoint_id: Annotated[str | None, Query(max_length=128, description="Omit: the newest.")] = None,
+) -> Response:
+    """A checkpoint with its channel values and pending writes (`aget_tuple`); 404 when there is none."""
+    thread_id = _valid("thread", "thread_id", thread_id)
+    checkpoint_ns = _valid("ns", "checkpoint_ns", checkpoint_ns)
+    checkpoint_id = _valid("id", "checkpoint_id", checkpoint_id) if checkpoint_id else None
+    return Response(await service.get(conn, namespace, thread_id, checkpoint_ns, checkpoint_id), media_type=JSON)
+
+
+@router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_ERRORS)
+@accepts(Body.JSON, read_only=True)
+async def search_checkpoints(
+    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadStatement, service: CheckpointsServiceDep
+) -> Response:
+    """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
+    namespace, with a metadata `filter` (served by an index), `before` and a page `limit`."""
+    return Response(await service.search(conn, namespace, body), media_type=JSON)
+
+
+@router.delete("/threads", summary="Delete a thread", response_model=Deleted, responses=_ERRORS)
+async def delete_thread(
+    namespace: NamespacePath,
+    thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
+    conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
+) -> Deleted:
+    """Every checkpoint, value and pending write of the thread (`adelete_thread`); fine if it has none."""
+    thread_id = _valid("thread", "thread_id", thread_id)
+    return Deleted(deleted=await service.delete_thread(conn, namespace, thread_id))
+
+
+@router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
+@accepts(Body.JSON)
+async def delete_runs(
+    namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
+) -> Deleted:
+    """Checkpoints whose metadata `run_id` is listed, with their writes (`adelete_for_runs`)."""
+    return Deleted(deleted=await service.delete_runs(conn, namespace, body.run_ids))
+
+
+@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_ERRORS)
+@accepts(Body.JSON)
+async def copy_thread(
+    namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
+) -> Copied:
+    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`)."""
+    return Copied(copied=await service.copy_thread(conn, namespace, body.source_thread_id, body.target_thread_id))
+
+
+@router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
+@accepts(Body.JSON)
+async def prune(
+    namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
+) -> Deleted:
+    """`keep_latest`: only the newest checkpoint per checkpoint_ns stays, with the ancestors its
+    delta channels need; `delete`: nothing stays (`aprune`)."""
+    return Deleted(deleted=await service.prune(conn, namespace, body.thread_ids, body.strategy))
+
+
+@router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)
+@accepts(Body.JSON)
+async def set_retention(
+    namespace: NamespacePath, body: RetentionUpdate, conn: CheckpointsConnection, service: CheckpointsServiceDep
+) -> RetentionRead:
+    """Keep the latest N checkpoints and/or delete threads idle longer than a TTL, for the whole
+    namespace or (with `thread_id`) one thread; applied by a background sweep."""
+    return await service.set_retention(conn, namespace, body)
+
+
+@router.get("/retention", summary="Get retention", response_model=RetentionRead, responses=_ERRORS)
+async def get_retention(
+    namespace: NamespacePath,
+    conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
+    thread_id: Annotated[str | None, Query(max_length=1024, description="Omit: the namespace's.")] = None,
+) -> RetentionRead:
+    """The retention set for the namespace or one thread (`null`: not set)."""
+    thread_id = _valid("thread", "thread_id", thread_id) if thread_id is not None else None
+    return await service.retention(conn, namespace, thread_id)
+
+
+_ADAPTERS = {name: TypeAdapter(a) for name, a in (("thread", ThreadId), ("ns", CheckpointNs), ("id", CheckpointId))}
+
+
+def _valid(kind: str, field: str, value: str) -> str:
+    """``value`` checked as the body models check the same field (query parameters)."""
+    try:
+        return _ADAPTERS[kind].validate_python(value)
+    except ValidationError as exc:
+        raise InvalidInput(field, exc.errors()[0]["msg"]) from None
+
+
+# --- lifespan: the backend choice and the retention sweep ----------------------------------
+
+
+async def _sweep_forever(databases: Databases, service: CheckpointsService) -> None:
+    """Apply retention in bounded batches, every ``checkpoints.sweep_interval_seconds``."""
+    interval = service.settings.sweep_interval_seconds
+    engine = databases.engine(Database.checkpoints).execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            while True:
+                async with engine.begin() as conn:
+                    handled = await service.sweep(conn)
+                if handled < service.settings.sweep_batch:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the next round tries again; a sweep must never take the service down
+            log.warning("checkpoint retention sweep failed", exc_info=True)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Build the checkpoints service for the checkpoints database's backend and run retention."""
+    databases: Databases = app.state.databases
+    settings = app.state.settings
+    dialect = databases.dialect(Database.checkpoints)
+    backend = backend_for(dialect)
+    fixed = fixed_statements(dialect)
+    repository = CheckpointsRepository(backend, insert_builder(dialect))
+    writer = writer_for(dialect, repository, backend, fixed)
+    service = CheckpointsService(repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints)
+    app.state.checkpoints_service = service
+    sweeper = asyncio.create_task(_sweep_forever(databases, service), name="checkpoints-sweep")
+    try:
+        yield
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper

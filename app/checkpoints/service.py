@@ -1,0 +1,241 @@
+"""The rules of the checkpoints capability: limits, the shape of answers, pruning and retention."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.checkpoints.lineage import kept_ids
+from app.checkpoints.reads import CheckpointReader, PageRow
+from app.checkpoints.repository import CheckpointKey, CheckpointsRepository
+from app.checkpoints.writer import CheckpointWriter
+from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
+from app.core.config import CheckpointsSettings, LimitsSettings
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
+from app.core.pagination import decode_cursor, encode_cursor
+from app.core.statements import StatementConnection
+
+_b64 = base64.b64encode
+
+
+def _typed(type_: str, data: bytes) -> dict[str, str]:
+    return {"type": type_, "data": _b64(data).decode("ascii")}
+
+
+class CheckpointsService:
+    def __init__(
+        self, repository: CheckpointsRepository, reader: CheckpointReader, writer: CheckpointWriter,
+        limits: LimitsSettings, settings: CheckpointsSettings,
+    ) -> None:
+        self.repo = repository
+        self.reader = reader
+        self.writer = writer
+        self.limits = limits
+        self.settings = settings
+
+    # --- limits --------------------------------------------------------------------------
+
+    def _check_count(self, field: str, n: int) -> None:
+        if n > self.limits.max_batch_items:
+            message = f"at most {self.limits.max_batch_items} items per request (got {n})"
+            raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
+
+    def _check_bytes(self, field: str, data: bytes) -> None:
+        if len(data) > self.settings.max_blob_bytes:
+            message = f"must be at most {self.settings.max_blob_bytes} bytes (got {len(data)})"
+            raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": field.split("."), "msg": message}])
+
+    def _json(self, field: str, value: Any, limit: int) -> str:
+        try:
+            text = orjson.dumps(value).decode()
+        except TypeError as exc:
+            raise InvalidInput(field, f"is not JSON: {exc}") from None
+        if "\\u0000" in text:
+            raise InvalidInput(field, "must not contain NUL characters (\\u0000)")
+        if len(text) > limit:
+            message = f"must be at most {limit} bytes of JSON (got {len(text)})"
+            raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
+        return text
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def put(self, conn: StatementConnection, ns: str, body: CheckpointCreate) -> dict[str, str]:
+        self._check_count("blobs", len(body.blobs))
+        self._check_bytes("checkpoint.data", body.checkpoint.data)
+        for i, blob in enumerate(body.blobs):
+            self._check_bytes(f"blobs.{i}.data", blob.data)
+        metadata = self._json("metadata", body.metadata, self.settings.max_metadata_bytes)
+        versions = self._json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
+        await self.writer.put(
+            conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.parent_checkpoint_id,
+            body.checkpoint.type, body.checkpoint.data, versions, metadata, body.metadata,
+            [(b.channel, b.version, b.type, b.data) for b in body.blobs],
+        )
+        return {"thread_id": body.thread_id, "checkpoint_ns": body.checkpoint_ns, "checkpoint_id": body.checkpoint_id}
+
+    async def put_writes(self, conn: StatementConnection, ns: str, body: WritesCreate) -> None:
+        self._check_count("writes", len(body.writes))
+        for i, write in enumerate(body.writes):
+            self._check_bytes(f"writes.{i}.data", write.data)
+        if not body.writes:
+            return
+        rows = {w.idx: (w.idx, w.channel, w.type, w.data) for w in body.writes}  # one per idx: the last
+        await self.writer.put_writes(
+            conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.task_id,
+            body.task_path, list(rows.values()),
+            # LangGraph's rule: special writes (negative idx) replace, regular ones are kept once
+            replace=all(w.idx < 0 for w in body.writes),
+        )
+
+    # --- reads ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _tuple(r: PageRow) -> dict[str, Any]:
+        return {
+            "thread_id": r.thread_id,
+            "checkpoint_ns": r.checkpoint_ns,
+            "checkpoint_id": r.checkpoint_id,
+            "parent_checkpoint_id": r.parent_checkpoint_id,
+            "checkpoint": _typed(r.type, r.checkpoint),
+            "channel_versions": orjson.Fragment(r.channel_versions),
+            "metadata": orjson.Fragment(r.metadata),
+            "values": {channel: _typed(t, d) for channel, t, d in r.values},
+            "pending_writes": [
+                {"task_id": task_id, "channel": channel, **_typed(t, d), "task_path": task_path, "idx": idx}
+                for task_id, channel, t, d, task_path, idx in r.writes
+            ],
+        }
+
+    async def get(self, conn: StatementConnection, ns: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> bytes:
+        """The checkpoint (the newest of the thread and checkpoint_ns without an id) as JSON, or 404."""
+        rows = await self.reader.page(
+            conn, ns, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, limit=1
+        )
+        if not rows:
+            what = f"checkpoint {checkpoint_id!r}" if checkpoint_id else "no checkpoint"
+            raise NotFound(f"{what} in thread {thread_id!r} (checkpoint_ns {checkpoint_ns!r})")
+        return orjson.dumps(self._tuple(rows[0]))
+
+    async def search(self, conn: StatementConnection, ns: str, body: CheckpointSearch) -> bytes:
+        """A page newest first; a full page has a ``next_cursor`` (the page after may be empty)."""
+        limit = body.limit or self.limits.default_page_size
+        if limit > self.limits.max_page_size:
+            raise InvalidInput("limit", f"must be at most {self.limits.max_page_size}")
+        if body.filter and len(body.filter) > self.limits.max_filter_terms:
+            raise InvalidInput("filter", f"at most {self.limits.max_filter_terms} entries")
+        after = None
+        if body.cursor is not None:
+            position = decode_cursor(body.cursor, "c", "p", "n")
+            pk = position["p"]
+            if not (isinstance(position["c"], str) and isinstance(pk, int) and 0 < pk < 2**63 and isinstance(position["n"], str)):
+                raise InvalidInput("cursor", "is not a cursor returned by this list")
+            after = (position["c"], pk, position["n"])
+        rows = await self.reader.page(
+            conn, ns, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
+            before=body.before, filter=body.filter, after_key=after, limit=limit,
+        )
+        last = rows[-1] if len(rows) == limit else None
+        next_cursor = encode_cursor({"c": last.checkpoint_id, "p": last.thread_pk, "n": last.checkpoint_ns}) if last else None
+        return orjson.dumps({"items": [self._tuple(r) for r in rows], "next_cursor": next_cursor})
+
+    # --- deletes, copies, pruning ----------------------------------------------------------
+
+    async def delete_thread(self, conn: AsyncConnection, ns: str, thread_id: str) -> int:
+        pk = await self.repo.lock_thread(conn, ns, thread_id)
+        return await self.repo.delete_threads(conn, [pk], ns) if pk is not None else 0
+
+    async def delete_runs(self, conn: AsyncConnection, ns: str, run_ids: Sequence[str]) -> int:
+        self._check_count("run_ids", len(run_ids))
+        keys: set[CheckpointKey] = set()
+        for run_id in dict.fromkeys(run_ids):
+            keys.update(await self.repo.run_checkpoints(conn, ns, run_id))
+        if not keys:
+            return 0
+        pks = sorted({k[0] for k in keys})
+        await self.repo.lock_pks(conn, ns, pks)
+        deleted = await self.repo.delete_checkpoints(conn, sorted(keys))
+        for pk in pks:
+            await self.repo.collect_blobs(conn, pk)
+        return deleted
+
+    async def copy_thread(self, conn: AsyncConnection, ns: str, source: str, target: str) -> int:
+        """Every checkpoint of ``source`` (the whole parent chain, so delta channels rebuild)
+        with its values and pending writes, into ``target``."""
+        if source == target:
+            raise InvalidInput("target_thread_id", "must differ from source_thread_id")
+        src = await self.repo.lock_thread(conn, ns, source)
+        if src is None:
+            return 0
+        dst = await self.repo.touch_thread(conn, ns, target, time.time())
+        return await self.repo.copy_thread(conn, src, dst)
+
+    async def prune(self, conn: AsyncConnection, ns: str, thread_ids: Sequence[str], strategy: str) -> int:
+        self._check_count("thread_ids", len(thread_ids))
+        pks = []
+        for thread_id in sorted(set(thread_ids)):
+            pk = await self.repo.lock_thread(conn, ns, thread_id)
+            if pk is not None:
+                pks.append(pk)
+        if strategy == "delete":
+            return await self.repo.delete_threads(conn, pks, ns)
+        deleted = 0
+        for pk in pks:
+            deleted += await self.keep_latest(conn, pk, 1)
+        return deleted
+
+    async def keep_latest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
+        """Delete all but the newest ``keep`` checkpoints per checkpoint_ns of thread ``pk`` (and
+        the ancestors delta channels need: ``app.checkpoints.lineage``), with what only they used."""
+        lineage = await self.repo.lineage(conn, pk)
+        by_ns: dict[str, list] = defaultdict(list)
+        for row in lineage:
+            by_ns[row.checkpoint_ns].append(row)
+        if all(len(rows) <= keep for rows in by_ns.values()):
+            return 0
+        stored = await self.repo.blob_keys(conn, pk) if any(r.delta_channels for r in lineage) else set()
+        doomed: list[CheckpointKey] = []
+        for ns, rows in by_ns.items():
+            kept = kept_ids(rows, keep, stored)
+            doomed += [(pk, ns, r.checkpoint_id) for r in rows if r.checkpoint_id not in kept]
+        if not doomed:
+            return 0
+        deleted = await self.repo.delete_checkpoints(conn, doomed)
+        for ns in {k[1] for k in doomed}:
+            await self.repo.orphan_parents(conn, pk, ns)
+        await self.repo.collect_blobs(conn, pk)
+        return deleted
+
+    # --- retention -------------------------------------------------------------------------
+
+    async def set_retention(self, conn: AsyncConnection, ns: str, body: RetentionUpdate) -> RetentionRead:
+        if body.thread_id is None:
+            await self.repo.set_namespace_retention(conn, ns, body.keep_latest, body.idle_ttl_seconds)
+        else:
+            await self.repo.set_thread_retention(conn, ns, body.thread_id, body.keep_latest, body.idle_ttl_seconds, time.time())
+        return RetentionRead(thread_id=body.thread_id, keep_latest=body.keep_latest, idle_ttl_seconds=body.idle_ttl_seconds)
+
+    async def retention(self, conn: AsyncConnection, ns: str, thread_id: str | None) -> RetentionRead:
+        if thread_id is None:
+            keep, ttl = await self.repo.namespace_retention(conn, ns)
+        else:
+            keep, ttl = await self.repo.thread_retention(conn, ns, thread_id)
+        return RetentionRead(thread_id=thread_id, keep_latest=keep, idle_ttl_seconds=ttl)
+
+    async def sweep(self, conn: AsyncConnection) -> int:
+        """One bounded batch of retention over every namespace: idle threads deleted, threads
+        written since their last trim cut to their keep-latest; how many threads it handled."""
+        now = time.time()
+        batch = self.settings.sweep_batch
+        idle = await self.repo.idle_threads(conn, now, batch)
+        await self.repo.delete_threads(conn, idle, None)
+        trims = await self.repo.threads_to_trim(conn, batch)
+        for pk, keep in trims:
+            await self.keep_latest(conn, pk, keep)
+        await self.repo.mark_pruned(conn, [pk for pk, _ in trims], now)
+        return max(len(idle), len(trims))

@@ -1,0 +1,98 @@
+"""Bad checkpoint requests are answered 4xx problem+json naming what is wrong, never 500: sizes
+over the limits (413), malformed names, bytes, filters and cursors (422), missing checkpoints (404)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.core.config import Settings
+from app.main import create_app
+from tests.conftest import Backend, Server
+
+PROBLEM = "application/problem+json"
+
+
+def checkpoint(**extra: object) -> dict:
+    return {"thread_id": "t", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="}, **extra}
+
+
+@pytest.fixture
+async def small(backend: Backend, server: Server, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process on the test databases, with small checkpoint limits."""
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False,
+        limits={"max_body_bytes": 64 * 1024, "max_batch_items": 3, "max_page_size": 10, "default_page_size": 5},
+        checkpoints={"max_blob_bytes": 1024, "max_metadata_bytes": 256},
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            yield client
+
+
+def assert_problem(r: httpx.Response, status: int, field: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    if field is not None:
+        assert field in r.json()["detail"], r.json()
+
+
+async def test_sizes_over_the_limits_are_413(small: httpx.AsyncClient, namespace: str) -> None:
+    url = f"/v1/{namespace}/checkpoints/put"
+    big = base64.b64encode(b"x" * 1025).decode()
+    assert_problem(await small.post(url, json=checkpoint(checkpoint={"type": "bytes", "data": big})), 413, "checkpoint.data")
+    blob = {"channel": "m", "version": "1", "type": "bytes", "data": big}
+    assert_problem(await small.post(url, json=checkpoint(blobs=[blob])), 413, "blobs.0.data")
+    few = {"channel": "m", "version": "1", "type": "bytes", "data": "AA=="}
+    assert_problem(await small.post(url, json=checkpoint(blobs=[few] * 4)), 413, "blobs")
+    assert_problem(await small.post(url, json=checkpoint(metadata={"k": "v" * 300})), 413, "metadata")
+    writes = {"thread_id": "t", "checkpoint_id": "c1", "task_id": "k",
+              "writes": [{"idx": 0, "channel": "m", "type": "bytes", "data": big}]}
+    assert_problem(await small.post(f"/v1/{namespace}/checkpoints/writes", json=writes), 413, "writes.0.data")
+    huge = base64.b64encode(b"x" * 70 * 1024).decode()
+    assert_problem(await small.post(url, json=checkpoint(checkpoint={"type": "bytes", "data": huge})), 413)
+    assert_problem(await small.post(f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": list("abcd")}), 413, "thread_ids")
+    # nothing was stored
+    assert_problem(await small.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "t"}), 404)
+
+
+async def test_malformed_requests_are_422_naming_the_field(small: httpx.AsyncClient, namespace: str) -> None:
+    url = f"/v1/{namespace}/checkpoints/put"
+    assert_problem(await small.post(url, json=checkpoint(thread_id="bad\x01id")), 422, "thread_id")
+    assert_problem(await small.post(url, json=checkpoint(thread_id="")), 422, "thread_id")
+    assert_problem(await small.post(url, json=checkpoint(checkpoint={"type": "bytes", "data": "@@not base64@@"})), 422, "checkpoint")
+    assert_problem(await small.post(url, json=checkpoint(metadata={"k": "nul\u0000"})), 422, "metadata")
+    assert_problem(await small.post(url, json=checkpoint(checkpoint_ns="a\nb")), 422, "checkpoint_ns")
+    search = f"/v1/{namespace}/checkpoints/search"
+    assert_problem(await small.post(search, json={"filter": {"parents": {"": "x"}}}), 422, "filter")
+    assert_problem(await small.post(search, json={"cursor": "garbage"}), 422, "cursor")
+    assert_problem(await small.post(search, json={"limit": 11}), 422, "limit")
+    assert_problem(await small.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "t", "checkpoint_id": "a\x00"}), 422, "checkpoint_id")
+    assert_problem(await small.get(f"/v1/{namespace}/checkpoints/tuple"), 422, "thread_id")
+    assert_problem(await small.put(f"/v1/{namespace}/checkpoints/retention", json={"keep_latest": -1}), 422, "keep_latest")
+    copy = {"source_thread_id": "t", "target_thread_id": "t"}
+    assert_problem(await small.post(f"/v1/{namespace}/checkpoints/threads/copy", json=copy), 422, "target_thread_id")
+    assert_problem(await small.post(f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": ["t"], "strategy": "all"}), 422, "strategy")
+
+
+async def test_pages_follow_the_cursor_to_the_end(small: httpx.AsyncClient, namespace: str) -> None:
+    url = f"/v1/{namespace}/checkpoints/put"
+    for i in range(12):
+        assert (await small.post(url, json=checkpoint(thread_id=f"t{i % 3}", checkpoint_id=f"c{i:02}", metadata={"i": i}))).is_success
+    seen, cursor = [], None
+    while True:
+        page = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"cursor": cursor} if cursor else {})).json()
+        assert len(page["items"]) <= 5
+        seen += [(p["checkpoint_id"], p["thread_id"]) for p in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == [(f"c{i:02}", f"t{i % 3}") for i in reversed(range(12))]
+    only = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"filter": {"i": 7.0}})).json()["items"]
+    assert [p["checkpoint_id"] for p in only] == ["c07"]

@@ -1,0 +1,195 @@
+"""Retention of checkpoints, on both backends: keep-latest and idle TTL, per namespace or per
+thread, applied by the background sweep, deleting what they should and nothing else; values no
+checkpoint uses any more go with them; a thread with a DeltaChannel keeps its chain back to the
+last snapshot (through the sweep and through ``aprune``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import httpx
+import pytest
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+from sqlalchemy import func, select
+
+from app.checkpoints.models import checkpoint_blobs, checkpoint_threads, checkpoint_writes
+from app.core.config import Database, Settings
+from app.main import create_app
+from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
+from tests.conftest import Backend, Server
+
+SWEEP = 0.1
+
+
+class Gateway:
+    def __init__(self, app: Any, transport: httpx.ASGITransport) -> None:
+        self.app, self.transport = app, transport
+
+    def client(self, namespace: str) -> GatewayClient:
+        return GatewayClient("http://gw", namespace=namespace, transport=self.transport)
+
+    async def rows(self, table: Any, namespace: str, thread_id: str) -> int:
+        """Rows of ``table`` that belong to the thread (the registry row itself for the registry)."""
+        t = checkpoint_threads
+        pk = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == thread_id).scalar_subquery()
+        where = t.c.pk == pk if table is t else table.c.thread_pk == pk
+        async with self.app.state.databases.engine(Database.checkpoints).connect() as conn:
+            return (await conn.execute(select(func.count()).select_from(table).where(where))).scalar_one()
+
+
+@pytest.fixture
+async def gateway(backend: Backend, server: Server, tmp_path: Path) -> AsyncIterator[Gateway]:
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False, checkpoints={"sweep_interval_seconds": SWEEP},
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        yield Gateway(app, httpx.ASGITransport(app=app))
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("the sweep did not get there in time")
+        await asyncio.sleep(SWEEP)
+
+
+async def put_steps(saver: GatewayCheckpointSaver, thread_id: str, n: int, ns: str = "") -> list[str]:
+    """``n`` checkpoints in a chain: channel ``a`` changes every step, ``b`` is written once
+    (both stored as values: lists), ``c`` is a primitive (kept inside the checkpoint); each
+    checkpoint gets one pending write."""
+    config: dict = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+    ids = []
+    for i in range(n):
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"a": [f"a{i}" * 50], "b": ["constant"], "c": i}
+        cp["channel_versions"] = {"a": i + 1, "b": 1, "c": i + 1}
+        new_versions = {"a": i + 1, "c": i + 1, **({"b": 1} if i == 0 else {})}
+        config = await saver.aput(config, cp, {"source": "loop", "step": i}, new_versions)
+        await saver.aput_writes(config, [("a", f"w{i}")], f"task{i}")
+        ids.append(cp["id"])
+    return ids
+
+
+async def ids_of(saver: GatewayCheckpointSaver, thread_id: str, ns: str = "") -> list[str]:
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+    return [t.checkpoint["id"] async for t in saver.alist(config)]
+
+
+async def test_keep_latest_per_namespace_and_thread_override(gateway: Gateway, namespace: str) -> None:
+    ns, other = f"{namespace}r", f"{namespace}o"
+    async with gateway.client(ns) as gw, gateway.client(other) as gw_other:
+        saver, saver_other = gw.checkpointer(), gw_other.checkpointer()
+        ids = await put_steps(saver, "t1", 5)
+        sub = await put_steps(saver, "t1", 3, ns="child:1")
+        kept_whole = await put_steps(saver, "t2", 4)
+        untouched = await put_steps(saver_other, "t1", 4)
+        assert await gateway.rows(checkpoint_blobs, ns, "t1") == 5 + 1 + 3 + 1
+        await gw._transport.request("PUT", f"/v1/{ns}/checkpoints/retention", json={"thread_id": "t2", "keep_latest": 0})
+        await gw._transport.request("PUT", f"/v1/{ns}/checkpoints/retention", json={"keep_latest": 2})
+        assert (await gw._transport.request("GET", f"/v1/{ns}/checkpoints/retention")).json()["keep_latest"] == 2
+
+        async def trimmed() -> bool:
+            return len(await ids_of(saver, "t1")) == 2
+        await eventually(trimmed)
+        assert await ids_of(saver, "t1") == ids[:-3:-1]
+        assert await ids_of(saver, "t1", "child:1") == sub[:-3:-1]
+        # values only the deleted checkpoints used went with them; `b` (still used) stayed
+        assert await gateway.rows(checkpoint_blobs, ns, "t1") == (2 + 1) * 2
+        assert await gateway.rows(checkpoint_writes, ns, "t1") == 2 * 2
+        latest = await saver.aget_tuple({"configurable": {"thread_id": "t1", "checkpoint_ns": ""}})
+        assert latest.checkpoint["channel_values"] == {"a": ["a4" * 50], "b": ["constant"], "c": 4}
+        assert [w[2] for w in latest.pending_writes] == ["w4"]
+        # the thread that turned retention off, and the other namespace, kept everything
+        assert await ids_of(saver, "t2") == kept_whole[::-1]
+        assert await ids_of(saver_other, "t1") == untouched[::-1]
+        # new checkpoints are trimmed again on a later sweep
+        more = await put_steps(saver, "t1", 2)
+        await eventually(trimmed)
+        assert await ids_of(saver, "t1") == more[::-1]
+
+
+async def test_idle_ttl_deletes_idle_threads_only(gateway: Gateway, namespace: str) -> None:
+    ns, other = f"{namespace}i", f"{namespace}k"
+    async with gateway.client(ns) as gw, gateway.client(other) as gw_other:
+        saver = gw.checkpointer()
+        await put_steps(saver, "idle", 2)
+        await put_steps(saver, "pinned", 2)
+        await put_steps(gw_other.checkpointer(), "idle", 2)
+        await gw._transport.request("PUT", f"/v1/{ns}/checkpoints/retention", json={"thread_id": "pinned", "idle_ttl_seconds": 0})
+        await gw._transport.request("PUT", f"/v1/{ns}/checkpoints/retention", json={"idle_ttl_seconds": 1.0})
+
+        async def gone() -> bool:
+            return await gateway.rows(checkpoint_threads, ns, "idle") == 0
+        await eventually(gone)
+        for table in (checkpoint_blobs, checkpoint_writes):
+            assert await gateway.rows(table, ns, "idle") == 0
+        assert await ids_of(saver, "idle") == []
+        assert len(await ids_of(saver, "pinned")) == 2
+        assert len(await ids_of(gw_other.checkpointer(), "idle")) == 2
+        # a thread written again is no longer idle
+        await put_steps(saver, "busy", 1)
+        for _ in range(5):
+            await asyncio.sleep(0.3)
+            await put_steps(saver, "busy", 1)
+        assert len(await ids_of(saver, "busy")) == 6  # never idle for a second: all still there
+
+
+def _append(state: list, writes: list) -> list:
+    return [*state, *(x for w in writes for x in w)]
+
+
+class DeltaState(TypedDict, total=False):
+    items: Annotated[list, DeltaChannel(_append, snapshot_frequency=3)]
+    n: int
+
+
+def delta_graph(checkpointer: Any):  # noqa: ANN201
+    def step(state: DeltaState) -> DeltaState:
+        return {"items": [state.get("n", 0)], "n": state.get("n", 0) + 1}
+
+    g = StateGraph(DeltaState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["n"] < 8 else END)
+    return g.compile(checkpointer=checkpointer)
+
+
+@pytest.mark.parametrize("how", ["aprune", "sweep"])
+async def test_a_delta_channel_keeps_its_chain(gateway: Gateway, namespace: str, how: str) -> None:
+    async with gateway.client(namespace) as gw:
+        saver = gw.checkpointer()
+        graph = delta_graph(saver)
+        config = {"configurable": {"thread_id": "delta"}}
+        result = await graph.ainvoke({"n": 0}, config)
+        assert result["items"] == list(range(8))
+        before = len(await ids_of(saver, "delta"))
+        head = await saver.aget_tuple(config)
+        assert head.metadata.get("counters_since_delta_snapshot"), "the head must not be a snapshot"
+        if how == "aprune":
+            await saver.aprune(["delta"], strategy="keep_latest")
+        else:
+            await gw._transport.request("PUT", f"/v1/{namespace}/checkpoints/retention", json={"keep_latest": 1})
+
+            async def trimmed() -> bool:
+                return len(await ids_of(saver, "delta")) < before
+            await eventually(trimmed)
+        kept = await ids_of(saver, "delta")
+        assert 1 < len(kept) < before  # the head, and its ancestors back to the snapshot
+        assert kept[0] == head.checkpoint["id"]
+        state = await delta_graph(saver).aget_state(config)
+        assert state.values == {"items": list(range(8)), "n": 8}
+        # a copy carries the whole chain too
+        await saver.acopy_thread("delta", "delta-copy")
+        copied = await delta_graph(saver).aget_state({"configurable": {"thread_id": "delta-copy"}})
+        assert copied.values == state.values
