@@ -31,6 +31,7 @@ class FileRow:
     sha256: str
     created_at: datetime
     updated_at: datetime
+    object_key: str | None = None  # None: chunks in the database; else the bucket's key
 
     @classmethod
     def of(cls, row: Any) -> "FileRow":
@@ -43,6 +44,7 @@ class FileRow:
             sha256=row.sha256,
             created_at=row.created_at,
             updated_at=row.updated_at,
+            object_key=row.object_key,
         )
 
 
@@ -55,6 +57,7 @@ _FILE_COLUMNS = (
     files.c.sha256,
     files.c.created_at,
     files.c.updated_at,
+    files.c.object_key,
 )
 
 
@@ -154,6 +157,16 @@ class FilesRepository:
             stmt = stmt.where(file_uploads.c.touched_at < touched_before)
         return (await conn.execute(stmt)).rowcount == 1
 
+    async def known_blobs(self, conn: Conn, blob_ids: list[str]) -> set[str]:
+        """Those of ``blob_ids`` that a file row points at or an upload in progress holds."""
+        if not blob_ids:
+            return set()
+        known = set((await conn.execute(select(files.c.blob_id).where(files.c.blob_id.in_(blob_ids)))).scalars())
+        known |= set(
+            (await conn.execute(select(file_uploads.c.blob_id).where(file_uploads.c.blob_id.in_(blob_ids)))).scalars()
+        )
+        return known
+
     async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> list[str]:
         rows = await conn.execute(
             select(file_uploads.c.blob_id).where(file_uploads.c.touched_at < touched_before).limit(limit)
@@ -171,4 +184,5 @@ def _row_values(row: FileRow) -> dict[str, Any]:
         "sha256": row.sha256,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
+        "object_key": row.object_key,
     }
