@@ -95,7 +95,7 @@ class SeaweedS3:
             [weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
              "-s3", f"-s3.port={p['s3']}", f"-s3.config={config}",
-             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-master.electionTimeout=1s",
              "-master.volumeSizeLimitMB=512", "-volume.max=200"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
