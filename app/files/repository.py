@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -122,6 +122,30 @@ class FilesRepository:
             )
         ).one()
         return int(row[0]), int(row[1])
+
+    # --- moving between backends (an operator's command, across every namespace) -----------
+
+    @staticmethod
+    def _on(to_s3: bool):  # noqa: ANN205
+        """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
+        return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
+
+    async def move_totals(self, conn: Conn, *, to_s3: bool) -> tuple[int, int]:
+        """(files, bytes) still to move."""
+        row = (
+            await conn.execute(select(func.count(), func.coalesce(func.sum(files.c.size), 0)).where(self._on(to_s3)))
+        ).one()
+        return int(row[0]), int(row[1])
+
+    async def to_move(
+        self, conn: Conn, *, to_s3: bool, after: tuple[str, str, str] | None, limit: int
+    ) -> list[tuple[str, str, FileRow]]:
+        """The next ``limit`` rows to move, in key order after ``after``: (namespace, collection, row)."""
+        stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._on(to_s3))
+        if after is not None:
+            stmt = stmt.where(tuple_(files.c.namespace, files.c.collection, files.c.file_id) > after)
+        stmt = stmt.order_by(files.c.namespace, files.c.collection, files.c.file_id).limit(limit)
+        return [(r.namespace, r.collection, FileRow.of(r)) for r in (await conn.execute(stmt)).all()]
 
     # --- chunks ------------------------------------------------------------------------
 

@@ -153,6 +153,30 @@ class BlobWriter:
             await self._service.blobs.drop_object(old)  # after the commit: readers switched already
         return stored
 
+    async def commit_move(self, namespace: str, collection: str, source: FileRow) -> bool:
+        """Point the file at this copy of ``source`` (same version: sha256, type and timestamps
+        kept), unless it changed meanwhile; the source's bytes are dropped after the commit."""
+        await self._settle()
+        if self._hash.hexdigest() != source.sha256 or self.size != source.size:
+            raise RuntimeError(f"file {source.file_id!r}: the copy does not match the stored sha256")
+        tail = bytes(self._buffer)
+        self._buffer = bytearray()
+        await self._sink.finish(tail, self._stored)
+        async with self._service.write() as conn:
+            await self._sink.finish_in(conn, tail, self._stored)
+            if self._sink.heartbeat.started and not await self._repo.end_upload(conn, self.blob_id):
+                raise UploadAbandoned("the copy stalled and was discarded")
+            current = await self._repo.get_for_update(conn, namespace, collection, source.file_id)
+            if current is None or current.blob_id != source.blob_id:
+                return False  # replaced or deleted meanwhile: this copy is dropped (abort)
+            moved = replace(source, blob_id=self.blob_id, chunk_bytes=self._sink.chunk_bytes,
+                            object_key=self._sink.object_key)
+            await self._repo.replace(conn, namespace, collection, moved)
+            await self._repo.drop_blob(conn, source.blob_id)
+        self.finished = True
+        await self._service.blobs.drop_object(source)
+        return True
+
     async def abort(self) -> None:
         """Drop whatever this upload stored (shielded: runs even while the request is cancelled)."""
         if self.finished:
@@ -275,6 +299,27 @@ class FilesService:
             async for piece in body:
                 await writer.write(piece)
             return await writer.commit(namespace, collection, file_id, content_type, conditions)
+
+    async def move(self, namespace: str, collection: str, source: FileRow) -> bool:
+        """Copy one file version to the configured backend and swap it in; False if the file
+        changed or vanished meanwhile (reads of it go on from the source until the swap)."""
+        try:
+            reader = await self.open(namespace, collection, source.file_id)
+        except NotFound:
+            return False
+        try:
+            if reader.row.blob_id != source.blob_id:
+                return False
+            span = whole(source.size)
+            await reader.start(span)
+            async with self.new_blob(namespace) as writer:
+                writer.max_bytes = max(writer.max_bytes, source.size)  # stored under an older limit
+                async for piece in reader.iter_bytes(span):
+                    await writer.write(piece)
+                await reader.close()
+                return await writer.commit_move(namespace, collection, source)
+        finally:
+            await reader.close()
 
     # --- reads -------------------------------------------------------------------------
 
