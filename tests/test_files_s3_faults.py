@@ -141,3 +141,32 @@ async def test_stopped_mid_download_is_a_cut_off_never_corrupt(
         assert hashlib.sha256(r.content).hexdigest() == sha(data)
         ranged = await http.get(path, headers={"Range": "bytes=10-20"})
         assert ranged.status_code == 206 and ranged.content == data[10:21]
+
+
+async def test_presigned_redirect(
+    fault_backend: Backend, faulty: SeaweedS3, tmp_path: Path, namespace: str, auth_headers: dict[str, str]
+) -> None:
+    srv = start_server(fault_backend, tmp_path / "presign.log", GATEWAY_FILES__S3__PRESIGN_DOWNLOADS="true",
+                       GATEWAY_FILES__S3__PRESIGN_SECONDS="60")
+    try:
+        data = os.urandom(3 * MiB + 7)
+        path = url(namespace, "f", "p.bin")
+        async with httpx.AsyncClient(base_url=srv.url, headers=auth_headers, timeout=60) as http:
+            r = await http.put(path, content=data, headers={"Content-Type": "image/png"})
+            assert r.status_code == 201
+            etag = r.headers["etag"]
+            r = await http.get(path)
+            assert r.status_code == 307 and r.headers["etag"] == etag
+            location = r.headers["location"]
+            assert location.startswith(faulty.endpoint) and "X-Amz-Signature" in location
+            # 304 and 404 stay with the gateway; the bucket serves the bytes (and Range) itself.
+            assert (await http.get(path, headers={"If-None-Match": etag})).status_code == 304
+            assert (await http.get(url(namespace, "f", "missing"))).status_code == 404
+        async with httpx.AsyncClient(timeout=60) as bare:
+            whole = await bare.get(location)
+            assert whole.status_code == 200 and whole.content == data
+            assert whole.headers["content-type"] == "image/png"
+            part = await bare.get(location, headers={"Range": "bytes=5-9"})
+            assert part.status_code == 206 and part.content == data[5:10]
+    finally:
+        stop_server(srv)

@@ -126,6 +126,7 @@ class S3Objects:
 
         config = AioConfig(
             region_name=settings.region,
+            signature_version="s3v4",  # presigned URLs too (botocore would presign with SigV2)
             max_pool_connections=settings.max_connections,
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
