@@ -311,7 +311,10 @@ class FilesService:
             if reader.row.blob_id != source.blob_id:
                 return False
             span = whole(source.size)
-            await reader.start(span)
+            try:
+                await reader.start(span)
+            except ObjectMissing:  # replaced meanwhile; its old object is gone
+                return False
             async with self.new_blob(namespace) as writer:
                 writer.max_bytes = max(writer.max_bytes, source.size)  # stored under an older limit
                 async for piece in reader.iter_bytes(span):

@@ -3,7 +3,7 @@
 The one place the two files backends differ. ``BlobStore`` makes sinks for new versions and
 readers for stored ones; the service keeps the rules (hashing, limits, conditions, the swap).
 
-A sink receives an upload in pieces of ``piece_bytes`` (a chunk, or a multipart part), each
+A sink receives an upload in pieces of ``chunk_bytes`` (a chunk, or a multipart part), each
 stored as it comes with a heartbeat in ``file_uploads`` so the sweeper knows the upload is alive:
 
 - ``store(seq, piece)``: one full piece, while the next one arrives;
@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
 from typing import Protocol
 
 import anyio
@@ -29,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.errors import Conflict
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
-from app.files.s3 import ObjectBody, S3Objects
+from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
 
 log = logging.getLogger("app.files")
 
@@ -44,9 +45,7 @@ class UploadAbandoned(Conflict):
     code = "upload_abandoned"
 
 
-def utcnow():  # noqa: ANN201
-    from datetime import UTC, datetime
-
+def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
@@ -186,17 +185,25 @@ class ObjectSink:
     async def store(self, seq: int, piece: bytes) -> None:
         async with self._write() as conn:  # a short transaction; no connection held during I/O
             await self.heartbeat.beat(conn)
-        if self._upload_id is None:
-            self._upload_id = await self._objects.create_upload(self.key)
-        self._etags.append(await self._objects.upload_part(self.key, self._upload_id, seq + 1, piece))
+        try:
+            if self._upload_id is None:
+                self._upload_id = await self._objects.create_upload(self.key)
+            self._etags.append(await self._objects.upload_part(self.key, self._upload_id, seq + 1, piece))
+        except ObjectMissing:
+            raise UploadAbandoned("the upload stalled and was discarded; send it again") from None
 
     async def finish(self, tail: bytes, pieces: int) -> None:
-        if self._upload_id is None:
-            await self._objects.put(self.key, tail)
-        else:
-            if tail:
-                self._etags.append(await self._objects.upload_part(self.key, self._upload_id, pieces + 1, tail))
-            await self._objects.complete_upload(self.key, self._upload_id, self._etags)
+        try:
+            if self._upload_id is None:
+                await self._objects.put(self.key, tail)
+            else:
+                if tail:
+                    self._etags.append(
+                        await self._objects.upload_part(self.key, self._upload_id, pieces + 1, tail)
+                    )
+                await self._objects.complete_upload(self.key, self._upload_id, self._etags)
+        except ObjectMissing:  # the sweep aborted a multipart upload that stalled
+            raise UploadAbandoned("the upload stalled and was discarded; send it again") from None
         self._completed = True
 
     async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None:
