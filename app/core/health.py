@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -24,10 +25,37 @@ class DatabaseStatus(BaseModel):
     error: str | None = None
 
 
+class StorageStatus(BaseModel):
+    """Storage outside the databases (the files bucket): reported, not part of ``ready``."""
+
+    backend: str = Field(examples=["s3"])
+    reachable: bool
+    location: str | None = Field(default=None, description="The bucket, for s3.")
+    error: str | None = None
+
+
+StorageCheck = Callable[[], Awaitable[StorageStatus]]
+STORAGE_CHECKS = "storage_checks"  # app.state attribute: capability name -> StorageCheck
+
+
+def register_storage_check(app: FastAPI, name: str, check: StorageCheck) -> None:
+    """Let ``/readyz`` report a capability's own storage (called from its lifespan)."""
+    checks = getattr(app.state, STORAGE_CHECKS, None)
+    if checks is None:
+        checks = {}
+        setattr(app.state, STORAGE_CHECKS, checks)
+    checks[name] = check
+
+
 class Readiness(BaseModel):
     ready: bool
     auth: str = Field(default="required", description="`required`, or `disabled` when running without keys.")
     databases: dict[str, DatabaseStatus]
+    storage: dict[str, StorageStatus] = Field(
+        default_factory=dict,
+        description="Storage besides the databases (files on s3). An unreachable bucket does not make the "
+        "gateway unready: the other capabilities still serve, files routes answer 503 with Retry-After.",
+    )
 
 
 async def _status(databases: Databases, db: Database) -> DatabaseStatus:
@@ -58,11 +86,14 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """200 when all three databases answer and are at the migrations' head; 503 otherwise."""
     databases: Databases = request.app.state.databases
+    checks: dict[str, StorageCheck] = getattr(request.app.state, STORAGE_CHECKS, None) or {}
     statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
+    storage = await asyncio.gather(*(check() for check in checks.values()))
     result = Readiness(
         ready=all(s.reachable and s.migrated for s in statuses),
         auth=getattr(request.app.state, "auth_mode", "required"),
         databases={db.value: s for db, s in zip(Database, statuses)},
+        storage=dict(zip(checks, storage)),
     )
     status = 200 if result.ready else 503
     headers = {} if result.ready else {"Retry-After": "2"}

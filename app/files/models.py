@@ -1,8 +1,8 @@
 """Tables of the files capability (metadata database).
 
-A file is a row in ``files`` that points at a blob: the blob's bytes live in ``file_chunks`` as
-fixed-size chunks (``chunk_bytes``, recorded per file so a changed setting never misreads old
-blobs). An upload writes a new blob beside the old one and swaps the pointer in one transaction;
+A file is a row in ``files`` that points at a blob: the blob's bytes live either in
+``file_chunks`` as fixed-size chunks (``chunk_bytes``, recorded per file so a changed setting
+never misreads old blobs) or, when ``object_key`` is set, in the S3 bucket under that key. An upload writes a new blob beside the old one and swaps the pointer in one transaction;
 ``file_uploads`` lists blobs still being written, so chunks of a crashed upload can be swept.
 Invariant: every chunk's blob is either pointed at by exactly one ``files`` row or listed in
 ``file_uploads``.
@@ -23,6 +23,7 @@ files = Table(
     Column("blob_id", String(BLOB_ID_LENGTH), nullable=False, unique=True),
     Column("size", BigInteger, nullable=False),
     Column("chunk_bytes", Integer, nullable=False),
+    Column("object_key", String(1024), nullable=True),
     Column("content_type", String(255), nullable=False),
     Column("sha256", String(64), nullable=False),
     Column("created_at", UtcDateTime, nullable=False),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -31,6 +31,7 @@ class FileRow:
     sha256: str
     created_at: datetime
     updated_at: datetime
+    object_key: str | None = None  # None: chunks in the database; else the bucket's key
 
     @classmethod
     def of(cls, row: Any) -> "FileRow":
@@ -43,6 +44,7 @@ class FileRow:
             sha256=row.sha256,
             created_at=row.created_at,
             updated_at=row.updated_at,
+            object_key=row.object_key,
         )
 
 
@@ -55,6 +57,7 @@ _FILE_COLUMNS = (
     files.c.sha256,
     files.c.created_at,
     files.c.updated_at,
+    files.c.object_key,
 )
 
 
@@ -120,6 +123,30 @@ class FilesRepository:
         ).one()
         return int(row[0]), int(row[1])
 
+    # --- moving between backends (an operator's command, across every namespace) -----------
+
+    @staticmethod
+    def _on(to_s3: bool):  # noqa: ANN205
+        """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
+        return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
+
+    async def move_totals(self, conn: Conn, *, to_s3: bool) -> tuple[int, int]:
+        """(files, bytes) still to move."""
+        row = (
+            await conn.execute(select(func.count(), func.coalesce(func.sum(files.c.size), 0)).where(self._on(to_s3)))
+        ).one()
+        return int(row[0]), int(row[1])
+
+    async def to_move(
+        self, conn: Conn, *, to_s3: bool, after: tuple[str, str, str] | None, limit: int
+    ) -> list[tuple[str, str, FileRow]]:
+        """The next ``limit`` rows to move, in key order after ``after``: (namespace, collection, row)."""
+        stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._on(to_s3))
+        if after is not None:
+            stmt = stmt.where(tuple_(files.c.namespace, files.c.collection, files.c.file_id) > after)
+        stmt = stmt.order_by(files.c.namespace, files.c.collection, files.c.file_id).limit(limit)
+        return [(r.namespace, r.collection, FileRow.of(r)) for r in (await conn.execute(stmt)).all()]
+
     # --- chunks ------------------------------------------------------------------------
 
     async def add_chunk(self, conn: Conn, blob_id: str, seq: int, data: bytes) -> None:
@@ -154,6 +181,16 @@ class FilesRepository:
             stmt = stmt.where(file_uploads.c.touched_at < touched_before)
         return (await conn.execute(stmt)).rowcount == 1
 
+    async def known_blobs(self, conn: Conn, blob_ids: list[str]) -> set[str]:
+        """Those of ``blob_ids`` that a file row points at or an upload in progress holds."""
+        if not blob_ids:
+            return set()
+        known = set((await conn.execute(select(files.c.blob_id).where(files.c.blob_id.in_(blob_ids)))).scalars())
+        known |= set(
+            (await conn.execute(select(file_uploads.c.blob_id).where(file_uploads.c.blob_id.in_(blob_ids)))).scalars()
+        )
+        return known
+
     async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> list[str]:
         rows = await conn.execute(
             select(file_uploads.c.blob_id).where(file_uploads.c.touched_at < touched_before).limit(limit)
@@ -171,4 +208,5 @@ def _row_values(row: FileRow) -> dict[str, Any]:
         "sha256": row.sha256,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
+        "object_key": row.object_key,
     }

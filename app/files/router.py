@@ -1,9 +1,10 @@
 """HTTP routes of the files capability: streamed uploads and downloads, Range, ETags.
 
 Uploads read ``request.stream()`` themselves (no body parameters: FastAPI would buffer them);
-downloads are a ``StreamingResponse`` that owns a snapshot connection until the last byte, and a
-download slot (``FilesService.downloads``): their number is capped, per process and per namespace,
-and a client that stops reading is cut off (``limits.send_idle_timeout_seconds``).
+downloads are a ``StreamingResponse`` that owns its reader (a snapshot connection for database
+chunks, a ranged GET for an S3 object) until the last byte. Readers of database chunks each take a
+download slot (``FilesService.downloads``), capped per process and per namespace, and a client
+that stops reading is cut off (``limits.send_idle_timeout_seconds``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 from urllib.parse import quote
 
+import anyio
 from fastapi import FastAPI, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
@@ -34,29 +36,34 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
+from app.core.health import register_storage_check
 from app.core.limits import Body, accepts
 from app.core.names import validate_key
 from app.core.routing import CapabilityRouter
-from app.core.slots import Slot
 from app.files.backend import backend_for
 from app.files.dependencies import STATE_KEY, Files
 from app.files.multipart import read_form
+from app.files.s3 import ObjectStoreUnavailable, S3Objects
 from app.files.schemas import FilePage, FileRead, FilesUsage
 from app.files.service import (
     DEFAULT_CONTENT_TYPE,
-    BlobReader,
     FilesService,
     file_headers,
     new_file_id,
     plan_download,
 )
+from app.files.storage import BlobReader
 
 log = logging.getLogger("app.files")
 
 router = CapabilityRouter("files", tags=["files"])
 
-_UPLOAD_ERRORS = problem_responses(BadRequest, InvalidInput, PreconditionFailed, PayloadTooLarge)
+_UPLOAD_ERRORS = problem_responses(
+    BadRequest, InvalidInput, PreconditionFailed, PayloadTooLarge, ObjectStoreUnavailable
+)
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # part headers, boundaries and the file_id field
+DRAIN_BYTES = 1024 * 1024  # read past a 413 at most this much of the body ...
+DRAIN_SECONDS = 1.0  # ... for at most this long
 _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
@@ -65,10 +72,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Choose the backend once, sweep abandoned uploads at start-up and then periodically."""
     databases: Databases = app.state.databases
     settings = app.state.settings
+    objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
     service = FilesService(
-        databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings
+        databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects
     )
     setattr(app.state, STATE_KEY, service)
+    register_storage_check(app, "files", service.readiness)
 
     async def sweep_forever() -> None:
         while True:
@@ -91,6 +100,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await task
         except asyncio.CancelledError:
             pass
+        if objects is not None:
+            await objects.close()
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -103,6 +114,29 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             yield piece
     except ClientDisconnect:
         raise BadRequest("the upload was cut off before its end", code="upload_incomplete") from None
+
+
+@asynccontextmanager
+async def _answer_early(request: Request) -> AsyncIterator[None]:
+    """On a 413 mid-body, read (and drop) a little more of the body before answering.
+
+    Closing a socket with unread bytes makes the kernel send a reset, which can reach the client
+    before it reads the 413 (it then sees only "connection reset"). A body that ends soon after
+    the limit is drained so the answer arrives; a larger one is cut off as before.
+    """
+    try:
+        yield
+    except PayloadTooLarge:
+        with anyio.move_on_after(DRAIN_SECONDS):
+            drained = 0
+            while drained <= DRAIN_BYTES:
+                message = await request.receive()
+                if message["type"] != "http.request":
+                    break
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        raise
 
 
 def _content_type(value: str | None) -> str:
@@ -144,11 +178,10 @@ class BlobResponse(StreamingResponse):
 
     def __init__(
         self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict,
-        slot: Slot, send_timeout: float,
+        send_timeout: float,
     ) -> None:
         super().__init__(content, status_code=status_code, headers=headers)
         self._reader = reader
-        self._slot = slot
         self._send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -176,7 +209,6 @@ class BlobResponse(StreamingResponse):
             log.warning("a download's client took nothing for %g s: cut off", timeout)
         finally:
             await self._reader.close()
-            self._slot.release()
 
 
 # --- routes -------------------------------------------------------------------------------
@@ -209,9 +241,10 @@ async def put_file(
 ) -> Response:
     """Store the request body as the new version of the file; visible only once complete."""
     files.check_declared_size(request.headers.get("content-length"))
-    stored = await files.store(
-        namespace, collection, file_id, _body(request), _content_type(content_type), conditions
-    )
+    async with _answer_early(request):
+        stored = await files.store(
+            namespace, collection, file_id, _body(request), _content_type(content_type), conditions
+        )
     location = _location(request, namespace, collection, file_id)
     return _stored_response(FileRead.of(stored.row), quote_etag(stored.row.sha256), stored.created, location)
 
@@ -251,7 +284,7 @@ async def post_file(
 ) -> Response:
     """Store the form's `file` part under `file_id` (or a generated id, returned)."""
     files.check_declared_size(request.headers.get("content-length"), overhead=MULTIPART_OVERHEAD_BYTES)
-    async with files.new_blob() as writer:
+    async with _answer_early(request), files.new_blob(namespace) as writer:
         form = await read_form(_body(request), request.headers.get("content-type"), writer)
         file_id = validate_key("file_id", form.file_id) if form.file_id is not None else new_file_id()
         stored = await writer.commit(
@@ -288,7 +321,8 @@ async def list_files(
         200: {"content": _BINARY, "description": "The whole file."},
         206: {"content": _BINARY, "description": "The requested single byte range."},
         304: {"description": "Not modified (If-None-Match)."},
-        **problem_responses(NotFound, RangeNotSatisfiable),
+        307: {"description": "Presigned redirect to the object (files.s3.presign_downloads)."},
+        **problem_responses(NotFound, RangeNotSatisfiable, ObjectStoreUnavailable),
     },
 )
 async def get_file(
@@ -301,31 +335,29 @@ async def get_file(
     if_range: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The file's bytes; a single Range gives 206, several ranges the whole file (200)."""
-    slot = files.downloads.take(namespace)  # before the connection: stuck readers cannot take the pool
-    try:
-        reader = await files.open(namespace, collection, file_id)
-    except BaseException:
-        slot.release()
-        raise
+    reader, plan = await files.open_range(
+        namespace, collection, file_id, lambda row: plan_download(row, range, if_none_match, if_range)
+    )
     try:
         row = reader.row
-        plan = plan_download(row, range, if_none_match, if_range)
         headers = file_headers(row)
         if plan.status == 304:
             await reader.close()
-            slot.release()
             return Response(status_code=304, headers=headers)
+        presigned = await files.presigned_url(row)
+        if presigned is not None:
+            await reader.close()
+            return Response(status_code=307, headers={**headers, "Location": presigned})
         headers["Content-Type"] = row.content_type
         headers["Content-Length"] = str(max(plan.byte_range.length, 0))
         if plan.status == 206:
             r = plan.byte_range
             headers["Content-Range"] = f"bytes {r.start}-{r.end}/{row.size}"
         return BlobResponse(
-            reader, reader.iter_bytes(plan.byte_range), plan.status, headers, slot, files.send_timeout
+            reader, reader.iter_bytes(plan.byte_range), plan.status, headers, files.send_timeout
         )
     except BaseException:
         await reader.close()
-        slot.release()
         raise
 
 

@@ -1,4 +1,8 @@
-"""The rules of the files capability: streamed chunked writes, atomic swaps, snapshot reads.
+"""The rules of the files capability: streamed writes, atomic swaps, consistent reads.
+
+Where the bytes go (database chunks or an S3 object) is ``app.files.storage``'s business; the
+rules here are the same for both. With S3, "chunk" below reads "multipart part", the new blob is
+a new object key, and the old object is deleted right after the swap commits.
 
 Upload: bytes are hashed and counted as they arrive and stored in chunks under a NEW blob id,
 each chunk in its own short transaction (a SQLite writer never holds the database for a whole
@@ -9,7 +13,9 @@ blob's chunks. Any failure drops the new blob's chunks; a crash leaves them list
 A body that fits in one chunk skips all that and is written in a single transaction.
 
 Download: the file row and all its chunks are read inside one snapshot transaction, so a
-download that overlaps a replace or delete sends the old version whole, never a mix.
+download that overlaps a replace or delete sends the old version whole, never a mix. An S3
+object never changes once written: its download reads the row, lets the connection go and
+streams a ranged GET.
 """
 
 from __future__ import annotations
@@ -19,31 +25,38 @@ import email.utils
 import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.conditions import WriteConditions, parse_etags, quote_etag
 from app.core.config import Settings
-from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
+from app.core.health import StorageStatus
 from app.core.names import validate_key
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.slots import Slots
 from app.files.backend import FilesBackend
 from app.files.ranges import ByteRange, parse_range, whole
 from app.files.repository import FileRow, FilesRepository
+from app.files.s3 import ObjectMissing, ObjectStoreUnavailable, S3Objects
+from app.files.storage import (
+    BlobReader,
+    BlobSink,
+    BlobStore,
+    ChunkReader,
+    ObjectReader,
+    UploadAbandoned,
+    utcnow,
+)
 
 log = logging.getLogger("app.files")
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def new_blob_id() -> str:
@@ -52,12 +65,6 @@ def new_blob_id() -> str:
 
 def new_file_id() -> str:
     return uuid.uuid4().hex
-
-
-class UploadAbandoned(Conflict):
-    """The sweeper discarded this upload because it stalled for too long."""
-
-    code = "upload_abandoned"
 
 
 def too_large(limit: int) -> PayloadTooLarge:
@@ -71,19 +78,19 @@ class StoredFile:
 
 
 class BlobWriter:
-    """Receives an upload's bytes and stores them as chunks of a new blob."""
+    """Receives an upload's bytes, hashes and counts them, and hands full pieces to its sink."""
 
-    def __init__(self, service: "FilesService") -> None:
+    def __init__(self, service: "FilesService", namespace: str) -> None:
         self._service = service
         self._repo = service.repo
         self.blob_id = new_blob_id()
-        self.chunk_bytes = service.chunk_bytes
+        self._sink: BlobSink = service.blobs.sink(namespace, self.blob_id)
+        self.piece_bytes = self._sink.chunk_bytes
         self.max_bytes = service.max_file_bytes
         self.size = 0
         self._hash = hashlib.sha256()
         self._buffer = bytearray()
-        self._stored = 0  # chunks already committed
-        self._started = False  # the file_uploads row exists (or is being inserted)
+        self._stored = 0  # pieces already stored
         self._pending: asyncio.Task[None] | None = None
         self.finished = False
 
@@ -95,45 +102,39 @@ class BlobWriter:
             raise too_large(self.max_bytes)
         self._hash.update(data)
         self._buffer += data
-        # Keep one full chunk back: a body of exactly one chunk is then stored in one transaction.
-        while len(self._buffer) > self.chunk_bytes:
-            chunk = bytes(self._buffer[: self.chunk_bytes])
-            del self._buffer[: self.chunk_bytes]
-            # One chunk is written while the next one arrives: at most two chunks in memory.
+        # Keep one full piece back: a body of exactly one piece is then stored in one step.
+        while len(self._buffer) > self.piece_bytes:
+            piece = bytes(self._buffer[: self.piece_bytes])
+            del self._buffer[: self.piece_bytes]
+            # One piece is stored while the next one arrives: at most two pieces in memory.
             await self._settle()
-            self._pending = asyncio.create_task(self._store(chunk))
+            self._pending = asyncio.create_task(self._sink.store(self._stored, piece))
+            self._stored += 1
 
     async def _settle(self) -> None:
-        """Wait for the chunk being written (re-raising its error)."""
+        """Wait for the piece being stored (re-raising its error)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             await pending
-
-    async def _store(self, chunk: bytes) -> None:
-        now = utcnow()
-        async with self._service.write(chunks=True) as conn:
-            if not self._started:
-                self._started = True  # set first: if the insert commits, abort() must see it
-                await self._repo.start_upload(conn, self.blob_id, now)
-            elif not await self._repo.touch_upload(conn, self.blob_id, now):
-                raise UploadAbandoned("the upload stalled and was discarded; send it again")
-            await self._repo.add_chunk(conn, self.blob_id, self._stored, chunk)
-        self._stored += 1
 
     async def commit(
         self, namespace: str, collection: str, file_id: str, content_type: str, conditions: WriteConditions
     ) -> StoredFile:
         """Store the tail and point ``file_id`` at this blob, replacing (and dropping) the old one."""
         repo = self._repo
-        now = utcnow()
         sha256 = self._hash.hexdigest()
         await self._settle()
+        tail = bytes(self._buffer)
+        self._buffer = bytearray()
+        await self._sink.finish(tail, self._stored)  # S3: the object is complete before the swap
+        now = utcnow()
+        old: FileRow | None = None
         async with self._service.write() as conn:
-            if self._buffer:
-                await repo.add_chunk(conn, self.blob_id, self._stored, bytes(self._buffer))
-            if self._started and not await repo.end_upload(conn, self.blob_id):
+            await self._sink.finish_in(conn, tail, self._stored)
+            if self._sink.heartbeat.started and not await repo.end_upload(conn, self.blob_id):
                 raise UploadAbandoned("the upload stalled and was discarded; send it again")
-            new = FileRow(file_id, self.blob_id, self.size, self.chunk_bytes, content_type, sha256, now, now)
+            new = FileRow(file_id, self.blob_id, self.size, self._sink.chunk_bytes, content_type, sha256, now, now,
+                          object_key=self._sink.object_key)
             while True:
                 current = await repo.get_for_update(conn, namespace, collection, file_id)
                 conditions.check(current.sha256 if current else None)
@@ -141,6 +142,7 @@ class BlobWriter:
                     new = replace(new, created_at=current.created_at)
                     await repo.replace(conn, namespace, collection, new)
                     await repo.drop_blob(conn, current.blob_id)
+                    old = current
                     stored = StoredFile(new, created=False)
                     break
                 if await repo.insert_if_absent(conn, namespace, collection, new):
@@ -148,8 +150,33 @@ class BlobWriter:
                     break
                 # Another upload created it between our read and our insert: lock it and retry.
         self.finished = True
-        self._buffer = bytearray()
+        if old is not None:
+            await self._service.blobs.drop_object(old)  # after the commit: readers switched already
         return stored
+
+    async def commit_move(self, namespace: str, collection: str, source: FileRow) -> bool:
+        """Point the file at this copy of ``source`` (same version: sha256, type and timestamps
+        kept), unless it changed meanwhile; the source's bytes are dropped after the commit."""
+        await self._settle()
+        if self._hash.hexdigest() != source.sha256 or self.size != source.size:
+            raise RuntimeError(f"file {source.file_id!r}: the copy does not match the stored sha256")
+        tail = bytes(self._buffer)
+        self._buffer = bytearray()
+        await self._sink.finish(tail, self._stored)
+        async with self._service.write() as conn:
+            await self._sink.finish_in(conn, tail, self._stored)
+            if self._sink.heartbeat.started and not await self._repo.end_upload(conn, self.blob_id):
+                raise UploadAbandoned("the copy stalled and was discarded")
+            current = await self._repo.get_for_update(conn, namespace, collection, source.file_id)
+            if current is None or current.blob_id != source.blob_id:
+                return False  # replaced or deleted meanwhile: this copy is dropped (abort)
+            moved = replace(source, blob_id=self.blob_id, chunk_bytes=self._sink.chunk_bytes,
+                            object_key=self._sink.object_key)
+            await self._repo.replace(conn, namespace, collection, moved)
+            await self._repo.drop_blob(conn, source.blob_id)
+        self.finished = True
+        await self._service.blobs.drop_object(source)
+        return True
 
     async def abort(self) -> None:
         """Drop whatever this upload stored (shielded: runs even while the request is cancelled)."""
@@ -161,42 +188,11 @@ class BlobWriter:
                     await self._settle()
                 except BaseException:
                     pass
-            if not self._started:
-                return
             try:
-                async with self._service.write() as conn:
-                    await self._repo.drop_blob(conn, self.blob_id)
-                    await self._repo.end_upload(conn, self.blob_id)
+                await self._sink.abort()
             except Exception:
-                log.warning("could not drop the chunks of failed upload %s; the sweeper will", self.blob_id,
+                log.warning("could not drop what failed upload %s stored; the sweeper will", self.blob_id,
                             exc_info=True)
-
-
-class BlobReader:
-    """A file row and its chunks, read in one snapshot transaction on a connection of its own."""
-
-    def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow) -> None:
-        self._conn = conn
-        self._repo = repo
-        self.row = row
-
-    async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
-        """The bytes of ``byte_range``, one chunk fetched at a time."""
-        if byte_range.length <= 0:
-            return
-        size = self.row.chunk_bytes
-        first, last = byte_range.start // size, byte_range.end // size
-        for seq in range(first, last + 1):
-            data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
-            if data is None:  # impossible inside the snapshot; never send a mix
-                raise RuntimeError(f"blob {self.row.blob_id} lacks chunk {seq}")
-            lo = byte_range.start - seq * size if seq == first else 0
-            hi = byte_range.end - seq * size + 1 if seq == last else len(data)
-            yield data if lo == 0 and hi == len(data) else data[lo:hi]
-
-    async def close(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._conn.close()
 
 
 @dataclass(frozen=True)
@@ -241,7 +237,9 @@ class FileListPage:
 class FilesService:
     """Files of every namespace, in the metadata database."""
 
-    def __init__(self, engine: AsyncEngine, backend: FilesBackend, settings: Settings) -> None:
+    def __init__(
+        self, engine: AsyncEngine, backend: FilesBackend, settings: Settings, objects: S3Objects | None = None
+    ) -> None:
         self.repo = FilesRepository(backend)
         self._backend = backend
         self._engine = engine
@@ -254,6 +252,8 @@ class FilesService:
         total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
         self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
         self.send_timeout = settings.limits.send_idle_timeout_seconds
+        self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files.backend)
+        self.presign_seconds = settings.files.s3.presign_seconds if settings.files.s3.presign_downloads else 0
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -278,9 +278,9 @@ class FilesService:
             conditions.check(current.sha256 if current else None)
 
     @asynccontextmanager
-    async def new_blob(self) -> AsyncIterator[BlobWriter]:
-        """A writer whose chunks are dropped unless it commits."""
-        writer = BlobWriter(self)
+    async def new_blob(self, namespace: str) -> AsyncIterator[BlobWriter]:
+        """A writer whose pieces are dropped unless it commits."""
+        writer = BlobWriter(self, namespace)
         try:
             yield writer
         except BaseException:
@@ -300,10 +300,34 @@ class FilesService:
     ) -> StoredFile:
         """Stream ``body`` into a new version of ``file_id``."""
         await self.precheck(namespace, collection, file_id, conditions)
-        async with self.new_blob() as writer:
+        async with self.new_blob(namespace) as writer:
             async for piece in body:
                 await writer.write(piece)
             return await writer.commit(namespace, collection, file_id, content_type, conditions)
+
+    async def move(self, namespace: str, collection: str, source: FileRow) -> bool:
+        """Copy one file version to the configured backend and swap it in; False if the file
+        changed or vanished meanwhile (reads of it go on from the source until the swap)."""
+        try:
+            reader = await self.open(namespace, collection, source.file_id)
+        except NotFound:
+            return False
+        try:
+            if reader.row.blob_id != source.blob_id:
+                return False
+            span = whole(source.size)
+            try:
+                await reader.start(span)
+            except ObjectMissing:  # replaced meanwhile; its old object is gone
+                return False
+            async with self.new_blob(namespace) as writer:
+                writer.max_bytes = max(writer.max_bytes, source.size)  # stored under an older limit
+                async for piece in reader.iter_bytes(span):
+                    await writer.write(piece)
+                await reader.close()
+                return await writer.commit_move(namespace, collection, source)
+        finally:
+            await reader.close()
 
     # --- reads -------------------------------------------------------------------------
 
@@ -312,18 +336,70 @@ class FilesService:
             return await self.repo.get(conn, namespace, collection, file_id)
 
     async def open(self, namespace: str, collection: str, file_id: str) -> BlobReader:
-        """A reader holding a snapshot of ``file_id``; the caller must ``close()`` it. 404 if missing."""
+        """A reader of ``file_id`` as it is now; the caller must ``close()`` it. 404 if missing.
+
+        Chunks are read from a snapshot transaction kept open until ``close``; an object in S3
+        is immutable, so its reader needs no connection once the row is read.
+        """
         conn = await self._snapshot_engine.connect()
         try:
             await conn.begin()
             row = await self.repo.get(conn, namespace, collection, file_id)
             if row is None:
                 raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
-            return BlobReader(conn, self.repo, row)
+            if row.object_key is None:
+                # It holds this connection while its client reads: only a bounded share of the pool.
+                return ChunkReader(conn, self.repo, row, self.downloads.take(namespace))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await conn.close()
             raise
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+        return ObjectReader(self.blobs.require_objects(), row)
+
+    async def open_range(
+        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], "DownloadPlan"]
+    ) -> tuple[BlobReader, DownloadPlan]:
+        """``open`` and start reading the range ``plan`` picks, before any header is sent.
+
+        An object deleted between reading its row and the GET belongs to a version replaced
+        meanwhile: the row is read again (the new version is sent, or 404 once deleted).
+        """
+        for _attempt in range(3):
+            reader = await self.open(namespace, collection, file_id)
+            try:
+                chosen = plan(reader.row)
+                if chosen.status != 304 and not self.presigns(reader.row):
+                    await reader.start(chosen.byte_range)
+                return reader, chosen
+            except ObjectMissing:
+                await reader.close()
+            except BaseException:
+                await reader.close()
+                raise
+        raise ServiceUnavailable("the file changed during every attempt to read it; retry")
+
+    async def readiness(self) -> StorageStatus:
+        """Where new file bytes go, and (for s3) whether the bucket answers."""
+        objects = self.blobs.objects
+        if self.blobs.backend != "s3" or objects is None:
+            return StorageStatus(backend="database", reachable=True)
+        try:
+            await asyncio.wait_for(objects.check(), objects.settings.connect_timeout)
+        except Exception as exc:  # report, never raise
+            error = exc.detail if isinstance(exc, ObjectStoreUnavailable) else exc.__class__.__name__
+            return StorageStatus(backend="s3", reachable=False, location=objects.bucket, error=error)
+        return StorageStatus(backend="s3", reachable=True, location=objects.bucket)
+
+    def presigns(self, row: FileRow) -> bool:
+        return bool(self.presign_seconds) and row.object_key is not None
+
+    async def presigned_url(self, row: FileRow) -> str | None:
+        """A short-lived direct URL to the object, when presigned downloads are on."""
+        if not self.presigns(row) or row.object_key is None:
+            return None
+        return await self.blobs.require_objects().presign(row.object_key, self.presign_seconds, row.content_type)
 
     async def list(
         self, namespace: str, collection: str, *, prefix: str | None, cursor: str | None, limit: int
@@ -354,8 +430,44 @@ class FilesService:
             if current is not None:
                 await self.repo.delete(conn, namespace, collection, file_id)
                 await self.repo.drop_blob(conn, current.blob_id)
+        if current is not None:
+            await self.blobs.drop_object(current)
 
     async def sweep(self) -> int:
+        """Everything abandoned uploads left behind, in the database and the bucket; how many."""
+        swept = await self._sweep_uploads()
+        if self.blobs.objects is not None:
+            swept += await self._sweep_objects(self.blobs.objects)
+        return swept
+
+    async def _sweep_objects(self, objects: S3Objects) -> int:
+        """Abort multipart uploads and delete objects that no row and no upload in progress
+        holds, once older than ``stale_after`` (so an upload about to commit is never touched)."""
+        cutoff = utcnow() - self.stale_after
+        swept = 0
+        async for uploads in objects.uploads():
+            old = [u for u in uploads if u.initiated < cutoff]
+            known = await self._known([u.blob_id for u in old])
+            for upload in old:
+                if upload.blob_id not in known:
+                    await objects.abort_upload(upload.key, upload.upload_id)
+                    swept += 1
+        async for listed in objects.objects():
+            old_objects = [o for o in listed if o.modified < cutoff]
+            known = await self._known([o.blob_id for o in old_objects])
+            for obj in old_objects:
+                if obj.blob_id not in known:
+                    await objects.delete(obj.key)
+                    swept += 1
+        return swept
+
+    async def _known(self, blob_ids: list[str]) -> set[str]:
+        if not blob_ids:
+            return set()
+        async with self._engine.connect() as conn:
+            return await self.repo.known_blobs(conn, blob_ids)
+
+    async def _sweep_uploads(self) -> int:
         """Drop the chunks of uploads whose heartbeat is older than ``stale_after``; how many."""
         cutoff = utcnow() - self.stale_after
         swept = 0

@@ -1,0 +1,249 @@
+"""The S3 bucket of ``files.backend: s3``: every call the gateway makes to it, through aiobotocore.
+
+This is the only module that imports aiobotocore/botocore (imported lazily, so a gateway on the
+database backend never pays for them). Failures are translated here into two exceptions the rest
+of the package understands: ``ObjectMissing`` (the key is gone) and ``ObjectStoreUnavailable``
+(a 503 with ``Retry-After``: the bucket cannot be reached or refused us).
+
+Object keys are derived only from values the gateway controls:
+``{prefix}{sha256(namespace)[:16]}/{blob_id}`` where ``blob_id`` is a fresh uuid per version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from app.core.config import S3Settings
+from app.core.errors import ServiceUnavailable
+
+log = logging.getLogger("app.files")
+
+RETRY_AFTER_SECONDS = 2
+_BLOB_ID = re.compile(r"^[0-9a-f]{16}/([0-9a-f]{32})$")
+_MISSING_CODES = {"NoSuchKey", "404", "NoSuchUpload"}
+
+
+class ObjectStoreUnavailable(ServiceUnavailable):
+    """The bucket is unreachable, slow or refused the gateway's credentials: retry later."""
+
+    code = "object_store_unavailable"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+class ObjectMissing(Exception):
+    """The object (or multipart upload) does not exist."""
+
+
+def namespace_segment(namespace: str) -> str:
+    return hashlib.sha256(namespace.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def translated(action: str) -> Iterator[None]:
+    """botocore/aiohttp errors of ``action`` as ``ObjectMissing`` / ``ObjectStoreUnavailable``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        if code in _MISSING_CODES:
+            raise ObjectMissing(code) from None
+        log.warning("object store refused %s: %s %s", action, code, err.get("Message", ""))
+        raise ObjectStoreUnavailable(f"the object store refused to {action} ({code})") from None
+    except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
+        log.warning("object store unreachable during %s: %s", action, exc.__class__.__name__)
+        raise ObjectStoreUnavailable(f"the object store is unreachable ({action}); retry later") from None
+    except Exception as exc:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientError):
+            log.warning("object store connection failed during %s: %s", action, exc.__class__.__name__)
+            raise ObjectStoreUnavailable(f"the object store connection failed ({action}); retry later") from None
+        raise
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    blob_id: str
+    modified: datetime
+
+
+@dataclass(frozen=True)
+class ListedUpload:
+    key: str
+    blob_id: str
+    upload_id: str
+    initiated: datetime
+
+
+class ObjectBody:
+    """A streamed GET: iterate ``chunks()``, and always ``close()``."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    async def chunks(self, size: int = 256 * 1024) -> AsyncIterator[bytes]:
+        with translated("read an object"):
+            async for piece in self._body.iter_chunks(size):
+                yield piece
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Objects:
+    """One aiobotocore client (one connection pool) for the process, owned by the files lifespan."""
+
+    def __init__(self, settings: S3Settings, client: Any, stack: AsyncExitStack) -> None:
+        self.settings = settings
+        self.bucket: str = settings.bucket or ""
+        self.prefix = settings.prefix
+        self._client = client
+        self._stack = stack
+        self._extra: dict[str, str] = {}
+        if settings.server_side_encryption:
+            self._extra["ServerSideEncryption"] = settings.server_side_encryption
+            if settings.kms_key_id:
+                self._extra["SSEKMSKeyId"] = settings.kms_key_id
+
+    @classmethod
+    async def open(cls, settings: S3Settings) -> "S3Objects":
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        config = AioConfig(
+            region_name=settings.region,
+            signature_version="s3v4",  # presigned URLs too (botocore would presign with SigV2)
+            max_pool_connections=settings.max_connections,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            retries={"max_attempts": 3, "mode": "standard"},
+            s3={"addressing_style": "path" if settings.path_style() else "virtual"},
+            # Only sign what is needed: SeaweedFS, MinIO and older servers reject the newer
+            # default of CRC32 checksums on every request.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        stack = AsyncExitStack()
+        client = await stack.enter_async_context(
+            get_session().create_client("s3", endpoint_url=settings.endpoint_url, config=config)
+        )
+        return cls(settings, client, stack)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    # --- keys ----------------------------------------------------------------------------
+
+    def key_for(self, namespace: str, blob_id: str) -> str:
+        return f"{self.prefix}{namespace_segment(namespace)}/{blob_id}"
+
+    def blob_of(self, key: str) -> str | None:
+        """The blob id of a key this gateway wrote, or None for anything else in the bucket."""
+        if not key.startswith(self.prefix):
+            return None
+        match = _BLOB_ID.match(key[len(self.prefix):])
+        return match.group(1) if match else None
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes) -> None:
+        with translated("store an object"):
+            await self._client.put_object(Bucket=self.bucket, Key=key, Body=data, **self._extra)
+
+    async def create_upload(self, key: str) -> str:
+        with translated("start a multipart upload"):
+            answer = await self._client.create_multipart_upload(Bucket=self.bucket, Key=key, **self._extra)
+        return answer["UploadId"]
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        with translated("upload a part"):
+            answer = await self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            )
+        return answer["ETag"]
+
+    async def complete_upload(self, key: str, upload_id: str, etags: list[str]) -> None:
+        parts = [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]
+        with translated("complete a multipart upload"):
+            await self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+
+    async def abort_upload(self, key: str, upload_id: str) -> None:
+        try:
+            with translated("abort a multipart upload"):
+                await self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ObjectMissing:
+            pass
+
+    async def delete(self, key: str) -> None:
+        try:
+            with translated("delete an object"):
+                await self._client.delete_object(Bucket=self.bucket, Key=key)
+        except ObjectMissing:
+            pass
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get(self, key: str, start: int, end: int) -> ObjectBody:
+        """Bytes ``start..end`` (inclusive) of ``key``, streamed."""
+        with translated("read an object"):
+            answer = await self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+        return ObjectBody(answer["Body"])
+
+    async def presign(self, key: str, seconds: int, content_type: str) -> str:
+        """A GET URL valid for ``seconds`` that serves the object with ``content_type``."""
+        with translated("presign a download"):
+            return await self._client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": key, "ResponseContentType": content_type},
+                ExpiresIn=seconds,
+            )
+
+    async def check(self) -> None:
+        """Raise unless the bucket answers to these credentials."""
+        try:
+            with translated("reach the bucket"):
+                await self._client.head_bucket(Bucket=self.bucket)
+        except ObjectMissing:
+            raise ObjectStoreUnavailable(f"bucket {self.bucket!r} does not exist") from None
+
+    # --- listings (for the sweep) --------------------------------------------------------
+
+    async def objects(self) -> AsyncIterator[list[ListedObject]]:
+        """The gateway's objects under the prefix, a page (up to 1000) at a time."""
+        paginator = self._client.get_paginator("list_objects_v2")
+        with translated("list objects"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+                listed = []
+                for item in page.get("Contents", []):
+                    blob_id = self.blob_of(item["Key"])
+                    if blob_id is not None:
+                        listed.append(ListedObject(item["Key"], blob_id, item["LastModified"]))
+                yield listed
+
+    async def uploads(self) -> AsyncIterator[list[ListedUpload]]:
+        """Multipart uploads in progress under the prefix, a page at a time."""
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        with translated("list multipart uploads"):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+                listed = []
+                for item in page.get("Uploads", []):
+                    blob_id = self.blob_of(item["Key"])
+                    if blob_id is not None:
+                        listed.append(ListedUpload(item["Key"], blob_id, item["UploadId"], item["Initiated"]))
+                yield listed

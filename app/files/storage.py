@@ -1,0 +1,321 @@
+"""Where a file version's bytes go and come from: database chunks or an S3 object.
+
+The one place the two files backends differ. ``BlobStore`` makes sinks for new versions and
+readers for stored ones; the service keeps the rules (hashing, limits, conditions, the swap).
+
+A sink receives an upload in pieces of ``chunk_bytes`` (a chunk, or a multipart part), each
+stored as it comes with a heartbeat in ``file_uploads`` so the sweeper knows the upload is alive:
+
+- ``store(seq, piece)``: one full piece, while the next one arrives;
+- ``finish(tail)``: before the swap transaction (S3: the last part, then complete the object);
+- ``finish_in(conn, tail)``: inside it (database: the last chunk commits with the swap);
+- ``abort()``: drop whatever was stored (shielded by the caller).
+
+A reader is opened from a committed row; ``start(range)`` happens before any header is sent (so
+an unreachable bucket is still a 503), ``iter_bytes`` streams, ``close`` always runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
+from typing import Protocol
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.errors import Conflict
+from app.core.slots import Slot
+from app.files.ranges import ByteRange
+from app.files.repository import FileRow, FilesRepository
+from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
+
+log = logging.getLogger("app.files")
+
+SEND_BYTES = 256 * 1024  # an S3 download's bytes go out in pieces of about this size ...
+READ_AHEAD = 4  # ... read ahead at most this many pieces
+WriteTxn = Callable[..., AbstractAsyncContextManager[AsyncConnection]]
+
+
+class UploadAbandoned(Conflict):
+    """The sweeper discarded this upload because it stalled for too long."""
+
+    code = "upload_abandoned"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Heartbeat:
+    """The ``file_uploads`` row of one upload: created with its first stored piece, then touched."""
+
+    def __init__(self, repo: FilesRepository, blob_id: str) -> None:
+        self._repo = repo
+        self.blob_id = blob_id
+        self.started = False
+
+    async def beat(self, conn: AsyncConnection) -> None:
+        now = utcnow()
+        if not self.started:
+            self.started = True  # set first: if the insert commits, abort() must see it
+            await self._repo.start_upload(conn, self.blob_id, now)
+        elif not await self._repo.touch_upload(conn, self.blob_id, now):
+            raise UploadAbandoned("the upload stalled and was discarded; send it again")
+
+
+class BlobSink(Protocol):
+    blob_id: str
+    object_key: str | None
+    chunk_bytes: int
+    heartbeat: Heartbeat
+
+    async def store(self, seq: int, piece: bytes) -> None: ...
+
+    async def finish(self, tail: bytes, pieces: int) -> None: ...
+
+    async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
+class BlobReader(Protocol):
+    row: FileRow
+
+    async def start(self, byte_range: ByteRange) -> None: ...
+
+    def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]: ...
+
+    async def close(self) -> None: ...
+
+
+# --- chunks in the metadata database --------------------------------------------------------
+
+
+class ChunkSink:
+    def __init__(self, repo: FilesRepository, write: WriteTxn, blob_id: str, chunk_bytes: int) -> None:
+        self._repo = repo
+        self._write = write
+        self.blob_id = blob_id
+        self.object_key: str | None = None
+        self.chunk_bytes = chunk_bytes
+        self.heartbeat = Heartbeat(repo, blob_id)
+
+    async def store(self, seq: int, piece: bytes) -> None:
+        async with self._write(chunks=True) as conn:
+            await self.heartbeat.beat(conn)
+            await self._repo.add_chunk(conn, self.blob_id, seq, piece)
+
+    async def finish(self, tail: bytes, pieces: int) -> None:
+        pass  # the tail commits with the swap
+
+    async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None:
+        if tail:
+            await self._repo.add_chunk(conn, self.blob_id, pieces, tail)
+
+    async def abort(self) -> None:
+        if not self.heartbeat.started:
+            return
+        async with self._write() as conn:
+            await self._repo.drop_blob(conn, self.blob_id)
+            await self._repo.end_upload(conn, self.blob_id)
+
+
+class ChunkReader:
+    """A file row and its chunks, read in one snapshot transaction on a connection of its own,
+    holding a download slot (``app.core.slots``) until closed."""
+
+    def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot) -> None:
+        self._conn = conn
+        self._repo = repo
+        self.row = row
+        self._slot = slot
+
+    async def start(self, byte_range: ByteRange) -> None:
+        pass
+
+    async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
+        """The bytes of ``byte_range``, one chunk fetched at a time."""
+        if byte_range.length <= 0:
+            return
+        size = self.row.chunk_bytes
+        first, last = byte_range.start // size, byte_range.end // size
+        for seq in range(first, last + 1):
+            data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
+            if data is None:  # impossible inside the snapshot; never send a mix
+                raise RuntimeError(f"blob {self.row.blob_id} lacks chunk {seq}")
+            lo = byte_range.start - seq * size if seq == first else 0
+            hi = byte_range.end - seq * size + 1 if seq == last else len(data)
+            yield data if lo == 0 and hi == len(data) else data[lo:hi]
+
+    async def close(self) -> None:
+        self._slot.release()
+        with anyio.CancelScope(shield=True):
+            await self._conn.close()
+
+
+# --- objects in an S3 bucket ------------------------------------------------------------------
+
+
+class ObjectSink:
+    """A multipart upload, started with the first full part; a small file is one PutObject.
+
+    The ``file_uploads`` heartbeat row exists before the multipart upload does, so the sweep
+    never aborts an upload in progress.
+    """
+
+    def __init__(
+        self, objects: S3Objects, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str
+    ) -> None:
+        self._objects = objects
+        self._repo = repo
+        self._write = write
+        self.blob_id = blob_id
+        self.object_key: str | None = objects.key_for(namespace, blob_id)
+        self.chunk_bytes = objects.settings.part_bytes
+        self.heartbeat = Heartbeat(repo, blob_id)
+        self._upload_id: str | None = None
+        self._etags: list[str] = []
+        self._completed = False
+
+    @property
+    def key(self) -> str:
+        assert self.object_key is not None
+        return self.object_key
+
+    async def store(self, seq: int, piece: bytes) -> None:
+        async with self._write() as conn:  # a short transaction; no connection held during I/O
+            await self.heartbeat.beat(conn)
+        try:
+            if self._upload_id is None:
+                self._upload_id = await self._objects.create_upload(self.key)
+            self._etags.append(await self._objects.upload_part(self.key, self._upload_id, seq + 1, piece))
+        except ObjectMissing:
+            raise UploadAbandoned("the upload stalled and was discarded; send it again") from None
+
+    async def finish(self, tail: bytes, pieces: int) -> None:
+        try:
+            if self._upload_id is None:
+                await self._objects.put(self.key, tail)
+            else:
+                if tail:
+                    self._etags.append(
+                        await self._objects.upload_part(self.key, self._upload_id, pieces + 1, tail)
+                    )
+                await self._objects.complete_upload(self.key, self._upload_id, self._etags)
+        except ObjectMissing:  # the sweep aborted a multipart upload that stalled
+            raise UploadAbandoned("the upload stalled and was discarded; send it again") from None
+        self._completed = True
+
+    async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None:
+        pass
+
+    async def abort(self) -> None:
+        try:
+            if self._upload_id is not None and not self._completed:
+                await self._objects.abort_upload(self.key, self._upload_id)
+            if self._completed:
+                await self._objects.delete(self.key)
+        finally:
+            if self.heartbeat.started:
+                async with self._write() as conn:
+                    await self._repo.end_upload(conn, self.blob_id)
+
+
+class ObjectReader:
+    """A committed row and a ranged GET of its object; no database connection is held."""
+
+    def __init__(self, objects: S3Objects, row: FileRow) -> None:
+        self._objects = objects
+        self.row = row
+        self._body: ObjectBody | None = None
+
+    async def start(self, byte_range: ByteRange) -> None:
+        if byte_range.length > 0:
+            assert self.row.object_key is not None
+            self._body = await self._objects.get(self.row.object_key, byte_range.start, byte_range.end)
+
+    async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
+        """The GET's bytes, read ahead by a task of its own while earlier pieces are sent.
+
+        Without it the two sides take turns: the response waits for the client's socket to
+        drain, then the S3 socket (its reads paused meanwhile) refills; with it both stay busy.
+        The read-ahead holds at most ``READ_AHEAD`` pieces of about ``SEND_BYTES``.
+        """
+        if self._body is None:
+            return
+        queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(READ_AHEAD)
+        body = self._body
+
+        async def read_ahead() -> None:
+            pending: list[bytes] = []
+            size = 0
+            try:
+                async for piece in body.chunks():
+                    pending.append(piece)
+                    size += len(piece)
+                    if size >= SEND_BYTES:
+                        await queue.put(pending[0] if len(pending) == 1 else b"".join(pending))
+                        pending, size = [], 0
+                if pending:
+                    await queue.put(b"".join(pending))
+                await queue.put(None)
+            except Exception as exc:  # handed to the response, which is cut off
+                await queue.put(exc)
+
+        task = asyncio.create_task(read_ahead())
+        sent = 0
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                sent += len(item)
+                yield item
+        finally:
+            task.cancel()
+        if sent != byte_range.length:  # never let a short object pass as the whole range
+            raise RuntimeError(f"object {self.row.object_key} ended after {sent} of {byte_range.length} bytes")
+
+    async def close(self) -> None:
+        if self._body is not None:
+            self._body.close()
+            self._body = None
+
+
+class BlobStore:
+    """Makes sinks for new versions (on the configured backend) and readers for stored ones."""
+
+    def __init__(
+        self, repo: FilesRepository, write: WriteTxn, chunk_bytes: int, objects: S3Objects | None,
+        backend: str,
+    ) -> None:
+        self._repo = repo
+        self._write = write
+        self._chunk_bytes = chunk_bytes
+        self.objects = objects
+        self.backend = backend
+
+    def sink(self, namespace: str, blob_id: str) -> BlobSink:
+        if self.backend == "s3":
+            return ObjectSink(self.require_objects(), self._repo, self._write, namespace, blob_id)
+        return ChunkSink(self._repo, self._write, blob_id, self._chunk_bytes)
+
+    def require_objects(self) -> S3Objects:
+        if self.objects is None:
+            from app.files.s3 import ObjectStoreUnavailable
+
+            raise ObjectStoreUnavailable("this file's bytes are in S3 but files.s3 is not configured")
+        return self.objects
+
+    async def drop_object(self, row: FileRow) -> None:
+        """Delete the object of a version no row points at any more (best effort: the sweep retries)."""
+        if row.object_key is None or self.objects is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.objects.delete(row.object_key)
+        except Exception:
+            log.warning("could not delete object %s; the sweep will", row.object_key, exc_info=True)
