@@ -233,7 +233,8 @@ def test_ef_search_grows_with_the_collection_and_the_limit() -> None:
 
 def test_planner_chooses_by_the_estimated_matches() -> None:
     common = dict(rows=500_000, limit=10, base_ef=100, exact_threshold=5000, iterative=False)
-    assert choose(index_ready=False, filtered=True, narrowed=True, selectivity=0.5, **common).kind == "exact_scan"
+    assert choose(index_ready=False, filtered=True, narrowed=False, selectivity=0.5, **common).kind == "exact_scan"
+    assert choose(index_ready=False, filtered=True, narrowed=True, selectivity=0.5, **common).kind == "filter_first"
     assert choose(index_ready=True, filtered=False, narrowed=False, selectivity=None, **common).kind == "hnsw"
     few = choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.001, **common)
     assert few.kind == "filter_first" and few.estimated_matches == 500

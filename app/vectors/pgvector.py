@@ -600,8 +600,11 @@ class PgVectorIndex:
         )
         if plan.kind in ("exact_scan", "filter_first"):
             return await self._exact(conn, coll, q, limit, where, sql.args), plan
-        await self._settings(conn, int(plan.ef_search or self.default_ef), plan.kind == "hnsw_iterative")
-        hits = await self._indexed(conn, coll, q, limit, where, sql.args)
+        ef = int(plan.ef_search or self.default_ef)
+        await self._settings(conn, ef, plan.kind == "hnsw_iterative")
+        # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
+        candidates = ef if flt is not None and plan.kind == "hnsw" else 0
+        hits = await self._indexed(conn, coll, q, limit, where, sql.args, candidates)
         if len(hits) < limit:
             # Fewer candidates matched than asked for: the exact answer (min(limit, matches)).
             plan.fallback = True
@@ -646,22 +649,34 @@ class PgVectorIndex:
         return selectivity
 
     async def _indexed(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any]
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any], candidates: int
     ) -> list[Hit]:
+        """A graph search. With a filter and ``candidates`` > 0: the ``candidates`` nearest from the
+        graph, then the filter on them (what pgvector before 0.8 does with a WHERE anyway, but
+        spelled out so that PostgreSQL cannot pick a payload index and sort every match instead).
+        """
         op = _OPERATOR[coll.distance]
+        t = coll.data_table
         if coll.index.get("kind") == "hnsw_halfvec":
-            # The index orders by half precision; re-rank the candidates by the exact distance.
             n = int(coll.vector_size)
+            order = f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
+        else:
+            order = f"(embedding {op} $1)"
+        if candidates:
+            stmt = (
+                f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+                f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
+            )
+        elif coll.index.get("kind") == "hnsw_halfvec":
+            # The index orders by half precision; re-rank the candidates by the exact distance.
             stmt = (
                 f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
-                f"FROM {coll.data_table} WHERE {where} "
-                f"ORDER BY (CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n}))) LIMIT {limit}) c "
-                "ORDER BY d, id"
+                f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
             )
         else:
             stmt = (
-                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {coll.data_table} "
-                f"WHERE {where} ORDER BY (embedding {op} $1) LIMIT {limit}"
+                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
+                f"WHERE {where} ORDER BY {order} LIMIT {limit}"
             )
         rows = await conn.fetch(stmt, q, *args)
         return [Hit(r[0], r[2], r[1]) for r in rows]

@@ -5,7 +5,8 @@ Plans:
 
 - ``exact_scan``: every point (or every point the filter keeps) is compared; the answer is exact.
   Chosen when there is no ready ANN index (SQLite, ``exact`` collections, an HNSW index still
-  pending or building), or when a filter no index can narrow keeps too few points for the graph.
+  pending or building) and no index narrows the filter, or when a filter no index can narrow
+  keeps too few points for the graph.
 - ``filter_first``: an index (the payload GIN index's containment, or a declared payload index)
   narrows the rows to the filter's matches, which are compared exactly: for filters that keep
   few points (at most ``exact_threshold`` estimated), or too few for the graph to find.
@@ -76,6 +77,8 @@ def choose(
     ``ef_search`` (the planner still raises it to ``limit``).
     """
     if not index_ready:
+        if filtered and narrowed:
+            return Plan("filter_first", "no ready ANN index; an index narrows the filter", rows=rows)
         return Plan("exact_scan", "no ready ANN index: every point is compared", rows=rows)
     ef = ef_for(rows, limit, base_ef) if fixed_ef is None else max(fixed_ef, limit)
     ef = min(EF_SEARCH_MAX, ef)
