@@ -26,7 +26,7 @@ from app.vectors.pgvector import _Positional, compile_filter as pg_compile
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
 from app.vectors.filters import SqlBuilder
-from tests.test_vectors_index import clustered, pg_connect, table_of
+from tests.test_vectors_index import clustered, index_problems, pg_connect, table_of
 
 N, DIM = 4000, 16
 DECLARED = [{"field": "user", "kind": "keyword"}, {"field": "n", "kind": "integer"}]
@@ -152,6 +152,8 @@ async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, se
                 assert await conn.fetchval("SELECT to_regclass($1)", f"{table}{suffix}") is None
         finally:
             await conn.close()
+        assert not index_problems(server)  # the builder's checks and sweeps ran without a warning
+        assert "built the keyword payload index on 'user' of" in server.log()
     else:
         db = sqlite3.connect(f"file:{sqlite_path(server)}?mode=ro", uri=True)
         try:
