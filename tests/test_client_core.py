@@ -22,8 +22,8 @@ from tests.conftest import Server
 
 PUBLIC = [
     "AsyncPersistStore", "ClientClosed", "Conflict", "FileDownload", "FileHead", "FileInfo", "FileList",
-    "FilesUsage", "Forbidden", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "HTTPStatusError", "IntegrityError",
-    "InvalidRequest", "KvEntry", "NotFound", "PreconditionFailed", "RateLimited", "Record",
+    "FilesUsage", "Forbidden", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "HTTPStatusError",
+    "IntegrityError", "InvalidRequest", "KvEntry", "NotFound", "PayloadIndex", "PreconditionFailed", "RateLimited", "Record",
     "RemotePersistStore", "RemoteVectorStore", "SortOrder", "TransportError", "Unauthorized", "Unavailable",
     "VectorRecord", "VectorStoreProtocol", "VectorsAPI", "create_persist_store", "create_vector_store",
 ]
@@ -175,6 +175,7 @@ MIRRORS: dict[str, str] = {
     "Record": "RecordRead",
     "FileInfo": "FileRead",
     "FilesUsage": "FilesUsage",
+    "PayloadIndex": "PayloadIndexCreate",
 }
 
 

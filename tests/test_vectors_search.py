@@ -234,7 +234,9 @@ FILTERS = st.recursive(
 
 
 def test_filters_match_python_reference(server, auth_headers: dict[str, str]) -> None:
-    """Search and list with generated filters return exactly the points the reference accepts."""
+    """Search and list with generated filters return exactly the points the reference accepts,
+    on a collection without declared payload indexes and on one declaring every key (conditions
+    on a declared field are compiled to its index's expression)."""
     ns = f"h{uuid.uuid4().hex[:10]}"
     rng = np.random.default_rng(11)
     values = [None, True, False, 0, 1, -3, 2, 0.5, 1.0, -2.25, "", "a", "b", "Z", "é", "1", "true", "ab"]
@@ -243,21 +245,27 @@ def test_filters_match_python_reference(server, auth_headers: dict[str, str]) ->
         keys = [k for k in KEYS if rng.random() < 0.7]
         payloads.append({k: values[int(rng.integers(len(values)))] for k in keys})
     vectors = rng.normal(size=(60, 4)).astype(np.float32).tolist()
-    base = f"/v1/{ns}/vectors/p"
+    declared = [{"field": "a", "kind": "keyword"}, {"field": "b", "kind": "integer"}, {"field": "c", "kind": "bool"}]
+    bases = [f"/v1/{ns}/vectors/p", f"/v1/{ns}/vectors/declared"]
     with httpx.Client(base_url=server.url, headers=auth_headers, timeout=30) as http:
-        assert http.put(base, json={"vector_size": 4, "distance": "l2"}).status_code == 201
-        r = http.post(f"{base}/points", json={"vectors": vectors, "payloads": payloads, "ids": [f"{i:02d}" for i in range(60)]})
-        assert r.status_code == 200, r.text
+        for base, payload_indexes in zip(bases, (None, declared)):
+            body = {"vector_size": 4, "distance": "l2"}
+            if payload_indexes:
+                body["payload_indexes"] = payload_indexes
+            assert http.put(base, json=body).status_code == 201
+            r = http.post(f"{base}/points", json={"vectors": vectors, "payloads": payloads, "ids": [f"{i:02d}" for i in range(60)]})
+            assert r.status_code == 200, r.text
 
         @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
         @given(flt=FILTERS)
         def check(flt: dict) -> None:
             expected = {f"{i:02d}" for i, p in enumerate(payloads) if ref_match(p, flt)}
-            r = http.post(f"{base}/search", json={"vector": [0, 0, 0, 0], "limit": 100, "filters": flt})
-            assert r.status_code == 200, (flt, r.text)
-            got = {h["id"] for h in r.json()["results"]}
-            assert got == expected, flt
-            r = http.post(f"{base}/points/list", json={"filters": flt, "limit": 100})
-            assert {p["id"] for p in r.json()["items"]} == expected, flt
+            for base in bases:
+                r = http.post(f"{base}/search", json={"vector": [0, 0, 0, 0], "limit": 100, "filters": flt})
+                assert r.status_code == 200, (flt, r.text)
+                got = {h["id"] for h in r.json()["results"]}
+                assert got == expected, (base, flt)
+                r = http.post(f"{base}/points/list", json={"filters": flt, "limit": 100})
+                assert {p["id"] for p in r.json()["items"]} == expected, (base, flt)
 
         check()

@@ -284,11 +284,13 @@ class VectorsSettings(_Strict):
 
     hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
     hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth.")
-    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth per query.")
+    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points; the planner "
+        "scales it with the collection (sqrt) and for filters.")
     exact_search_threshold: int = Field(
         default=5000,
         ge=0,
-        description="A filtered search matching at most this many points is searched exactly (pgvector).",
+        description="A filtered search an index narrows to at most this many estimated matches compares "
+        "them exactly instead of searching the graph (pgvector).",
     )
     index_min_rows: int = Field(
         default=1000,
@@ -310,6 +312,11 @@ class VectorsSettings(_Strict):
         default=1024,
         ge=1,
         description="`maintenance_work_mem` of a background HNSW build; the graph should fit in it (pgvector).",
+    )
+    index_progress_log_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often a running background index build logs its progress (pgvector).",
     )
     idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
 

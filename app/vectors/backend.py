@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.vectors.filters import Node
+from app.vectors.planner import Plan
+from app.vectors.payload_index import PayloadIndex, PayloadKind, declared_kinds, from_options
 
 Distance = Literal["cosine", "l2", "ip"]
 IndexKind = Literal["hnsw", "hnsw_halfvec", "exact"]
@@ -42,6 +44,15 @@ class CollectionInfo:
     @property
     def text_table(self) -> str:
         return f"fts_{int(self.id)}"
+
+    @property
+    def payload_indexes(self) -> tuple[PayloadIndex, ...]:
+        return from_options(self.index)
+
+    @property
+    def declared(self) -> dict[str, PayloadKind]:
+        """Declared payload fields by name, with their kind."""
+        return declared_kinds(self.payload_indexes)
 
 
 @dataclass
@@ -122,6 +133,17 @@ class VectorIndex(Protocol):
         kinds ``pending`` (not built yet), ``building`` or ``ready``."""
         ...
 
+    async def payload_index_states(
+        self, session: AsyncConnection, colls: list[CollectionInfo]
+    ) -> dict[int, list[IndexState]]:
+        """By collection id, the state of each declared payload index in declaration order
+        (``pending``, ``building`` or ``ready``)."""
+        ...
+
+    async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
+        """The running index build on the collection (phase, tuples and blocks done/total), or None."""
+        ...
+
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int: ...
 
     async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None: ...
@@ -163,10 +185,11 @@ class VectorIndex(Protocol):
         vector: array,
         limit: int,
         flt: Node | None,
-        ef_search: int,
-    ) -> list[Hit]:
-        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first;
-        ``MissingTable`` when the collection's table no longer exists."""
+        ef_search: int | None,
+    ) -> tuple[list[Hit], Plan]:
+        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first, and the
+        plan that found them (``ef_search`` None: chosen by the planner); ``MissingTable`` when
+        the collection's table no longer exists."""
         ...
 
     async def text_search(

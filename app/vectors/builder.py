@@ -42,29 +42,46 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
+from app.vectors.payload_index import sql_index_name
 from app.vectors.pgvector import (
     BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
     HNSW_KINDS,
     hnsw_index_name,
     hnsw_index_sql,
+    payload_index_sql,
 )
+from app.vectors.telemetry import INDEX_BUILD_TOTAL, INDEX_BUILD_TUPLES
 
 log = logging.getLogger("app.vectors")
 
 ADVISORY_LOCK_CLASS = BUILD_LOCK_CLASS
 BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
 MAX_BUSY_SWEEPS = 5
+PROGRESS_POLL_SECONDS = 5.0
 FIRST_SWEEP_GAP_SECONDS = 3.0
 
-# Collections without a valid HNSW index, with the table's write counter; small ones (by the
-# statistics' live-row estimate) only when a stale invalid index needs dropping.
+# Collections without a valid HNSW index or missing a declared payload index, with the table's
+# write counter; small ones (by the statistics' live-row estimate) only when a stale invalid HNSW
+# index needs dropping.
+_PAYLOAD_VALID = (
+    "(SELECT count(*) FROM jsonb_array_elements(COALESCE(CAST(c.index_options AS jsonb) -> 'payload_indexes', "
+    "'[]'::jsonb)) WITH ORDINALITY AS e(d, n) JOIN pg_index pi "
+    "ON pi.indexrelid = to_regclass('vec_' || c.id || '_p' || (e.n - 1)) WHERE pi.indisvalid)"
+)
+_PAYLOAD_DECLARED = "jsonb_array_length(COALESCE(CAST(c.index_options AS jsonb) -> 'payload_indexes', '[]'::jsonb))"
 _SWEEP = (
-    "SELECT c.id, c.index_options, COALESCE(s.n_tup_ins + s.n_tup_upd + s.n_tup_del, 0) "
+    "SELECT c.id, c.index_options, COALESCE(s.n_tup_ins + s.n_tup_upd + s.n_tup_del, 0), "
+    f"i.indisvalid IS NOT TRUE, {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED} "
     "FROM vector_collections c "
     "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
     "LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass('vec_' || c.id) "
-    "WHERE i.indisvalid IS NOT TRUE AND (i.indexrelid IS NOT NULL OR COALESCE(s.n_live_tup, 0) >= $1)"
+    f"WHERE (i.indisvalid IS NOT TRUE OR {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED}) "
+    "AND (i.indexrelid IS NOT NULL OR COALESCE(s.n_live_tup, 0) >= $1)"
+)
+_PROGRESS = (
+    "SELECT p.phase, p.tuples_done, p.tuples_total, p.blocks_done, p.blocks_total "
+    "FROM pg_stat_progress_create_index p WHERE p.pid = $1"
 )
 _REGISTRY_ROW = (
     "SELECT id, namespace, collection, vector_size, distance, index_options, text_field, created_at "
@@ -90,6 +107,7 @@ class IndexBuilder:
         self.quiet = settings.index_quiet_seconds
         self.sweep_seconds = settings.index_sweep_seconds
         self.memory_mb = settings.index_build_memory_mb
+        self.progress_log_seconds = settings.index_progress_log_seconds
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
         self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
         # (when, id): at most one entry per collection, except after an earlier re-schedule;
@@ -105,7 +123,7 @@ class IndexBuilder:
     async def notice(self, coll: CollectionInfo) -> None:
         """A point write to ``coll`` committed: check it once writes have been quiet (async, so
         that Starlette runs it on the event loop after the response, not in a thread)."""
-        if coll.index.get("kind") in HNSW_KINDS:
+        if coll.index.get("kind") in HNSW_KINDS or coll.payload_indexes:
             self._schedule(coll.id, time.monotonic() + self.quiet, debounce=True)
 
     def _schedule(self, coll_id: int, when: float, *, debounce: bool) -> None:
@@ -191,8 +209,8 @@ class IndexBuilder:
         now = time.monotonic()
         scheduled = 0
         pending: set[int] = set()
-        for coll_id, options, writes in rows:
-            if json.loads(options).get("kind") not in HNSW_KINDS:
+        for coll_id, options, writes, hnsw_missing, payload_missing in rows:
+            if not (json.loads(options).get("kind") in HNSW_KINDS and hnsw_missing) and not payload_missing:
                 continue
             pending.add(coll_id)
             before = self._writes_seen.get(coll_id)
@@ -236,13 +254,16 @@ class IndexBuilder:
             vector_size=row["vector_size"], distance=row["distance"], index=json.loads(row["index_options"]),
             text_field=row["text_field"], created_at=row["created_at"],
         )
-        if coll.index.get("kind") not in HNSW_KINDS:
+        hnsw = coll.index.get("kind") in HNSW_KINDS
+        if not hnsw and not coll.payload_indexes:
             return "exact"
         index = hnsw_index_name(coll)
-        valid = await raw.fetchval(_INDEX_VALID, index)
-        if valid:
+        valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
+        payload = await self._payload_validity(raw, coll)
+        if valid and all(payload.values()):
             return "ready"
-        if valid is None and await self._rows(raw, coll) < self.min_rows:
+        stale = valid is False or any(v is False for v in payload.values())
+        if not stale and await self._rows(raw, coll) < self.min_rows:
             return "small"
         if not await raw.fetchval("SELECT pg_try_advisory_lock($1, $2)", ADVISORY_LOCK_CLASS, coll.id):
             return "locked"  # another worker or replica is on it
@@ -251,32 +272,94 @@ class IndexBuilder:
             f"SET application_name = '{BUILDER_APPLICATION_NAME}'; SET statement_timeout = 0; "
             f"SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
         )
-        valid = await raw.fetchval(_INDEX_VALID, index)
-        if valid:
+        valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
+        payload = await self._payload_validity(raw, coll)
+        if valid and all(payload.values()):
             return "ready"
         try:
+            # Invalid and nobody holds the lock: a crashed or cancelled build left it.
+            for p in coll.payload_indexes:
+                if payload[p.position] is False:
+                    await self._drop_invalid(raw, coll, sql_index_name(coll.data_table, p))
             if valid is False:
-                # Invalid and nobody holds the lock: a crashed or cancelled build left it.
-                log.info("vectors: dropping the invalid index %s of %s/%s (an interrupted build)",
-                         index, coll.namespace, coll.collection)
-                await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}", timeout=BUILD_TIMEOUT_SECONDS)
+                await self._drop_invalid(raw, coll, index)
             if await self._rows(raw, coll) < self.min_rows:
                 return "small"
-            started = time.perf_counter()
-            await raw.execute(hnsw_index_sql(coll), timeout=BUILD_TIMEOUT_SECONDS)
-            # The build counted the rows for the statistics: no second scan of a big table.
-            rows = int(await raw.fetchval("SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)", coll.data_table))
+            # The payload indexes first: B-trees take seconds where the graph takes minutes,
+            # and filtered searches use them while the graph is still building.
+            for p in coll.payload_indexes:
+                if not payload[p.position]:
+                    await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
+            if not valid:
+                detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"
+                await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail)
         except asyncpg.QueryCanceledError:
             log.info("vectors: index build of %s/%s cancelled (collection dropped or reset)",
                      coll.namespace, coll.collection)
             return "cancelled"
+        return "built"
+
+    async def _payload_validity(self, raw: Any, coll: CollectionInfo) -> dict[int, bool | None]:
+        """Each declared payload index by position: valid, invalid (False) or missing (None)."""
+        out: dict[int, bool | None] = {}
+        for p in coll.payload_indexes:
+            out[p.position] = await raw.fetchval(_INDEX_VALID, sql_index_name(coll.data_table, p))
+        return out
+
+    async def _drop_invalid(self, raw: Any, coll: CollectionInfo, index: str) -> None:
+        log.info("vectors: dropping the invalid index %s of %s/%s (an interrupted build)",
+                 index, coll.namespace, coll.collection)
+        await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}", timeout=BUILD_TIMEOUT_SECONDS)
+
+    async def _build(self, raw: Any, coll: CollectionInfo, what: str, stmt: str, detail: str = "") -> None:
+        """Run one ``CREATE INDEX CONCURRENTLY``, logging its progress every
+        ``progress_log_seconds`` and when it is done."""
+        started = time.perf_counter()
+        kind = "hnsw" if what.startswith("HNSW") else "payload"
+        reporter = asyncio.create_task(self._report_progress(raw.get_server_pid(), coll, what, kind, started))
+        try:
+            await raw.execute(stmt, timeout=BUILD_TIMEOUT_SECONDS)
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            INDEX_BUILD_TUPLES.labels(kind).set(0)
+            INDEX_BUILD_TOTAL.labels(kind).set(0)
+        # The build counted the rows for the statistics: no second scan of a big table.
+        rows = int(await raw.fetchval("SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)", coll.data_table))
         elapsed = time.perf_counter() - started
         log.info(
-            "vectors: built the HNSW index of %s/%s (%d points, m=%s, ef_construction=%s) in %.1f s",
-            coll.namespace, coll.collection, rows, coll.index.get("m"), coll.index.get("ef_construction"), elapsed,
+            "vectors: built the %s of %s/%s (%d points%s) in %.1f s",
+            what, coll.namespace, coll.collection, rows, detail, elapsed,
             extra={"collection_id": coll.id, "index_build_seconds": round(elapsed, 3), "points": rows},
         )
-        return "built"
+
+    async def _report_progress(self, pid: int, coll: CollectionInfo, what: str, kind: str, started: float) -> None:
+        """While a build runs: its progress as gauges, and a log line every so often."""
+        last_log = time.perf_counter()
+        while True:
+            await asyncio.sleep(min(PROGRESS_POLL_SECONDS, self.progress_log_seconds))
+            try:
+                async with self.engine.connect() as conn:
+                    raw = (await conn.get_raw_connection()).driver_connection
+                    row = await raw.fetchrow(_PROGRESS, pid)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # progress is best effort
+                continue
+            if row is None:
+                continue
+            INDEX_BUILD_TUPLES.labels(kind).set(int(row[1] or 0))
+            INDEX_BUILD_TOTAL.labels(kind).set(int(row[2] or 0))
+            now = time.perf_counter()
+            if now - last_log >= self.progress_log_seconds:
+                last_log = now
+                log.info(
+                    "vectors: building the %s of %s/%s: %s, %d/%d tuples, %d/%d blocks, %.0f s so far",
+                    what, coll.namespace, coll.collection, row[0], row[1] or 0, row[2] or 0,
+                    row[3] or 0, row[4] or 0, now - started,
+                    extra={"collection_id": coll.id, "phase": row[0], "tuples_done": int(row[1] or 0)},
+                )
 
     async def _rows(self, raw: Any, coll: CollectionInfo) -> int:
         """The collection's point count, counted no further than ``index_min_rows``."""

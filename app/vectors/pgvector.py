@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 import weakref
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -52,11 +53,12 @@ from app.vectors.backend import (
     PointOut,
 )
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.planner import Plan, choose
+from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
 
 
 HNSW_MAX_DIMS = 2000
 HALFVEC_MAX_DIMS = 4000
-EF_SEARCH_MAX = 1000
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
@@ -82,6 +84,18 @@ _CANCEL_BUILDS = (
     "WHERE l.relation = to_regclass(:t) AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND a.application_name = :app AND l.pid <> pg_backend_pid()"
     ") b"
+)
+
+
+# Planner inputs: the table's size and index state, and each filter's sampled selectivity.
+STATS_TTL = 1.0
+SELECTIVITY_TTL = 30.0
+SAMPLE_ROWS = 2000
+CACHE_ENTRIES = 4096
+_STATS = (
+    "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0), "
+    "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)) "
+    "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
 )
 
 
@@ -153,46 +167,96 @@ def install_vector_codec(engine: AsyncEngine, ef_search: int) -> None:
         dbapi_connection.run_async(register)
 
 
-def compile_filter(node: Node | None, sql: SqlBuilder) -> str:
-    """SQL for a filter tree on ``payload``; never NULL (missing keys are false)."""
+def keyword_expr(field: str) -> str:
+    """The expression a declared ``keyword`` field is indexed on (and compared with)."""
+    return f"((payload ->> '{field}') COLLATE \"C\")"
+
+
+def value_expr(field: str) -> str:
+    """The expression a declared ``integer``/``float``/``bool`` field is indexed on."""
+    return f"(payload -> '{field}')"
+
+
+def payload_index_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
+    """``CREATE INDEX CONCURRENTLY`` of a declared payload index (a B-tree on an expression)."""
+    expr = keyword_expr(index.field) if index.kind == "keyword" else value_expr(index.field)
+    return (
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {sql_index_name(coll.data_table, index)} "
+        f"ON {coll.data_table} ({expr})"
+    )
+
+
+def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind] | None = None) -> str:
+    """SQL for a filter tree on ``payload`` that the indexes can serve.
+
+    Equality is plain containment (``payload @> {"k": v}``, which the payload GIN index serves)
+    AND the exact typed test (containment alone would also match an array holding ``v``);
+    ``$in`` is an OR of those. A condition on a declared field is written with the expression its
+    B-tree index is on. No condition is wrapped (``COALESCE`` would hide it from the planner):
+    a condition on a missing key may be NULL, which a WHERE clause treats as false, and a
+    negation is ``x IS NOT TRUE``, so that NULL is false under NOT too (AND and OR never turn a
+    NULL into true).
+    """
+    return _compile(node, sql, declared or {})
+
+
+def _key(key: str, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
+    # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
+    return f"'{key}'" if key in declared else f"CAST({sql.bind(key)} AS text)"
+
+
+def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
     if node is None:
         return "TRUE"
     if isinstance(node, Eq):
-        key = sql.bind(node.key)
-        value = sql.bind(json.dumps(node.value))
         hint = sql.bind(json.dumps({node.key: node.value}))
-        return (
-            f"COALESCE(payload @> CAST({hint} AS jsonb) "
-            f"AND (payload -> CAST({key} AS text)) = CAST({value} AS jsonb), false)"
-        )
+        kind = declared.get(node.key)
+        if kind == "keyword" and isinstance(node.value, str):
+            exact = f"{keyword_expr(node.key)} = CAST({sql.bind(node.value)} AS text)"
+        else:
+            key = _key(node.key, sql, declared)
+            exact = f"(payload -> {key}) = CAST({sql.bind(json.dumps(node.value))} AS jsonb)"
+        return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
     if isinstance(node, Compare):
-        key = sql.bind(node.key)
+        key = _key(node.key, sql, declared)
         op = _CMP[node.op]
         if isinstance(node.value, str):
             value = sql.bind(node.value)
-            return (
-                f"COALESCE(jsonb_typeof(payload -> CAST({key} AS text)) = 'string' AND "
-                f"((payload ->> CAST({key} AS text)) COLLATE \"C\") {op} CAST({value} AS text), false)"
+            text_value = keyword_expr(node.key) if declared.get(node.key) == "keyword" else (
+                f"((payload ->> {key}) COLLATE \"C\")"
             )
+            return f"(jsonb_typeof(payload -> {key}) = 'string' AND {text_value} {op} CAST({value} AS text))"
         value = sql.bind(json.dumps(node.value))
-        return (
-            f"COALESCE(jsonb_typeof(payload -> CAST({key} AS text)) = 'number' AND "
-            f"(payload -> CAST({key} AS text)) {op} CAST({value} AS jsonb), false)"
-        )
+        return f"(jsonb_typeof(payload -> {key}) = 'number' AND (payload -> {key}) {op} CAST({value} AS jsonb))"
     if isinstance(node, Exists):
-        key = sql.bind(node.key)
-        return f"((payload -> CAST({key} AS text)) IS NOT NULL)"
+        key = _key(node.key, sql, declared)
+        return f"((payload -> {key}) IS NOT NULL)"
     if isinstance(node, Not):
-        return f"(NOT {compile_filter(node.node, sql)})"
+        return f"(({_compile(node.node, sql, declared)}) IS NOT TRUE)"
     if isinstance(node, And):
         if not node.nodes:
             return "TRUE"
-        return "(" + " AND ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+        return "(" + " AND ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
     if isinstance(node, Or):
         if not node.nodes:
             return "FALSE"
-        return "(" + " OR ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+        return "(" + " OR ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
     raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+
+def indexable(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
+    """Whether an index can narrow the rows of ``node``: a top-level conjunct that is an
+    equality (the GIN index), an ``$in`` of equalities, or a range on a declared field."""
+    if isinstance(node, Eq):
+        return True
+    if isinstance(node, Compare):
+        kind = declared.get(node.key)
+        return kind is not None and kind != "bool" and serves_value(kind, node.value)
+    if isinstance(node, Or):
+        return bool(node.nodes) and all(indexable(n, declared) for n in node.nodes)
+    if isinstance(node, And):
+        return any(indexable(n, declared) for n in node.nodes)
+    return False
 
 
 class _Positional(SqlBuilder):
@@ -221,6 +285,8 @@ class PgVectorIndex:
         self.iterative_scan = self._v >= (0, 8)
         self.halfvec = self._v >= (0, 7)
         self.exact_threshold = exact_threshold
+        self._stat_cache: dict[int, tuple[float, int, bool]] = {}
+        self._sel_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
 
     # --- shape -----------------------------------------------------------------------------
 
@@ -307,9 +373,50 @@ class PgVectorIndex:
             states[cid] = "ready" if valid else "building" if in_progress else "pending"
         return states
 
+    async def payload_index_states(
+        self, session: AsyncConnection, colls: list[CollectionInfo]
+    ) -> dict[int, list[IndexState]]:
+        names = [sql_index_name(c.data_table, p) for c in colls for p in c.payload_indexes]
+        out: dict[int, list[IndexState]] = {c.id: [] for c in colls}
+        if not names:
+            return out
+        rows = await session.execute(
+            text(
+                "SELECT n.name, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
+                "WHERE p.index_relid = i.indexrelid) "
+                "FROM unnest(CAST(:names AS text[])) AS n(name) LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name)"
+            ),
+            {"names": names},
+        )
+        found = {name: (valid, running) for name, valid, running in rows}
+        for c in colls:
+            for p in c.payload_indexes:
+                valid, running = found.get(sql_index_name(c.data_table, p), (None, False))
+                out[c.id].append("ready" if valid else "building" if running else "pending")
+        return out
+
+    async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
+        row = (
+            await session.execute(
+                text(
+                    "SELECT CAST(p.index_relid AS regclass)::text, p.phase, p.tuples_done, p.tuples_total, "
+                    "p.blocks_done, p.blocks_total FROM pg_stat_progress_create_index p "
+                    "WHERE p.relid = to_regclass(:t) "
+                    "AND p.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1"
+                ),
+                {"t": coll.data_table},
+            )
+        ).first()
+        if row is None:
+            return None
+        return {
+            "index": row[0], "phase": row[1], "tuples_done": int(row[2] or 0), "tuples_total": int(row[3] or 0),
+            "blocks_done": int(row[4] or 0), "blocks_total": int(row[5] or 0),
+        }
+
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         result = await session.execute(
             text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params
         )
@@ -393,7 +500,7 @@ class PgVectorIndex:
         self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
     ) -> int:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         if ids is not None:
             where += " AND id = ANY(CAST(:ids AS text[]))"
             sql.params["ids"] = ids
@@ -410,7 +517,7 @@ class PgVectorIndex:
         with_vectors: bool,
     ) -> list[PointOut]:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         if after is not None:
             where += " AND id > :after"
             sql.params["after"] = after
@@ -469,77 +576,122 @@ class PgVectorIndex:
         vector: array,
         limit: int,
         flt: Node | None,
-        ef_search: int,
-    ) -> list[Hit]:
+        ef_search: int | None,
+    ) -> tuple[list[Hit], Plan]:
         q = encode_vector(vector)
         async with self._driver(session) as conn:
             return await self._search(conn, coll, q, int(limit), flt, ef_search)
 
     async def _search(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None, ef_search: int
-    ) -> list[Hit]:
-        if coll.index.get("kind") not in ("hnsw", "hnsw_halfvec"):
-            return await self._exact(conn, coll, q, limit, flt)
-        if flt is not None:
-            matches = await self._count(conn, coll, flt, self.exact_threshold + 1)
-            if matches <= self.exact_threshold:
-                return await self._exact(conn, coll, q, limit, flt)
-        ef = max(ef_search, limit)
-        if flt is not None:
-            ef *= 2
-        await self._settings(conn, min(EF_SEARCH_MAX, ef), self.iterative_scan and flt is not None)
-        hits = await self._indexed(conn, coll, q, limit, flt)
-        if len(hits) < limit and await self._count(conn, coll, flt, limit) > len(hits):
-            return await self._exact(conn, coll, q, limit, flt)
-        return hits
-
-    async def _count(self, conn: Any, coll: CollectionInfo, flt: Node | None, cap: int) -> int:
-        """How many points match ``flt``, counting no further than ``cap``."""
-        sql = _Positional(1)
-        where = compile_filter(flt, sql)
-        return int(
-            await conn.fetchval(
-                f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} WHERE {where} LIMIT {int(cap)}) s",
-                *sql.args,
-            )
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None, ef_search: int | None
+    ) -> tuple[list[Hit], Plan]:
+        hnsw = coll.index.get("kind") in HNSW_KINDS
+        rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
+        sql = _Positional(2)
+        where = compile_filter(flt, sql, coll.declared)
+        narrowed = flt is not None and indexable(flt, coll.declared)
+        selectivity = None
+        if ready and flt is not None:
+            selectivity = await self._selectivity(conn, coll, where, sql.args, rows)
+        plan = choose(
+            rows=rows, limit=limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
+            narrowed=narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
+            iterative=self.iterative_scan, fixed_ef=ef_search,
         )
+        if plan.kind in ("exact_scan", "filter_first"):
+            return await self._exact(conn, coll, q, limit, where, sql.args), plan
+        ef = int(plan.ef_search or self.default_ef)
+        await self._settings(conn, ef, plan.kind == "hnsw_iterative")
+        # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
+        candidates = ef if flt is not None and plan.kind == "hnsw" else 0
+        hits = await self._indexed(conn, coll, q, limit, where, sql.args, candidates)
+        if len(hits) < limit:
+            # Fewer candidates matched than asked for: the exact answer (min(limit, matches)).
+            plan.fallback = True
+            return await self._exact(conn, coll, q, limit, where, sql.args), plan
+        return hits, plan
+
+    async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool]:
+        """(estimated rows, HNSW index valid) of a collection, cached for ``STATS_TTL`` seconds."""
+        now = time.monotonic()
+        cached = self._stat_cache.get(coll.id)
+        if cached is not None and cached[0] > now:
+            return cached[1], cached[2]
+        row = await conn.fetchrow(_STATS, coll.data_table, hnsw_index_name(coll))
+        rows, ready = (int(row[0] or 0), bool(row[1])) if row is not None else (0, False)
+        if len(self._stat_cache) > CACHE_ENTRIES:
+            self._stat_cache.clear()
+        self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
+        return rows, ready
+
+    async def _selectivity(self, conn: Any, coll: CollectionInfo, where: str, args: list[Any], rows: int) -> float:
+        """The share of points matching ``where``, from a block sample of about ``SAMPLE_ROWS``
+        points (``TABLESAMPLE SYSTEM``: reads only the sampled pages, never the whole table),
+        cached for ``SELECTIVITY_TTL`` seconds per collection and filter."""
+        key = (coll.id, where, tuple(json.dumps(a) if isinstance(a, (dict, list)) else a for a in args))
+        now = time.monotonic()
+        cached = self._sel_cache.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        pct = 100.0 if rows <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / rows)
+        # ``where`` is numbered from $2 (the search's $1 is the query vector; here the percentage).
+        row = await conn.fetchrow(
+            f"SELECT count(*) FILTER (WHERE {where}), count(*) FROM {coll.data_table} "
+            "TABLESAMPLE SYSTEM (CAST($1 AS real)) REPEATABLE (0)",
+            pct, *args,
+        )
+        hits, seen = int(row[0]), int(row[1])
+        # Half a hit when none was seen: an upper-ish estimate for a rare filter.
+        selectivity = (hits if hits else 0.5) / seen if seen else 1.0
+        if len(self._sel_cache) > CACHE_ENTRIES:
+            self._sel_cache.clear()
+        self._sel_cache[key] = (now + SELECTIVITY_TTL, selectivity)
+        return selectivity
 
     async def _indexed(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any], candidates: int
     ) -> list[Hit]:
-        sql = _Positional(2)
-        where = compile_filter(flt, sql)
+        """A graph search. With a filter and ``candidates`` > 0: the ``candidates`` nearest from the
+        graph, then the filter on them (what pgvector before 0.8 does with a WHERE anyway, but
+        spelled out so that PostgreSQL cannot pick a payload index and sort every match instead).
+        """
         op = _OPERATOR[coll.distance]
+        t = coll.data_table
         if coll.index.get("kind") == "hnsw_halfvec":
-            # The index orders by half precision; re-rank the candidates by the exact distance.
             n = int(coll.vector_size)
+            order = f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
+        else:
+            order = f"(embedding {op} $1)"
+        if candidates:
+            stmt = (
+                f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+                f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
+            )
+        elif coll.index.get("kind") == "hnsw_halfvec":
+            # The index orders by half precision; re-rank the candidates by the exact distance.
             stmt = (
                 f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
-                f"FROM {coll.data_table} WHERE {where} "
-                f"ORDER BY (CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n}))) LIMIT {limit}) c "
-                "ORDER BY d, id"
+                f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
             )
         else:
             stmt = (
-                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {coll.data_table} "
-                f"WHERE {where} ORDER BY (embedding {op} $1) LIMIT {limit}"
+                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
+                f"WHERE {where} ORDER BY {order} LIMIT {limit}"
             )
-        rows = await conn.fetch(stmt, q, *sql.args)
+        rows = await conn.fetch(stmt, q, *args)
         return [Hit(r[0], r[2], r[1]) for r in rows]
 
     async def _exact(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any]
     ) -> list[Hit]:
-        # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload GIN
-        # index still narrows the rows of a filter.
-        sql = _Positional(2)
-        where = compile_filter(flt, sql)
+        # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
+        # indexes still narrow the rows of a filter.
         rows = await conn.fetch(
             f"SELECT id, p, d FROM (SELECT id, CAST(payload AS text) AS p, "
             f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {where} OFFSET 0) s "
             f"ORDER BY d, id LIMIT {limit}",
             q,
-            *sql.args,
+            *args,
         )
         return [Hit(r[0], r[2], r[1]) for r in rows]
 
@@ -549,7 +701,7 @@ class PgVectorIndex:
         if coll.text_field is None or not words:
             return []
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         sql.params.update(
             cfg=TEXT_CONFIG, tq=" | ".join(f"'{w}'" for w in words), limit=limit
         )

@@ -70,7 +70,7 @@ async def list_collections(
 async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
     """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
     info, created = await service.create(collection, body)
-    return json_response(service.read(info, await service.state(info)), 201 if created else 200)
+    return json_response(await service.read_created(info), 201 if created else 200)
 
 
 @router.get("/{collection}", summary="Describe a collection", response_model=CollectionRead, responses=_ERRORS)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
+
 StrictNumber = Annotated[float, Strict()]
 # Hard ceilings on request lists, so validation stops at the first element past them instead of
 # collecting an error per element (the settings' own, lower limits are checked by the service).
@@ -41,6 +43,22 @@ class IndexOptions(_Body):
     ef_construction: int | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth.")
 
 
+class PayloadIndexCreate(_Body):
+    """A payload field to index for filters: equality and ranges on it are served by a B-tree."""
+
+    field: str = Field(pattern=FIELD_PATTERN, description="A top-level payload field.", examples=["user_id"])
+    kind: PayloadKind = Field(description="The values indexed: keyword (strings), integer, float or bool.")
+
+
+class PayloadIndexRead(BaseModel):
+    field: str
+    kind: PayloadKind
+    state: Literal["pending", "building", "ready"] = Field(
+        description="pending (built in the background with the HNSW index once the collection is big and quiet; "
+        "filters on the field are correct meanwhile), building, ready. SQLite: made with the collection."
+    )
+
+
 class CollectionCreate(_Body):
     """Create a collection, or ensure it exists with these settings."""
 
@@ -54,10 +72,17 @@ class CollectionCreate(_Body):
         description="Payload field indexed for full text; searches with a `query` then fuse both rankings.",
         examples=["text"],
     )
+    payload_indexes: list[PayloadIndexCreate] | None = Field(
+        default=None,
+        max_length=MAX_PAYLOAD_INDEXES,
+        description="Payload fields to index for filtered search (each field once).",
+        examples=[[{"field": "user_id", "kind": "keyword"}]],
+    )
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"vector_size": 384, "distance": "cosine", "text_field": "text"}]},
+        json_schema_extra={"examples": [{"vector_size": 384, "distance": "cosine", "text_field": "text",
+                                         "payload_indexes": [{"field": "user_id", "kind": "keyword"}]}]},
     )
 
 
@@ -75,6 +100,15 @@ class IndexRead(BaseModel):
         "building (a background build is running), ready (searches use the index).",
         examples=["ready"],
     )
+    progress: dict[str, Any] | None = Field(
+        default=None,
+        description="While an index is building (pgvector): its phase and tuples/blocks done and total.",
+    )
+    plans: dict[str, int] = Field(
+        default_factory=dict,
+        description="Searches of this collection by plan (exact_scan, filter_first, hnsw, hnsw_iterative; "
+        "`fallback`: graph searches redone exactly), counted by the worker that answered since it started.",
+    )
 
 
 class CollectionRead(BaseModel):
@@ -85,6 +119,7 @@ class CollectionRead(BaseModel):
     distance: DistanceName
     text_field: str | None = None
     index: IndexRead
+    payload_indexes: list[PayloadIndexRead] = Field(default_factory=list)
     count: int | None = Field(default=None, description="Number of points (describe only).")
     created_at: datetime
 
@@ -157,8 +192,11 @@ class SearchRequest(_Body):
     limit: int = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
     filters: Filters = None
     score_threshold: float | None = Field(default=None, description="Drop results whose vector score is lower.")
-    ef_search: int | None = Field(default=None, ge=1, le=1000, description="HNSW search breadth (pgvector).")
+    ef_search: int | None = Field(
+        default=None, ge=1, le=1000, description="HNSW search breadth (pgvector); default: chosen by the planner."
+    )
     with_vectors: bool = False
+    explain: bool = Field(default=False, description="Answer with the `plan` the search ran.")
 
     model_config = ConfigDict(
         extra="forbid",
@@ -173,8 +211,20 @@ class SearchHit(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
+class SearchPlan(BaseModel):
+    """How a search ran (``explain``)."""
+
+    kind: Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative"]
+    reason: str
+    ef_search: int | None = None
+    rows: int | None = Field(default=None, description="The collection's estimated size (pgvector).")
+    estimated_matches: int | None = Field(default=None, description="The filter's estimated matches.")
+    fallback: bool = Field(default=False, description="The graph search found too few matches and was redone exactly.")
+
+
 class SearchResults(BaseModel):
     results: list[SearchHit]
+    plan: SearchPlan | None = None
 
 
 class PointsList(_Body):

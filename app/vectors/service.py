@@ -24,7 +24,7 @@ from app.core.errors import Conflict, InvalidInput, NotFound
 from app.core.names import key_problem
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.scoping import in_scope
-from app.vectors import encoding
+from app.vectors import encoding, telemetry
 from app.vectors.backend import (
     CollectionInfo,
     Hit,
@@ -35,6 +35,7 @@ from app.vectors.backend import (
     VectorIndex,
 )
 from app.vectors.filters import Node, parse_filter
+from app.vectors.planner import Plan
 from app.vectors.models import vector_collections as vc
 from app.vectors.models import vector_idempotency as vi
 from app.vectors.schemas import (
@@ -129,9 +130,17 @@ class VectorService:
             self.registry.put(info)
         return info
 
-    def read(self, info: CollectionInfo, state: str, count: int | None = None) -> dict[str, Any]:
+    def read(
+        self,
+        info: CollectionInfo,
+        state: str,
+        count: int | None = None,
+        payload_states: list[str] | None = None,
+        progress: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
+        states = payload_states or ["pending"] * len(info.payload_indexes)
         return {
             "collection": info.collection,
             "vector_size": info.vector_size,
@@ -144,7 +153,12 @@ class VectorService:
                 "ef_search": self.settings.vectors.ef_search if kind != "exact" else None,
                 "backend": self.index.name,
                 "state": state,
+                "progress": progress,
+                "plans": telemetry.plans_of(info.id),
             },
+            "payload_indexes": [
+                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states)
+            ],
             "count": count,
             "created_at": info.created_at.isoformat(),
         }
@@ -156,6 +170,12 @@ class VectorService:
             raise InvalidInput("vector_size", f"must be at most {limit}")
         if body.text_field is not None and key_problem(body.text_field):
             raise InvalidInput("text_field", key_problem(body.text_field) or "")
+        declared = [p.model_dump() for p in body.payload_indexes or []]
+        seen: set[str] = set()
+        for i, p in enumerate(declared):
+            if p["field"] in seen:
+                raise InvalidInput(f"payload_indexes.{i}.field", f"declares {p['field']!r} twice")
+            seen.add(p["field"])
         existing = await self.find(collection)
         if existing is not None:
             self._check_same(existing, body)
@@ -169,6 +189,8 @@ class VectorService:
             options["ef_construction"] = (
                 body.index.ef_construction if body.index and body.index.ef_construction else None
             ) or vs.hnsw_ef_construction
+        if declared:
+            options["payload_indexes"] = declared
         try:
             async with self.session.begin_nested():
                 new_id = (
@@ -204,6 +226,11 @@ class VectorService:
             differences.append(f"distance {existing.distance}")
         if body.text_field is not None and body.text_field != existing.text_field:
             differences.append(f"text_field {existing.text_field!r}")
+        if body.payload_indexes is not None:
+            wanted = [p.model_dump() for p in body.payload_indexes]
+            have = [p.as_option() for p in existing.payload_indexes]
+            if wanted != have:
+                differences.append(f"payload_indexes {have!r}")
         if differences:
             raise Conflict(
                 f"vector collection {existing.collection!r} exists with {', '.join(differences)}; "
@@ -219,13 +246,24 @@ class VectorService:
         rows = (await self.session.execute(stmt)).all()
         infos = [self._info(r) for r in rows[:limit]]
         states = await self.index.index_states(self.session, infos)
-        items = [self.read(info, states[info.id]) for info in infos]
+        payload_states = await self.index.payload_index_states(self.session, infos)
+        items = [self.read(info, states[info.id], None, payload_states[info.id]) for info in infos]
         next_cursor = encode_cursor({"after": rows[limit - 1].collection}) if len(rows) > limit else None
         return {"items": items, "next_cursor": next_cursor}
 
     async def describe(self, collection: str) -> dict[str, Any]:
         info = await self.get(collection)
-        return self.read(info, await self.state(info), await self.index.count(self.session, info))
+        state = await self.state(info)
+        progress = await self.index.build_progress(self.session, info) if state in ("building", "pending") else None
+        return self.read(
+            info, state, await self.index.count(self.session, info),
+            (await self.index.payload_index_states(self.session, [info]))[info.id], progress,
+        )
+
+    async def read_created(self, info: CollectionInfo) -> dict[str, Any]:
+        """The answer to a create: settings and index states."""
+        payload_states = (await self.index.payload_index_states(self.session, [info]))[info.id]
+        return self.read(info, await self.state(info), None, payload_states)
 
     async def state(self, info: CollectionInfo) -> str:
         """The collection's index state (see ``VectorIndex.index_states``)."""
@@ -491,19 +529,23 @@ class VectorService:
             query_vec = encoding.from_numbers(body.vector, info.vector_size, "vector", nonzero=nonzero)
         else:
             query_vec = encoding.from_b64(body.vector_b64 or "", info.vector_size, "vector_b64", nonzero=nonzero)
-        ef = body.ef_search or self.settings.vectors.ef_search
+        ef = body.ef_search
         words = _WORD.findall(body.query or "")[:MAX_QUERY_WORDS] if info.text_field else []
         threshold = body.score_threshold
         if not words:
-            hits = await self.index.search(self.session, info, query_vec, body.limit, flt, ef)
+            hits, plan = await self.index.search(self.session, info, query_vec, body.limit, flt, ef)
             results = []
             for h in hits:
                 score = _score(info.distance, h.distance)
                 if threshold is not None and score < threshold:
                     continue
                 results.append(self._hit(h, score))
-            return {"results": results}
-        return {"results": await self._hybrid(info, query_vec, words, body.limit, flt, ef, threshold)}
+        else:
+            results, plan = await self._hybrid(info, query_vec, words, body.limit, flt, ef, threshold)
+        telemetry.count_plan(info.id, plan)
+        if body.explain:
+            return {"results": results, "plan": plan.as_dict()}
+        return {"results": results}
 
     def _hit(self, h: Hit, score: float) -> dict[str, Any]:
         return {"id": h.id, "score": score, "distance": h.distance, "payload": encoding.raw_json(h.payload_json)}
@@ -515,12 +557,12 @@ class VectorService:
         words: list[str],
         limit: int,
         flt: Node | None,
-        ef: int,
+        ef: int | None,
         threshold: float | None,
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], Plan]:
         """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking."""
         pool = min(self.settings.limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
-        vector_hits = await self.index.search(self.session, info, vector, pool, flt, ef)
+        vector_hits, plan = await self.index.search(self.session, info, vector, pool, flt, ef)
         text_ids = await self.index.text_search(self.session, info, words, pool, flt)
         by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
         fused: dict[str, float] = {}
@@ -540,4 +582,4 @@ class VectorService:
             out.append(self._hit(h, fused[pid]))
             if len(out) == limit:
                 break
-        return out
+        return out, plan

@@ -10,6 +10,7 @@ collection with a ``text_field`` gets an FTS5 table (``fts_<id>``) keyed by the 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -27,6 +28,8 @@ from app.vectors.backend import (
     PointOut,
 )
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.planner import Plan
+from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
 
 _CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 
@@ -35,48 +38,76 @@ def _path(key: str) -> str:
     return f'$."{key}"'  # filter keys never contain '"' or '\\' (checked by the parser)
 
 
-def compile_filter(node: Node | None, sql: SqlBuilder) -> str:
-    """SQL for a filter tree on the ``payload`` JSON text; never NULL."""
+def extract_expr(field: str) -> str:
+    """The expression a declared field is indexed on (and compared with): a literal path."""
+    return f"json_extract(payload, '{_path(field)}')"
+
+
+def payload_index_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
+    return (
+        f"CREATE INDEX IF NOT EXISTS {sql_index_name(coll.data_table, index)} "
+        f"ON {coll.data_table} ({extract_expr(index.field)})"
+    )
+
+
+def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind] | None = None) -> str:
+    """SQL for a filter tree on the ``payload`` JSON text.
+
+    A condition on a declared field compares ``json_extract`` of a literal path, the expression
+    its index is on. Conditions are not wrapped (that would hide them from the planner): one on a
+    missing key may be NULL, which WHERE treats as false, and a negation is ``NOT IFNULL(x, 0)``.
+    """
+    return _compile(node, sql, declared or {})
+
+
+def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
     if node is None:
         return "1"
     if isinstance(node, Eq):
-        p = sql.bind(_path(node.key))
+        p = f"'{_path(node.key)}'" if node.key in declared else sql.bind(_path(node.key))
         v = node.value
         if v is None:
-            cond = f"json_type(payload, {p}) = 'null'"
-        elif v is True:
-            cond = f"json_type(payload, {p}) = 'true'"
-        elif v is False:
-            cond = f"json_type(payload, {p}) = 'false'"
-        elif isinstance(v, str):
-            cond = f"json_type(payload, {p}) = 'text' AND json_extract(payload, {p}) = {sql.bind(v)}"
-        else:
-            cond = (
-                f"json_type(payload, {p}) IN ('integer', 'real') "
-                f"AND json_extract(payload, {p}) = {sql.bind(v)}"
-            )
-        return f"IFNULL(({cond}), 0)"
+            return f"(json_type(payload, {p}) = 'null')"
+        if isinstance(v, bool):
+            cond = f"json_type(payload, {p}) = '{'true' if v else 'false'}'"
+            if node.key in declared:
+                cond = f"json_extract(payload, {p}) = {int(v)} AND {cond}"
+            return f"({cond})"
+        kinds = "= 'text'" if isinstance(v, str) else "IN ('integer', 'real')"
+        return f"(json_extract(payload, {p}) = {sql.bind(v)} AND json_type(payload, {p}) {kinds})"
     if isinstance(node, Compare):
-        p = sql.bind(_path(node.key))
-        kinds = "('text')" if isinstance(node.value, str) else "('integer', 'real')"
+        p = f"'{_path(node.key)}'" if node.key in declared else sql.bind(_path(node.key))
+        kinds = "= 'text'" if isinstance(node.value, str) else "IN ('integer', 'real')"
         return (
-            f"IFNULL((json_type(payload, {p}) IN {kinds} AND "
-            f"json_extract(payload, {p}) {_CMP[node.op]} {sql.bind(node.value)}), 0)"
+            f"(json_extract(payload, {p}) {_CMP[node.op]} {sql.bind(node.value)} "
+            f"AND json_type(payload, {p}) {kinds})"
         )
     if isinstance(node, Exists):
         p = sql.bind(_path(node.key))
         return f"(json_type(payload, {p}) IS NOT NULL)"
     if isinstance(node, Not):
-        return f"(NOT {compile_filter(node.node, sql)})"
+        return f"(NOT IFNULL({_compile(node.node, sql, declared)}, 0))"
     if isinstance(node, And):
         if not node.nodes:
             return "1"
-        return "(" + " AND ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+        return "(" + " AND ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
     if isinstance(node, Or):
         if not node.nodes:
             return "0"
-        return "(" + " OR ".join(compile_filter(n, sql) for n in node.nodes) + ")"
+        return "(" + " OR ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
     raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+
+def served(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
+    """Whether a declared index narrows the rows of ``node`` (a top-level conjunct on one)."""
+    if isinstance(node, (Eq, Compare)):
+        kind = declared.get(node.key)
+        return kind is not None and node.value is not None and serves_value(kind, node.value)
+    if isinstance(node, Or):
+        return bool(node.nodes) and all(served(n, declared) for n in node.nodes)
+    if isinstance(node, And):
+        return any(served(n, declared) for n in node.nodes)
+    return False
 
 
 def _blob(vec: array) -> bytes:
@@ -120,6 +151,8 @@ class SqliteVecIndex:
                 "embedding BLOB NOT NULL, norm REAL NOT NULL, payload TEXT NOT NULL)"
             )
         )
+        for index in coll.payload_indexes:  # an empty table: made at once, kept up as points come
+            await session.execute(text(payload_index_sql(coll, index)))
         if coll.text_field is not None:
             await session.execute(
                 text(f"CREATE VIRTUAL TABLE {coll.text_table} USING fts5(body, tokenize='porter unicode61')")
@@ -137,9 +170,17 @@ class SqliteVecIndex:
     async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
         return {c.id: "exact" for c in colls}
 
+    async def payload_index_states(
+        self, session: AsyncConnection, colls: list[CollectionInfo]
+    ) -> dict[int, list[IndexState]]:
+        return {c.id: ["ready" for _ in c.payload_indexes] for c in colls}  # made with the table
+
+    async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
+        return None
+
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         result = await session.execute(text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params)
         return int(result.scalar_one())
 
@@ -220,7 +261,7 @@ class SqliteVecIndex:
         self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
     ) -> int:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         if ids is not None:
             where += " AND id IN (SELECT value FROM json_each(:ids))"
             sql.params["ids"] = orjson.dumps(ids).decode()
@@ -245,7 +286,7 @@ class SqliteVecIndex:
         with_vectors: bool,
     ) -> list[PointOut]:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         if after is not None:
             where += " AND id > :after"
             sql.params["after"] = after
@@ -264,10 +305,10 @@ class SqliteVecIndex:
         vector: array,
         limit: int,
         flt: Node | None,
-        ef_search: int,
-    ) -> list[Hit]:
+        ef_search: int | None,
+    ) -> tuple[list[Hit], Plan]:
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         sql.params.update(self._qparams(vector), limit=limit)
         try:
             rows = await session.execute(
@@ -281,7 +322,11 @@ class SqliteVecIndex:
             if "no such table" in str(exc.orig):
                 raise MissingTable() from None
             raise
-        return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+        if flt is not None and served(flt, coll.declared):
+            plan = Plan("filter_first", "a declared payload index narrows the filter (exact search)")
+        else:
+            plan = Plan("exact_scan", "sqlite-vec compares every point the filter keeps")
+        return [Hit(r[0], float(r[2]), r[1]) for r in rows], plan
 
     async def text_search(
         self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
@@ -289,7 +334,7 @@ class SqliteVecIndex:
         if coll.text_field is None or not words:
             return []
         sql = SqlBuilder()
-        where = compile_filter(flt, sql)
+        where = compile_filter(flt, sql, coll.declared)
         sql.params.update(match=" OR ".join(f'"{w}"' for w in words), limit=limit)
         ft = coll.text_table
         rows = await session.execute(

@@ -2,7 +2,7 @@
 
 from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
-from ._models import KvEntry, Record, SortOrder
+from ._models import KvEntry, PayloadIndex, Record, SortOrder
 from ._persist import AsyncPersistStore, RemotePersistStore, create_persist_store
 from ._vector_store import RemoteVectorStore, VectorRecord, VectorStoreProtocol, create_vector_store
 from ._vectors import VectorsAPI
@@ -39,6 +39,7 @@ __all__ = [
     "InvalidRequest",
     "KvEntry",
     "NotFound",
+    "PayloadIndex",
     "PreconditionFailed",
     "RateLimited",
     "Record",

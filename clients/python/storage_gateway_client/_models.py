@@ -1,10 +1,10 @@
-"""Client-side models mirroring the gateway's schemas for records and kv."""
+"""Client-side models mirroring the gateway's schemas for records, kv and vector collections."""
 
 from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +29,13 @@ class Record(BaseModel):
 
     key: str
     value: Any = None
+
+
+class PayloadIndex(BaseModel):
+    """A payload field a vector collection indexes for filtered search (``payload_indexes``)."""
+
+    field: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+    kind: Literal["keyword", "integer", "float", "bool"]
 
 
 class TrimResult(BaseModel):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ._exceptions import NotFound
+from ._models import PayloadIndex
 from ._resource import Resource
 
 DEFAULT_BATCH = 500
@@ -64,9 +65,16 @@ class VectorsAPI(Resource):
         *,
         text_field: str | None = None,
         index: Mapping[str, Any] | None = None,
+        payload_indexes: Sequence[PayloadIndex | Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Create the collection, or ensure it exists with these settings (``Conflict`` if not)."""
-        return await self.create_collection(collection, vector_size, distance, text_field=text_field, index=index)
+        """Create the collection, or ensure it exists with these settings (``Conflict`` if not).
+
+        ``payload_indexes``: payload fields to index for filters, e.g.
+        ``[PayloadIndex(field="user_id", kind="keyword")]`` or ``[{"field": "user_id", "kind": "keyword"}]``.
+        """
+        return await self.create_collection(
+            collection, vector_size, distance, text_field=text_field, index=index, payload_indexes=payload_indexes
+        )
 
     async def insert_vectors(self, collection: str, items: Sequence[Mapping[str, Any]]) -> list[str]:
         """Insert JSON objects carrying an ``"embedding"`` (and optionally an ``"id"``; the rest is payload)."""
@@ -100,12 +108,18 @@ class VectorsAPI(Resource):
         *,
         text_field: str | None = None,
         index: Mapping[str, Any] | None = None,
+        payload_indexes: Sequence[PayloadIndex | Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"vector_size": vector_size, "distance": distance}
         if text_field is not None:
             body["text_field"] = text_field
         if index is not None:
             body["index"] = dict(index)
+        if payload_indexes is not None:
+            # Mappings go as they are: the gateway checks them and names what is wrong.
+            body["payload_indexes"] = [
+                p.model_dump() if isinstance(p, PayloadIndex) else dict(p) for p in payload_indexes
+            ]
         response = await self._transport.request("PUT", self._path(collection), json=body)
         return response.json()
 
@@ -193,6 +207,27 @@ class VectorsAPI(Resource):
         ef_search: int | None = None,
     ) -> list[dict[str, Any]]:
         """Results ``{id, score, distance, payload}`` by descending score."""
+        return (
+            await self.search_explained(
+                collection, vector, limit, query=query, filters=filters, score_threshold=score_threshold,
+                ef_search=ef_search, explain=False,
+            )
+        )["results"]
+
+    async def search_explained(
+        self,
+        collection: str,
+        vector: Sequence[float],
+        limit: int = 10,
+        *,
+        query: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        score_threshold: float | None = None,
+        ef_search: int | None = None,
+        explain: bool = True,
+    ) -> dict[str, Any]:
+        """The whole answer ``{results, plan}``: ``plan`` says how the gateway searched
+        (``kind``: exact_scan, filter_first, hnsw or hnsw_iterative; ``ef_search``; ``fallback``)."""
         body: dict[str, Any] = {"limit": limit}
         packed = pack_vector(vector)
         if packed is not None:
@@ -207,10 +242,12 @@ class VectorsAPI(Resource):
             body["score_threshold"] = score_threshold
         if ef_search is not None:
             body["ef_search"] = ef_search
+        if explain:
+            body["explain"] = True
         response = await self._transport.request(
             "POST", self._path(collection, "search"), json=body, idempotent=True
         )
-        return response.json()["results"]
+        return response.json()
 
     async def get_point(self, collection: str, point_id: str, *, with_vector: bool = True) -> dict[str, Any] | None:
         """``{id, payload, vector}``, or None when the point does not exist (``NotFound`` for a

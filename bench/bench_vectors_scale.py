@@ -1,0 +1,344 @@
+"""Vector search at scale: filtered search on declared and undeclared payload fields, recall.
+
+Clustered synthetic 384-d vectors (as in bench_vectors.py) with payload fields at three
+selectivities, each twice: declared as a payload index (``ud``, ``td``, ``kd``: keyword) and
+undeclared (``uu``, ``tu``, ``ku``), drawn independently:
+
+    u*: 1,000 values (0.1% each)   t*: 50 values (2%)   k*: 5 values (20%)
+
+For every size: the gateway on PostgreSQL (one worker by default, a namespace-scoped API key,
+through the Python client), loaded in batches of 500, searched once its indexes are ready;
+cells: unfiltered and each of the six filters (query ``i`` asks for value ``i mod values``), at
+concurrency 1 and 8: QPS, p50/p99 and recall@10 against exact numpy (cosine) over the filter's
+matches, plus the plans the gateway chose (``explain``). ``--chroma`` runs Chroma's server
+(its own virtualenv, ``--chroma-python``) on the same data, filters and queries at the sizes
+in ``--chroma-sizes``. ``--sqlite`` adds the gateway on SQLite (exact search with sqlite-vec).
+
+    .venv/bin/python bench/bench_vectors_scale.py --sizes 50000 --chroma
+    .venv/bin/python bench/bench_vectors_scale.py --sizes 50000,200000 --targets sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+from bench_vectors import clustered, timed_searches  # noqa: E402
+
+K = 10
+BATCH = 500
+DIM = 384
+WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "1"))
+SECONDS = float(os.environ.get("BENCH_SEARCH_SECONDS", "3"))
+NAMESPACE = "bench"
+FIELDS = {"0.1%": ("u", 1000), "2%": ("t", 50), "20%": ("k", 5)}
+EF_SWEEP = (40, 64, 100, 160, 240, 400)
+DECLARED = [{"field": f"{p}d", "kind": "keyword"} for p, _ in FIELDS.values()]
+
+
+def make_payloads(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    cols = {}
+    for prefix, values in FIELDS.values():
+        for suffix in ("d", "u"):
+            cols[f"{prefix}{suffix}"] = rng.integers(0, values, size=n)
+    return [{name: f"{name[0]}{int(col[i])}" for name, col in cols.items()} for i in range(n)]
+
+
+def cells() -> list[tuple[str, str | None, int]]:
+    """(name, payload field or None, number of values)."""
+    out: list[tuple[str, str | None, int]] = [("unfiltered", None, 0)]
+    for kind, suffix in (("declared", "d"), ("undeclared", "u")):
+        for sel, (prefix, values) in FIELDS.items():
+            out.append((f"{sel} {kind}", f"{prefix}{suffix}", values))
+    return out
+
+
+def query_filter(field: str | None, values: int, i: int) -> dict | None:
+    return None if field is None else {field: f"{field[0]}{i % values}"}
+
+
+def ground_truth(data: np.ndarray, queries: np.ndarray, payloads: list[dict]) -> dict[str, list[list[int]]]:
+    """Per cell, the exact top-k ids of each query among the points its filter keeps."""
+    d = data / np.linalg.norm(data, axis=1, keepdims=True)
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    sims = q @ d.T
+    columns = {f: np.array([p[f] for p in payloads]) for f in payloads[0]}
+    out: dict[str, list[list[int]]] = {}
+    for name, field, values in cells():
+        rows = []
+        for i in range(len(queries)):
+            s = sims[i].copy()
+            if field is not None:
+                s[columns[field] != f"{field[0]}{i % values}"] = -np.inf
+            top = np.argsort(-s)[:K]
+            rows.append([int(j) for j in top if np.isfinite(s[j])])
+        out[name] = rows
+    return out
+
+
+def recall(found: list[list[int]], truth: list[list[int]]) -> float:
+    """Share of the true top k (of the filter's matches) found; 1 for a filter nothing matches."""
+    return float(np.mean([len(set(f[:K]) & set(t)) / min(K, len(t)) if t else float(not f)
+                          for f, t in zip(found, truth)]))
+
+
+# --- the gateway -------------------------------------------------------------------------------
+
+
+def start_gateway(kind: str, workdir: Path, pg_uri: str | None, tag: str, build_memory_mb: int):
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import Backend, backend_env, create_postgres_databases, run_cli, start_server
+
+    data_dir = workdir / f"gw-{kind}-{tag}"
+    data_dir.mkdir()
+    if kind == "sqlite":
+        urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    else:
+        urls = create_postgres_databases(pg_uri, f"bscale_{os.getpid()}_{tag}")
+    backend = Backend(kind, backend_env(urls, data_dir), urls)
+    result = run_cli(backend, "migrate")
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr)
+    issued = run_cli(backend, "keys", "create", "--namespace", NAMESPACE, "--scope", "vectors:*")
+    match = re.search(r"^key: (\S+)$", issued.stdout, re.M)
+    if issued.returncode != 0 or match is None:
+        raise RuntimeError(issued.stderr or issued.stdout)
+    server = start_server(backend, workdir / f"gateway-{kind}-{tag}.log", "--workers", str(WORKERS),
+                          GATEWAY_VECTORS__INDEX_BUILD_MEMORY_MB=str(build_memory_mb))
+    return server, match.group(1)
+
+
+async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> dict:
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    from storage_gateway_client import GatewayClient
+
+    out: dict = {"cells": {}}
+    async with GatewayClient(url, namespace=NAMESPACE, api_key=key, timeout=600) as gw:
+        await gw.vectors.setup_collection("s", data.shape[1], "cosine", payload_indexes=DECLARED)
+        ids = [str(i) for i in range(len(data))]
+        started = time.perf_counter()
+        sem = asyncio.Semaphore(2)
+
+        async def load(s: int) -> None:
+            async with sem:
+                await gw.vectors.upsert_points("s", data[s : s + BATCH], payloads[s : s + BATCH], ids[s : s + BATCH])
+
+        await asyncio.gather(*(load(s) for s in range(0, len(data), BATCH)))
+        out["insert_s"] = time.perf_counter() - started
+        while True:
+            info = await gw.vectors.describe_collection("s")
+            if info["index"]["state"] in ("ready", "exact") and all(
+                p["state"] == "ready" for p in info["payload_indexes"]
+            ):
+                break
+            await asyncio.sleep(2)  # describe counts the points: not too often
+        out["indexed_s"] = time.perf_counter() - started
+        await asyncio.sleep(1.5)  # the search path's cached index state (1 s) sees the index
+        for name, field, values in cells():
+            plans: dict[str, int] = {}
+            for i in range(min(len(queries), 20)):
+                answer = await gw.vectors.search_explained("s", queries[i], K, filters=query_filter(field, values, i))
+                plan = answer["plan"]["kind"] + ("+fallback" if answer["plan"]["fallback"] else "")
+                plans[plan] = plans.get(plan, 0) + 1
+            async def search(item: tuple[int, np.ndarray]) -> list[int]:
+                i, q = item
+                hits = await gw.vectors.search("s", q, K, filters=query_filter(field, values, i))
+                return [int(h["id"]) for h in hits]
+
+            out["cells"][name] = {"plans": plans}
+            numbered = list(enumerate(queries))
+            for conc in (1, 8):
+                await timed_searches(search, numbered[: 2 * conc + 4], conc, seconds=0)
+                qps, p50, p99, found = await timed_searches(search, numbered, conc, seconds=SECONDS)
+                out["cells"][name][conc] = {"qps": qps, "p50": p50, "p99": p99, "recall": recall(found, truth[name])}
+        if info["index"]["state"] == "ready":
+            # Unfiltered recall@10 and latency at fixed ef_search values: what the planner's
+            # ef_search growth with the collection's size is chosen from.
+            out["ef_sweep"] = {}
+            for ef in EF_SWEEP:
+                lat, found = [], []
+                for q in queries:
+                    t = time.perf_counter()
+                    hits = await gw.vectors.search("s", q, K, ef_search=ef)
+                    lat.append(time.perf_counter() - t)
+                    found.append([int(h["id"]) for h in hits])
+                out["ef_sweep"][ef] = {"recall": recall(found, truth["unfiltered"]),
+                                       "p50": float(np.percentile(lat, 50) * 1000)}
+    return out
+
+
+# --- Chroma (its own virtualenv) ---------------------------------------------------------------
+
+
+def chroma_worker(workdir: Path) -> None:
+    """Runs under Chroma's Python: start ``chroma run``, load, search every cell, print JSON."""
+    import socket
+
+    import chromadb
+
+    data = np.load(workdir / "data.npy")
+    queries = np.load(workdir / "queries.npy")
+    payloads = json.loads((workdir / "payloads.json").read_text())
+    truth = json.loads((workdir / "truth.json").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tempfile.mkdtemp(prefix="chroma-scale-")
+    log = open(Path(path) / "chroma.log", "wb")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "chroma"), "run", "--path", path, "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                chromadb.HttpClient(host="127.0.0.1", port=port).heartbeat()
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("chroma did not start")
+                time.sleep(0.3)
+
+        async def run() -> dict:
+            client = await chromadb.AsyncHttpClient(host="127.0.0.1", port=port)
+            coll = await client.create_collection("scale", metadata={"hnsw:space": "cosine"})
+            started = time.perf_counter()
+            for s in range(0, len(data), BATCH):
+                await coll.add(ids=[str(i) for i in range(s, min(s + BATCH, len(data)))],
+                               embeddings=data[s : s + BATCH], metadatas=payloads[s : s + BATCH])
+            out: dict = {"insert_s": time.perf_counter() - started, "cells": {}}
+            out["indexed_s"] = out["insert_s"]
+            numbered = list(enumerate(queries))
+            for name, field, values in cells():
+
+                async def search(item: tuple[int, np.ndarray]) -> list[int]:
+                    i, q = item
+                    flt = query_filter(field, values, i)
+                    res = await coll.query(query_embeddings=[q], n_results=K, where=flt, include=[])
+                    return [int(i) for i in res["ids"][0]]
+
+                out["cells"][name] = {}
+                for conc in (1, 8):
+                    await timed_searches(search, numbered[: 2 * conc + 4], conc, seconds=0)
+                    qps, p50, p99, found = await timed_searches(search, numbered, conc, seconds=SECONDS)
+                    out["cells"][name][conc] = {"qps": qps, "p50": p50, "p99": p99, "recall": recall(found, truth[name])}
+            return out
+
+        print(json.dumps(asyncio.run(run())))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def bench_chroma(chroma_python: str, workdir: Path, data, payloads, queries, truth) -> dict:
+    np.save(workdir / "data.npy", data)
+    np.save(workdir / "queries.npy", queries)
+    (workdir / "payloads.json").write_text(json.dumps(payloads))
+    (workdir / "truth.json").write_text(json.dumps(truth))
+    result = subprocess.run([chroma_python, __file__, "--chroma-worker", str(workdir)],
+                            capture_output=True, text=True, timeout=7200)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def print_table(results: dict[tuple[str, int], dict | str]) -> None:
+    print(f"\n{DIM}-d clustered, cosine, top-{K}; QPS / p50 ms / p99 ms at concurrency 1 and 8; recall@10 vs exact")
+    print("| target | points | filter | c1 QPS | c1 p50 | c1 p99 | c8 QPS | c8 p50 | c8 p99 | recall@10 | plans |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (target, n), res in results.items():
+        if isinstance(res, str):
+            print(f"| {target} | {n:,} | not measured: {res} |")
+            continue
+        for name, cell in res["cells"].items():
+            a, b = cell[1] if 1 in cell else cell["1"], cell[8] if 8 in cell else cell["8"]
+            plans = ", ".join(f"{k} {v}" for k, v in cell.get("plans", {}).items())
+            print(f"| {target} | {n:,} | {name} | {a['qps']:.0f} | {a['p50']:.1f} | {a['p99']:.1f} | {b['qps']:.0f} | "
+                  f"{b['p50']:.1f} | {b['p99']:.1f} | {min(a['recall'], b['recall']):.3f} | {plans} |")
+    for (target, n), res in results.items():
+        if isinstance(res, dict):
+            print(f"{target} at {n:,}: loaded in {res['insert_s']:.1f} s, searchable with its indexes after "
+                  f"{res['indexed_s']:.1f} s")
+            if res.get("ef_sweep"):
+                sweep = ", ".join(f"ef {ef}: {v['recall']:.3f} / {v['p50']:.1f} ms" for ef, v in res["ef_sweep"].items())
+                print(f"  unfiltered recall@10 / c1 p50 by ef_search: {sweep}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="50000")
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--targets", default="postgres", help="postgres,sqlite")
+    parser.add_argument("--build-memory-mb", type=int, default=2048,
+                        help="vectors.index_build_memory_mb of the gateway (the 500,000-point graph needs ~1.1 GB)")
+    parser.add_argument("--chroma", action="store_true")
+    parser.add_argument("--chroma-sizes", default="50000")
+    parser.add_argument("--chroma-python", default=os.environ.get("CHROMA_PYTHON", "/tmp/vt/chroma-venv/bin/python"))
+    parser.add_argument("--chroma-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.chroma_worker:
+        chroma_worker(Path(args.chroma_worker))
+        return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    targets = args.targets.split(",")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    results: dict[tuple[str, int], dict | str] = {}
+    pg = None
+    try:
+        if "postgres" in targets:
+            import pgserver
+
+            pg = pgserver.get_server(workdir / "pg", cleanup_mode="stop")
+        for n in sizes:
+            both = clustered(n + args.queries, DIM, seed=1)
+            data, queries = both[:n], both[n:]
+            payloads = make_payloads(n, seed=2)
+            truth = ground_truth(data, queries, payloads)
+            for kind in targets:
+                from tests.conftest import stop_server
+
+                name = "gateway postgres" if kind == "postgres" else "gateway sqlite"
+                server, key = start_gateway(kind, workdir, pg.get_uri() if pg else None, f"{n}", args.build_memory_mb)
+                try:
+                    results[(name, n)] = asyncio.run(bench_gateway(server.url, key, data, payloads, queries, truth))
+                except Exception as exc:
+                    results[(name, n)] = f"failed: {exc!r}"[:300]
+                finally:
+                    stop_server(server)
+                print(json.dumps({"target": name, "n": n, "result": results[(name, n)]}, default=str), flush=True)
+            if args.chroma and str(n) in args.chroma_sizes.split(","):
+                try:
+                    results[("chroma server", n)] = bench_chroma(args.chroma_python, workdir, data, payloads, queries, truth)
+                except Exception as exc:
+                    results[("chroma server", n)] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
+                print(json.dumps({"target": "chroma", "n": n, "result": results[("chroma server", n)]}), flush=True)
+    finally:
+        if pg is not None:
+            pg.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()

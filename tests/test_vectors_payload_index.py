@@ -1,0 +1,251 @@
+"""Declared payload indexes and the search planner on both backends.
+
+A collection declares payload fields to index (``payload_indexes``); PostgreSQL builds B-tree
+expression indexes on them in the background (with the HNSW index), SQLite makes them on
+``json_extract`` with the table. Describe reports them with their state; the database uses them
+for a selective filter (``EXPLAIN``); they go with the collection. Filters on declared and
+undeclared fields return exactly the ``min(limit, matches)`` nearest matches, and a search asked
+to ``explain`` says which plan ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import asyncpg
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy.engine import make_url
+from storage_gateway_client import Conflict, GatewayClient, InvalidRequest, PayloadIndex
+
+from app.vectors.filters import parse_filter
+from app.vectors.pgvector import _Positional, compile_filter as pg_compile
+from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, choose, ef_for
+from app.vectors.sqlite_vec import compile_filter as sqlite_compile
+from app.vectors.filters import SqlBuilder
+from tests.test_vectors_index import clustered, index_problems, pg_connect, table_of
+
+N, DIM = 4000, 16
+DECLARED = [{"field": "user", "kind": "keyword"}, {"field": "n", "kind": "integer"}]
+
+
+def payloads(n: int) -> list[dict]:
+    # user: 400 values (0.25% each); group: 5 values (20%), undeclared; n: 0..n-1
+    return [{"user": f"u{i % 400}", "group": f"g{i % 5}", "n": i, "even": i % 2 == 0} for i in range(n)]
+
+
+async def wait_ready(gw: GatewayClient, server, collection: str, timeout: float = 120.0) -> dict:
+    """Until the HNSW and payload indexes are ready (PostgreSQL); SQLite's are at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await gw.vectors.describe_collection(collection)
+        ready = all(p["state"] == "ready" for p in info["payload_indexes"])
+        if ready and info["index"]["state"] in ("ready", "exact"):
+            return info
+        assert time.monotonic() < deadline, info
+        await asyncio.sleep(0.1)
+
+
+async def wait_plan(gw: GatewayClient, collection: str, q, wanted: set[str], **kw) -> dict:
+    """A search's answer once its plan is one of ``wanted`` (a search process caches the index
+    state for a second)."""
+    deadline = time.monotonic() + 10
+    while True:
+        answer = await gw.vectors.search_explained(collection, q, **kw)
+        if answer["plan"]["kind"] in wanted:
+            return answer
+        assert time.monotonic() < deadline, answer["plan"]
+        await asyncio.sleep(0.2)
+
+
+def cosine(data: np.ndarray, q: np.ndarray) -> np.ndarray:
+    d = data.astype(np.float64)
+    return 1 - d @ q.astype(np.float64) / (np.linalg.norm(d, axis=1) * np.linalg.norm(q))
+
+
+def sqlite_path(server) -> str:
+    return make_url(server.backend.urls["vectors"]).database
+
+
+async def test_declarations_are_validated_and_part_of_the_settings(gw: GatewayClient, http: httpx.AsyncClient, namespace: str) -> None:
+    base = f"/v1/{namespace}/vectors"
+    bad = [
+        [{"field": "a b", "kind": "keyword"}],
+        [{"field": "a", "kind": "date"}],
+        [{"field": "a", "kind": "keyword"}, {"field": "a", "kind": "integer"}],
+        [{"field": f"f{i}", "kind": "bool"} for i in range(17)],
+    ]
+    for declared in bad:
+        r = await http.put(f"{base}/bad", json={"vector_size": 4, "payload_indexes": declared})
+        assert r.status_code == 422, (declared, r.text)
+        assert "payload_indexes" in r.text
+    with pytest.raises(InvalidRequest):
+        await gw.vectors.setup_collection("bad", 4, payload_indexes=[{"field": "x", "kind": "nope"}])
+    created = await gw.vectors.setup_collection("c", 4, payload_indexes=[PayloadIndex(field="user", kind="keyword")])
+    assert [(p["field"], p["kind"]) for p in created["payload_indexes"]] == [("user", "keyword")]
+    assert created["payload_indexes"][0]["state"] in ("pending", "ready")
+    # The same declaration (or none) ensures; another one is a conflict.
+    await gw.vectors.setup_collection("c", 4, payload_indexes=[{"field": "user", "kind": "keyword"}])
+    await gw.vectors.setup_collection("c", 4)
+    with pytest.raises(Conflict):
+        await gw.vectors.setup_collection("c", 4, payload_indexes=[{"field": "user", "kind": "integer"}])
+    listed = await gw.vectors.list_collections()
+    assert [p["field"] for p in listed["items"][0]["payload_indexes"]] == ["user"]
+
+
+async def test_searches_before_the_index_is_ready_say_they_scanned_exactly(gw: GatewayClient) -> None:
+    data = clustered(200, DIM, seed=5)
+    await gw.vectors.setup_collection("small", DIM, payload_indexes=DECLARED)
+    await gw.vectors.upsert_points("small", data, payloads(200), [str(i) for i in range(200)])
+    for flt in (None, {"user": "u3"}, {"group": "g1"}):
+        answer = await gw.vectors.search_explained("small", data[0], 10, filters=flt)
+        assert answer["plan"]["kind"] in ("exact_scan", "filter_first"), answer["plan"]
+        assert answer["plan"]["fallback"] is False
+        expected = 10 if flt is None or "group" in flt else 1
+        assert len(answer["results"]) == expected
+    info = await gw.vectors.describe_collection("small")
+    assert sum(info["index"]["plans"].values()) >= 3
+
+
+@pytest.mark.slow
+async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, server, namespace: str) -> None:
+    data = clustered(N, DIM, seed=7)
+    await gw.vectors.setup_collection("d", DIM, payload_indexes=DECLARED)
+    await gw.vectors.upsert_points("d", data, payloads(N), [str(i) for i in range(N)])
+    info = await wait_ready(gw, server, "d")
+    assert [(p["field"], p["kind"], p["state"]) for p in info["payload_indexes"]] == [
+        ("user", "keyword", "ready"), ("n", "integer", "ready")
+    ]
+    selective = [{"user": "u7"}, {"n": {"$gte": 10, "$lt": 20}}]
+    if server.backend.is_postgres:
+        conn = await pg_connect(server.backend)
+        try:
+            table = await table_of(conn, namespace, "d")
+            await conn.execute(f"ANALYZE {table}")
+            names = {r[0] for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = $1", table)}
+            assert {f"{table}_p0", f"{table}_p1"} <= names
+            declared = {"user": "keyword", "n": "integer"}
+            for flt, index in zip(selective, (f"{table}_p0", f"{table}_p1")):
+                sql = _Positional(1)
+                where = pg_compile(parse_filter(flt), sql, declared)
+                plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN SELECT id FROM {table} WHERE {where}", *sql.args))
+                assert index in plan, plan
+            # Undeclared equalities and $in are plain containment, which the payload GIN index can
+            # serve (on a table this small the planner prefers a scan unless told otherwise; a
+            # COALESCE-wrapped condition could not use the index at all).
+            await conn.execute("SET enable_seqscan = off")
+            for flt in ({"user": "u7", "group": "g2"}, {"group": {"$in": ["g1", "g2"]}}):
+                sql = _Positional(1)
+                where = pg_compile(parse_filter(flt), sql, {})
+                plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN SELECT id FROM {table} WHERE {where}", *sql.args))
+                assert f"{table}_payload" in plan, plan
+            await conn.execute("RESET enable_seqscan")
+        finally:
+            await conn.close()
+        await gw.vectors.drop_collection("d")
+        conn = await pg_connect(server.backend)
+        try:
+            for suffix in ("", "_p0", "_p1", "_hnsw", "_payload"):
+                assert await conn.fetchval("SELECT to_regclass($1)", f"{table}{suffix}") is None
+        finally:
+            await conn.close()
+        assert not index_problems(server)  # the builder's checks and sweeps ran without a warning
+        assert "built the keyword payload index on 'user' of" in server.log()
+    else:
+        db = sqlite3.connect(f"file:{sqlite_path(server)}?mode=ro", uri=True)
+        try:
+            cid = db.execute(
+                "SELECT id FROM vector_collections WHERE namespace = ? AND collection = 'd'", (namespace,)
+            ).fetchone()[0]
+            table = f"vec_{cid}"
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?", (table,))}
+            assert {f"{table}_p0", f"{table}_p1"} <= names
+            declared = {"user": "keyword", "n": "integer"}
+            for flt, index in zip(selective, (f"{table}_p0", f"{table}_p1")):
+                sql = SqlBuilder()
+                where = sqlite_compile(parse_filter(flt), sql, declared)
+                plan = " ".join(str(r) for r in db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM {table} WHERE {where}", sql.params))
+                assert index in plan, plan
+        finally:
+            db.close()
+        await gw.vectors.drop_collection("d")
+        db = sqlite3.connect(f"file:{sqlite_path(server)}?mode=ro", uri=True)
+        try:
+            left = db.execute("SELECT name FROM sqlite_master WHERE tbl_name = ?", (table,)).fetchall()
+            assert left == []
+        finally:
+            db.close()
+
+
+@pytest.mark.slow
+async def test_filters_return_the_exact_nearest_matches(gw: GatewayClient, server) -> None:
+    """Declared and undeclared fields at 0.25%, 2% (a declared range), 20% and 50%: always
+    ``min(limit, matches)`` results, the exact ones when the plan is exact, and the plan named."""
+    data = clustered(N, DIM, seed=9)
+    queries = clustered(5, DIM, seed=10)
+    pl = payloads(N)
+    await gw.vectors.setup_collection("f", DIM, payload_indexes=DECLARED)
+    await gw.vectors.upsert_points("f", data, pl, [str(i) for i in range(N)])
+    await wait_ready(gw, server, "f")
+    if server.backend.is_postgres:
+        await wait_plan(gw, "f", queries[0], {"hnsw", "hnsw_iterative"}, limit=10)
+    cases = [
+        ({"user": "u7"}, lambda p: p["user"] == "u7"),  # declared, 0.25%
+        ({"group": "g3"}, lambda p: p["group"] == "g3"),  # undeclared, 20%
+        ({"group": {"$in": ["g1", "g2"]}, "even": True}, lambda p: p["group"] in ("g1", "g2") and p["even"]),
+        ({"n": {"$gte": 100, "$lt": 180}}, lambda p: 100 <= p["n"] < 180),  # declared range, 2%
+        ({"n": {"$gte": 1000}, "user": {"$ne": "u1"}}, lambda p: p["n"] >= 1000 and p["user"] != "u1"),
+        ({"even": False}, lambda p: not p["even"]),  # undeclared, 50%
+    ]
+    for flt, keep in cases:
+        mask = np.array([keep(p) for p in pl])
+        matches = int(mask.sum())
+        for q in queries:
+            for limit in (10, 60):
+                answer = await gw.vectors.search_explained("f", q, limit, filters=flt)
+                hits, plan = answer["results"], answer["plan"]
+                assert len(hits) == min(limit, matches), (flt, plan)
+                assert all(keep(h["payload"]) for h in hits)
+                dist = np.where(mask, cosine(data, q), np.inf)
+                truth = set(np.argsort(dist)[: min(limit, matches)].tolist())
+                found = {int(h["id"]) for h in hits}
+                if plan["kind"] in ("exact_scan", "filter_first") or plan["fallback"]:
+                    kth = np.sort(dist)[min(limit, matches) - 1]
+                    assert all(dist[i] <= kth + 1e-5 for i in found), (flt, plan)
+                else:
+                    assert len(found & truth) / len(truth) >= 0.8, (flt, plan)
+    if server.backend.is_postgres:
+        plans = (await gw.vectors.describe_collection("f"))["index"]["plans"]
+        assert plans.get("filter_first", 0) > 0 and plans.get("hnsw", 0) + plans.get("hnsw_iterative", 0) > 0, plans
+
+
+# --- the planner's decisions (pure) -------------------------------------------------------------
+
+
+def test_ef_search_grows_with_the_collection_and_the_limit() -> None:
+    assert ef_for(10_000, 10, 100) == 100
+    assert ef_for(EF_REFERENCE_ROWS, 10, 100) == 100
+    assert ef_for(4 * EF_REFERENCE_ROWS, 10, 100) == 200
+    assert ef_for(10_000, 300, 100) == 300
+    assert ef_for(10**9, 10, 100) == EF_SEARCH_MAX
+
+
+def test_planner_chooses_by_the_estimated_matches() -> None:
+    common = dict(rows=500_000, limit=10, base_ef=100, exact_threshold=5000, iterative=False)
+    assert choose(index_ready=False, filtered=True, narrowed=False, selectivity=0.5, **common).kind == "exact_scan"
+    assert choose(index_ready=False, filtered=True, narrowed=True, selectivity=0.5, **common).kind == "filter_first"
+    assert choose(index_ready=True, filtered=False, narrowed=False, selectivity=None, **common).kind == "hnsw"
+    few = choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.001, **common)
+    assert few.kind == "filter_first" and few.estimated_matches == 500
+    many = choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.2, **common)
+    assert many.kind == "hnsw" and many.ef_search >= 100
+    some = choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.05, **common)
+    assert some.kind == "hnsw" and some.ef_search >= 400
+    # Too rare for the graph: narrowed by an index, or compared one by one.
+    assert choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.015, **common).kind == "filter_first"
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **common).kind == "exact_scan"
+    iterative = {**common, "iterative": True}
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **iterative).kind == "hnsw_iterative"
