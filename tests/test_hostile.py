@@ -40,13 +40,21 @@ async def seed(http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
     return await state(http, ns)
 
 
+def _stored(collection: dict[str, Any]) -> dict[str, Any]:
+    """A collection as stored: without the worker's count of search plans (telemetry)."""
+    index = collection.get("index")
+    if isinstance(index, dict):
+        collection = {**collection, "index": {k: v for k, v in index.items() if k != "plans"}}
+    return collection
+
+
 async def state(http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
     return {
         "kv": (await http.get(f"/v1/{ns}/kv/c")).json()["items"],
         "records": (await http.get(f"/v1/{ns}/records/c")).json()["items"],
         "file": (await http.get(f"/v1/{ns}/files/c/f")).content,
         "vectors": (await http.post(f"/v1/{ns}/vectors/v/points/list", json={})).json()["items"],
-        "collections": (await http.get(f"/v1/{ns}/vectors")).json()["items"],
+        "collections": [_stored(c) for c in (await http.get(f"/v1/{ns}/vectors")).json()["items"]],
     }
 
 
