@@ -5,7 +5,8 @@ Per step a graph saves a checkpoint and its task's writes (``aput`` + ``aput_wri
 the same state: ``GatewayCheckpointSaver`` through the gateway over HTTP (one uvicorn worker,
 PostgreSQL backend, a namespace-scoped key), LangGraph's ``AsyncPostgresSaver`` connected
 directly to the same PostgreSQL (a pool of 8 connections), and ``AsyncSqliteSaver`` on a local
-file. Then the bytes each stores per 100-step thread: what five such threads add to the tables
+file, measured one after another within each cell (the machines are shared: drift in their load
+falls on all three alike). Then the bytes each stores per 100-step thread: what five such threads add to the tables
 and indexes (after ``VACUUM FULL``; for SQLite, the file's pages in use), divided by five.
 
     .venv/bin/python bench/bench_checkpoints.py [--seconds N]
@@ -110,41 +111,50 @@ async def measure(ops: list[Callable[[], Awaitable[None]]], seconds: float) -> t
     return len(latencies) / elapsed, statistics.median(latencies) * 1000, latencies[int(len(latencies) * 0.99)] * 1000
 
 
-async def bench_saver(saver: BaseCheckpointSaver, seconds: float, size: Callable[[], Awaitable[int]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    # bytes: BYTES_THREADS complete threads into an empty store
-    empty = await size()
-    threads = [Thread(saver) for _ in range(BYTES_THREADS)]
-    for t in threads:
-        for _ in range(STEPS):
-            await t.advance()
-    out["bytes"] = (await size() - empty) / BYTES_THREADS
-    configs = [t.config["configurable"]["thread_id"] for t in threads]
+async def bench_savers(savers: dict[str, tuple[BaseCheckpointSaver, Callable[[], Awaitable[int]]]], seconds: float) -> dict[str, dict[Any, Any]]:
+    """Every cell for every saver, the savers one after another within each cell, so that the
+    load of a shared machine drifting during the run falls on all of them alike."""
+    out: dict[str, dict[Any, Any]] = {name: {} for name in savers}
+    threads: dict[str, list[str]] = {}
+    for name, (saver, size) in savers.items():
+        # bytes: what BYTES_THREADS complete threads add to the store
+        empty = await size()
+        written = [Thread(saver) for _ in range(BYTES_THREADS)]
+        for t in written:
+            for _ in range(STEPS):
+                await t.advance()
+        out[name]["bytes"] = (await size() - empty) / BYTES_THREADS
+        threads[name] = [t.id for t in written]
+
+    def writer(saver: BaseCheckpointSaver) -> Callable[[], Awaitable[None]]:
+        state = {"thread": Thread(saver)}
+
+        async def op() -> None:
+            if state["thread"].step >= STEPS:
+                state["thread"] = Thread(saver)
+            await state["thread"].advance()
+        return op
+
+    def get_tuple(saver: BaseCheckpointSaver, ids: list[str]) -> Callable[[], Awaitable[None]]:
+        async def op() -> None:
+            tup = await saver.aget_tuple({"configurable": {"thread_id": random.choice(ids), "checkpoint_ns": ""}})
+            assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == STEPS
+        return op
+
+    def list10(saver: BaseCheckpointSaver, ids: list[str]) -> Callable[[], Awaitable[None]]:
+        async def op() -> None:
+            config = {"configurable": {"thread_id": random.choice(ids), "checkpoint_ns": ""}}
+            assert len([t async for t in saver.alist(config, limit=10)]) == 10
+        return op
 
     for conc in (1, 8):
-        def writer() -> Callable[[], Awaitable[None]]:
-            state = {"thread": Thread(saver)}
-
-            async def op() -> None:
-                if state["thread"].step >= STEPS:
-                    state["thread"] = Thread(saver)
-                await state["thread"].advance()
-            return op
-
-        out[("aput + aput_writes", conc)] = await measure([writer() for _ in range(conc)], seconds)
-
-        async def get_tuple() -> None:
-            tup = await saver.aget_tuple({"configurable": {"thread_id": random.choice(configs), "checkpoint_ns": ""}})
-            assert tup is not None and len(tup.checkpoint["channel_values"]["messages"]) == STEPS
-
-        out[("aget_tuple", conc)] = await measure([get_tuple] * conc, seconds)
-
-        async def list10() -> None:
-            config = {"configurable": {"thread_id": random.choice(configs), "checkpoint_ns": ""}}
-            found = [t async for t in saver.alist(config, limit=10)]
-            assert len(found) == 10
-
-        out[("alist(limit=10)", conc)] = await measure([list10] * conc, seconds)
+        for label, make in (
+            ("aput + aput_writes", lambda saver, ids: writer(saver)),
+            ("aget_tuple", get_tuple),
+            ("alist(limit=10)", list10),
+        ):
+            for name, (saver, _size) in savers.items():
+                out[name][(label, conc)] = await measure([make(saver, threads[name]) for _ in range(conc)], seconds)
     return out
 
 
@@ -212,9 +222,13 @@ def libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def run_one(cm: Any, seconds: float) -> dict[str, Any]:
-    async with cm as (saver, size):
-        return await bench_saver(saver, seconds, size)
+async def run_all(gateway_url: str, gateway_dsn: str, postgres_dsn: str, sqlite_path: Path, seconds: float) -> dict[str, dict[Any, Any]]:
+    async with (
+        gateway_saver(gateway_url, gateway_dsn) as gw,
+        postgres_saver(postgres_dsn) as pg,
+        sqlite_saver(sqlite_path) as sq,
+    ):
+        return await bench_savers({"gateway (pg)": gw, "AsyncPostgresSaver": pg, "AsyncSqliteSaver": sq}, seconds)
 
 
 def main() -> None:
@@ -226,7 +240,6 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
-    results: dict[str, dict[str, Any]] = {}
     try:
         urls = create_postgres_databases(pg.get_uri(), f"benchgw_{uuid.uuid4().hex[:8]}")
         backend = Backend("postgres", backend_env(urls, work / "data"), urls)
@@ -235,14 +248,14 @@ def main() -> None:
             raise SystemExit(result.stderr)
         server = start_server(backend, work / "gateway.log", "--workers", "1",
                               GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
+        direct = create_postgres_databases(pg.get_uri(), f"benchpg_{uuid.uuid4().hex[:8]}")["checkpoints"]
+        (work / "sqlite").mkdir()
         try:
-            results["gateway (pg)"] = asyncio.run(run_one(gateway_saver(server.url, libpq(urls["checkpoints"])), args.seconds))
+            results = asyncio.run(run_all(
+                server.url, libpq(urls["checkpoints"]), libpq(direct), work / "sqlite" / "checkpoints.db", args.seconds
+            ))
         finally:
             stop_server(server)
-        direct = create_postgres_databases(pg.get_uri(), f"benchpg_{uuid.uuid4().hex[:8]}")["checkpoints"]
-        results["AsyncPostgresSaver"] = asyncio.run(run_one(postgres_saver(libpq(direct)), args.seconds))
-        (work / "sqlite").mkdir()
-        results["AsyncSqliteSaver"] = asyncio.run(run_one(sqlite_saver(work / "sqlite" / "checkpoints.db"), args.seconds))
     finally:
         pg.cleanup()
         shutil.rmtree(work, ignore_errors=True)
