@@ -134,6 +134,8 @@ def cmd_files_migrate(args: argparse.Namespace) -> None:
     from app.files.s3 import ObjectStoreUnavailable
 
     settings = load_settings(args.config)
+    if not settings.files.s3.bucket:
+        _fail("files migrate: files.s3.bucket is not set (both directions need the bucket)")
     asyncio.run(_preflight(settings, migrate_all=False))
     try:
         report = asyncio.run(migrate_files(settings, args.to, limit=args.limit))
