@@ -685,9 +685,9 @@ class PgVectorIndex:
         self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any]
     ) -> list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
-        # indexes still narrow the rows of a filter.
+        # indexes still narrow the rows of a filter; only the k answers' payloads become text.
         rows = await conn.fetch(
-            f"SELECT id, p, d FROM (SELECT id, CAST(payload AS text) AS p, "
+            f"SELECT id, CAST(p AS text), d FROM (SELECT id, payload AS p, "
             f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {where} OFFSET 0) s "
             f"ORDER BY d, id LIMIT {limit}",
             q,

@@ -104,10 +104,11 @@ class IndexRead(BaseModel):
         default=None,
         description="While an index is building (pgvector): its phase and tuples/blocks done and total.",
     )
-    plans: dict[str, int] = Field(
-        default_factory=dict,
-        description="Searches of this collection by plan (exact_scan, filter_first, hnsw, hnsw_iterative; "
-        "`fallback`: graph searches redone exactly), counted by the worker that answered since it started.",
+    plans: dict[str, int] | None = Field(
+        default=None,
+        description="Describe only: searches of this collection by plan (exact_scan, filter_first, hnsw, "
+        "hnsw_iterative; `fallback`: graph searches redone exactly), counted by the worker that answered "
+        "since it started.",
     )
 
 

@@ -137,6 +137,7 @@ class VectorService:
         count: int | None = None,
         payload_states: list[str] | None = None,
         progress: dict[str, Any] | None = None,
+        plans: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
@@ -154,7 +155,7 @@ class VectorService:
                 "backend": self.index.name,
                 "state": state,
                 "progress": progress,
-                "plans": telemetry.plans_of(info.id),
+                "plans": plans,
             },
             "payload_indexes": [
                 {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states)
@@ -258,6 +259,7 @@ class VectorService:
         return self.read(
             info, state, await self.index.count(self.session, info),
             (await self.index.payload_index_states(self.session, [info]))[info.id], progress,
+            telemetry.plans_of(info.id),
         )
 
     async def read_created(self, info: CollectionInfo) -> dict[str, Any]:
