@@ -1,4 +1,4 @@
-"""The application: lifespan-owned databases, the four capabilities under ``/v1/{namespace}``."""
+"""The application: lifespan-owned databases, the capabilities under ``/v1/{namespace}``."""
 
 from __future__ import annotations
 
