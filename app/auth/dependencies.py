@@ -56,7 +56,6 @@ async def authenticate(request: Request) -> Principal:
                 "rate limit exceeded for this key", headers={"Retry-After": str(max(1, math.ceil(wait)))}
             )
     request.scope[_PRINCIPAL] = principal
-    request.state.principal = principal
     return principal
 
 
