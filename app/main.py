@@ -21,23 +21,19 @@ from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.core.openapi import install_openapi
+from app import capabilities
+from app.core.capability import running
 from app.core.routing import include_capability, include_guarded
 from app.core.runtime import tune_garbage_collector
+from app.core.state import GatewayState
 from app.core.transactions import TransactionMiddleware
-from app.checkpoints import router as checkpoints
-from app.files import router as files
-from app.kv import router as kv
-from app.records import router as records
-from app.vectors import router as vectors
 
 log = logging.getLogger("app")
 
-CAPABILITIES = (records, kv, files, vectors, checkpoints)
-
 DESCRIPTION = """\
 Isolated persistent storage for AI-agent plugins: ordered **records**, **key-value**,
-streamed **files** and **vector** search, each scoped to a namespace. Errors are
-`application/problem+json` with a stable `code`.
+streamed **files**, **vector** search and agent **checkpoints**, each scoped to a namespace.
+Errors are `application/problem+json` with a stable `code`.
 """
 
 
@@ -74,25 +70,33 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    state = GatewayState(
+        settings=settings,
+        capabilities=capabilities.load(settings.extra_capabilities),
+        rate_limiter=RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         databases = Databases.open(settings)
-        app.state.databases = databases
+        state.databases = databases
         try:
             await prepare_databases(databases)
             if settings.auth.mode == "disabled":
                 log.warning("auth is DISABLED: every request is allowed without a key (host %s)", settings.host)
             keys = KeyCache(databases.engine(Database.metadata), settings.auth.revocation_check_seconds)
-            app.state.key_cache = keys
+            state.key_cache = keys
             async with AsyncExitStack() as stack:
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
                 stack.push_async_callback(_cancel, watcher)
-                for capability in CAPABILITIES:
-                    await stack.enter_async_context(capability.lifespan(app))
+                for capability in state.capabilities:
+                    service = await stack.enter_async_context(capability.lifecycle(state))
+                    state.services[capability.name] = service
+                    await stack.enter_async_context(running(capability.periodic(service, state)))
                 tune_garbage_collector()
                 yield
         finally:
+            state.services.clear()
             await databases.close()
 
     app = FastAPI(
@@ -101,17 +105,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         root_path=settings.root_path,
+        openapi_tags=[{"name": c.name, "description": c.summary} for c in state.capabilities],
     )
-    app.state.settings = settings
-    app.state.auth_mode = settings.auth.mode
-    app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
+    app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
     observability.install(app)  # last: request ids and telemetry wrap everything above
     # Capabilities first, each behind a gate on its name (app.core.routing): every request pays
     # for the routes tried before its own. The gates authorize before any body is read.
-    for capability in CAPABILITIES:
+    for capability in state.capabilities:
         include_capability(app, capability.router, "/v1/{namespace}", capability_guard)
     app.include_router(health_router)
     include_guarded(app, admin_router, admin_guard)

@@ -17,11 +17,12 @@ from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from sqlalchemy import func, select
+from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
 
 from app.checkpoints.models import checkpoint_blobs, checkpoint_threads, checkpoint_writes
 from app.core.config import Database, Settings
+from app.core.state import gateway_state
 from app.main import create_app
-from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
 from tests.conftest import Backend, Server
 
 SWEEP = 0.1
@@ -39,7 +40,7 @@ class Gateway:
         t = checkpoint_threads
         pk = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == thread_id).scalar_subquery()
         where = t.c.pk == pk if table is t else table.c.thread_pk == pk
-        async with self.app.state.databases.engine(Database.checkpoints).connect() as conn:
+        async with gateway_state(self.app).databases.engine(Database.checkpoints).connect() as conn:
             return (await conn.execute(select(func.count()).select_from(table).where(where))).scalar_one()
 
 

@@ -18,10 +18,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
 
+from app.auth.ratelimit import RateLimiter
 from app.core.config import Database
 from app.core.databases import Databases
 from app.core.dependencies import CheckpointsConnection, CheckpointsStatement
 from app.core.errors import InvalidInput, install_error_handlers
+from app.core.state import GatewayState
 from app.core.transactions import TransactionMiddleware
 from tests.conftest import Backend
 from tests.test_migrations import settings_for
@@ -40,7 +42,8 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
         ))
 
     app = FastAPI()
-    app.state.databases = databases
+    app.state.gateway = GatewayState(settings=databases.settings, capabilities=(), rate_limiter=RateLimiter(0, 1))
+    app.state.gateway.databases = databases
     install_error_handlers(app)
     app.add_middleware(TransactionMiddleware)
 

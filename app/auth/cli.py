@@ -20,13 +20,15 @@ async def _with_metadata(settings: Settings, action):  # noqa: ANN001, ANN202
 
 
 def run(args: argparse.Namespace, settings: Settings) -> None:
+    from app import capabilities
     from app.auth import service
     from app.core.errors import InvalidInput
 
     try:
         if args.keys_command == "create":
+            names = [c.name for c in capabilities.load(settings.extra_capabilities)]
             issued = asyncio.run(_with_metadata(
-                settings, lambda c: service.create_key(c, args.namespace, args.scope, args.description)
+                settings, lambda c: service.create_key(c, args.namespace, args.scope, args.description, names)
             ))
             print(f"key_id: {issued.key_id}")
             print(f"namespace: {issued.namespace_pattern}")

@@ -13,10 +13,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.auth.cache import KeyCache
-from app.auth.ratelimit import RateLimiter
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
+from app.core.state import gateway_state
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
 _PRINCIPAL = "gateway.principal"
@@ -27,7 +26,8 @@ async def authenticate(request: Request) -> Principal:
     known = request.scope.get(_PRINCIPAL)
     if known is not None:
         return known
-    settings = request.app.state.settings
+    state = gateway_state(request.app)
+    settings = state.settings
     if settings.auth.mode == "disabled":
         request.scope[_PRINCIPAL] = ANONYMOUS
         return ANONYMOUS
@@ -40,15 +40,14 @@ async def authenticate(request: Request) -> Principal:
     if admin_key is not None and same_secret(token, admin_key.get_secret_value()):
         principal = ADMIN
     else:
-        keys: KeyCache = request.app.state.key_cache
-        found = await keys.principal(token)
+        found = await state.key_cache.principal(token)
         if found is None:
             raise Unauthorized(
                 "the API key is not valid (unknown, malformed or revoked)",
                 headers={"WWW-Authenticate": 'Bearer realm="storage-gateway", error="invalid_token"'},
             )
         principal = found
-    limiter: RateLimiter = request.app.state.rate_limiter
+    limiter = state.rate_limiter
     if limiter.enabled and not principal.is_admin:
         wait = limiter.acquire(principal.key_id)
         if wait > 0:

@@ -14,12 +14,13 @@ from app.core.dependencies import PageLimit
 from app.core.errors import Forbidden, InvalidInput, Unauthorized, problem_responses
 from app.core.limits import Body, accepts
 from app.core.pagination import Page, decode_cursor, encode_cursor
+from app.core.state import gateway_state
 
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))
 
 
 def _engine(request: Request):  # noqa: ANN202
-    return request.app.state.databases.engine(Database.metadata)
+    return gateway_state(request.app).databases.engine(Database.metadata)
 
 
 @router.post(
@@ -29,8 +30,9 @@ def _engine(request: Request):  # noqa: ANN202
 @accepts(Body.JSON)
 async def create_key(body: KeyCreate, request: Request, _: Admin) -> KeyCreated:
     """Issue a key for a namespace pattern and scopes; the secret is in this answer only."""
-    async with _engine(request).begin() as conn:
-        issued = await service.create_key(conn, body.namespace, body.scopes, body.description)
+    state = gateway_state(request.app)
+    async with state.databases.engine(Database.metadata).begin() as conn:
+        issued = await service.create_key(conn, body.namespace, body.scopes, body.description, state.capability_names)
     return KeyCreated(
         key_id=issued.key_id, key=issued.secret, namespace=issued.namespace_pattern,
         scopes=issued.scopes, description=issued.description, created_at=issued.created_at,
@@ -60,5 +62,5 @@ async def revoke_key(
     within twice `auth.revocation_check_seconds`; revoking twice is fine."""
     async with _engine(request).begin() as conn:
         await service.revoke_key(conn, key_id)
-    request.app.state.key_cache.forget_all()  # other processes see it within 2 x auth.revocation_check_seconds
+    gateway_state(request.app).key_cache.forget_all()  # other processes see it within 2 x auth.revocation_check_seconds
     return Response(status_code=status.HTTP_204_NO_CONTENT)

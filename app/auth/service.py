@@ -12,6 +12,7 @@ import hmac
 import json
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -22,7 +23,6 @@ from app.auth.models import api_keys
 from app.core.errors import InvalidInput
 from app.core.names import NAME_PATTERN
 
-CAPABILITIES = ("records", "kv", "files", "vectors", "checkpoints")
 ACTIONS = ("read", "write")
 KEY_PREFIX = "sgw_"
 _KEY_RE = re.compile(r"^sgw_([0-9a-f]{16})_([A-Za-z0-9_-]{32,128})$")
@@ -69,16 +69,19 @@ def validate_pattern(pattern: str) -> str:
     raise InvalidInput("namespace", "must be a namespace, a prefix ending in `*` (e.g. `team-*`), or `*`")
 
 
-def validate_scopes(scopes: list[str]) -> list[str]:
+def validate_scopes(scopes: list[str], capabilities: Iterable[str]) -> list[str]:
+    """``scopes`` as stored: each ``CAP:ACTION`` with CAP one of ``capabilities`` (the names the
+    gateway serves, ``app.capabilities``) or ``*``."""
+    known = (*capabilities, "*")
     if not scopes:
         raise InvalidInput("scopes", "at least one CAP:ACTION scope is required")
     out = []
     for i, scope in enumerate(scopes):
         cap, sep, action = scope.partition(":")
-        if not sep or cap not in (*CAPABILITIES, "*") or action not in (*ACTIONS, "*"):
+        if not sep or cap not in known or action not in (*ACTIONS, "*"):
             raise InvalidInput(
                 f"scopes.{i}",
-                f"{scope!r} is not CAP:ACTION with CAP in {', '.join((*CAPABILITIES, '*'))} "
+                f"{scope!r} is not CAP:ACTION with CAP in {', '.join(known)} "
                 f"and ACTION in read, write, *",
             )
         out.append(scope)
@@ -104,10 +107,10 @@ class IssuedKey:
 
 
 async def create_key(
-    conn: AsyncConnection, namespace_pattern: str, scopes: list[str], description: str = ""
+    conn: AsyncConnection, namespace_pattern: str, scopes: list[str], description: str, capabilities: Iterable[str]
 ) -> IssuedKey:
     pattern = validate_pattern(namespace_pattern)
-    scopes = validate_scopes(scopes)
+    scopes = validate_scopes(scopes, capabilities)
     key_id = secrets.token_hex(8)
     secret = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
     now = datetime.now(UTC)

@@ -6,12 +6,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.core.state import service_of
+
 from app.checkpoints.service import CheckpointsService
 
 
 async def get_checkpoints_service(request: Request) -> CheckpointsService:
-    """The service built once by the checkpoints lifespan for the backend in use."""
-    return request.app.state.checkpoints_service
+    """The service built once by the checkpoints lifecycle for the backend in use."""
+    return service_of(request, "checkpoints")
 
 
 CheckpointsServiceDep = Annotated[CheckpointsService, Depends(get_checkpoints_service)]

@@ -3,21 +3,14 @@ LangGraph ``BaseCheckpointSaver``) sends, one route per saver method."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated
 
 import orjson
-from fastapi import FastAPI, Query, Response
+from fastapi import Query, Response
 from pydantic import TypeAdapter, ValidationError
 
-from app.checkpoints.backend import backend_for
 from app.checkpoints.dependencies import CheckpointsServiceDep
-from app.checkpoints.reads import CheckpointReader
-from app.checkpoints.repository import CheckpointsRepository
 from app.checkpoints.schemas import (
     CheckpointConfig,
     CheckpointCreate,
@@ -36,16 +29,10 @@ from app.checkpoints.schemas import (
     ThreadsPrune,
     WritesCreate,
 )
-from app.checkpoints.service import CheckpointsService
-from app.checkpoints.writer import writer_for
-from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
 
 log = logging.getLogger("app.checkpoints")
 
@@ -176,45 +163,3 @@ def _valid(kind: str, field: str, value: str) -> str:
         return _ADAPTERS[kind].validate_python(value)
     except ValidationError as exc:
         raise InvalidInput(field, exc.errors()[0]["msg"]) from None
-
-
-# --- lifespan: the backend choice and the retention sweep ----------------------------------
-
-
-async def _sweep_forever(databases: Databases, service: CheckpointsService) -> None:
-    """Apply retention in bounded batches, every ``checkpoints.sweep_interval_seconds``."""
-    interval = service.settings.sweep_interval_seconds
-    engine = databases.engine(Database.checkpoints).execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            while True:
-                async with engine.begin() as conn:
-                    handled = await service.sweep(conn)
-                if handled < service.settings.sweep_batch:
-                    break
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the next round tries again; a sweep must never take the service down
-            log.warning("checkpoint retention sweep failed", exc_info=True)
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Build the checkpoints service for the checkpoints database's backend and run retention."""
-    databases: Databases = app.state.databases
-    settings = app.state.settings
-    dialect = databases.dialect(Database.checkpoints)
-    backend = backend_for(dialect)
-    fixed = fixed_statements(dialect)
-    repository = CheckpointsRepository(backend, insert_builder(dialect))
-    writer = writer_for(dialect, repository, backend, fixed)
-    service = CheckpointsService(repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints)
-    app.state.checkpoints_service = service
-    sweeper = asyncio.create_task(_sweep_forever(databases, service), name="checkpoints-sweep")
-    try:
-        yield
-    finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper

@@ -350,6 +350,11 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
     )
+    extra_capabilities: list[str] = Field(
+        default_factory=list,
+        description="Capabilities to serve besides the built-in ones, as `module:attribute` import paths "
+        "of `app.core.capability.Capability` objects.",
+    )
     persistence: PersistenceSettings = PersistenceSettings()
     databases: DatabasesSettings = DatabasesSettings()
     limits: LimitsSettings = LimitsSettings()

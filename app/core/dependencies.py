@@ -13,11 +13,12 @@ from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION, Databases
+from app.core.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
+from app.core.state import gateway_state
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -35,7 +36,7 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
     """
 
     async def connection(request: Request) -> StatementConnection:
-        databases: Databases = request.app.state.databases
+        databases = gateway_state(request.app).databases
         connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
         if single_statement:
@@ -128,7 +129,7 @@ async def _page_limit(
     request: Request,
     limit: Annotated[int | None, Query(ge=1, description="Most items to return.")] = None,
 ) -> int:
-    limits = request.app.state.settings.limits
+    limits = gateway_state(request.app).settings.limits
     if limit is None:
         return limits.default_page_size
     if limit > limits.max_page_size:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from app.core.config import Database
 from app.core.databases import Databases
 from app.core.migrations import current_revision, head_revision
+from app.core.state import gateway_state
 
 router = APIRouter(tags=["health"])
 
@@ -32,19 +32,6 @@ class StorageStatus(BaseModel):
     reachable: bool
     location: str | None = Field(default=None, description="The bucket, for s3.")
     error: str | None = None
-
-
-StorageCheck = Callable[[], Awaitable[StorageStatus]]
-STORAGE_CHECKS = "storage_checks"  # app.state attribute: capability name -> StorageCheck
-
-
-def register_storage_check(app: FastAPI, name: str, check: StorageCheck) -> None:
-    """Let ``/readyz`` report a capability's own storage (called from its lifespan)."""
-    checks = getattr(app.state, STORAGE_CHECKS, None)
-    if checks is None:
-        checks = {}
-        setattr(app.state, STORAGE_CHECKS, checks)
-    checks[name] = check
 
 
 class Readiness(BaseModel):
@@ -85,13 +72,14 @@ async def healthz() -> dict[str, str]:
 )
 async def readyz(request: Request) -> JSONResponse:
     """200 when all three databases answer and are at the migrations' head; 503 otherwise."""
-    databases: Databases = request.app.state.databases
-    checks: dict[str, StorageCheck] = getattr(request.app.state, STORAGE_CHECKS, None) or {}
+    state = gateway_state(request.app)
+    databases = state.databases
+    checks = state.storage_checks
     statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
     storage = await asyncio.gather(*(check() for check in checks.values()))
     result = Readiness(
         ready=all(s.reachable and s.migrated for s in statuses),
-        auth=getattr(request.app.state, "auth_mode", "required"),
+        auth=state.settings.auth.mode,
         databases={db.value: s for db, s in zip(Database, statuses)},
         storage=dict(zip(checks, storage)),
     )

@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.core.state import gateway_state
+
 if TYPE_CHECKING:
     from app.core.databases import Databases
 
@@ -123,7 +125,7 @@ class PoolCollector(Collector):
 async def metrics_endpoint(request: Request) -> Response:
     """The Prometheus text exposition of this process."""
     body = generate_latest(REGISTRY)
-    databases = getattr(request.app.state, "databases", None)
+    databases = gateway_state(request.app).open_databases
     if databases is not None:
         pools = CollectorRegistry(auto_describe=False)
         pools.register(PoolCollector(databases))

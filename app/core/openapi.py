@@ -36,7 +36,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=api_routes(app.routes),
-        servers=app.servers,
+        servers=app.servers, tags=app.openapi_tags,
     )
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})

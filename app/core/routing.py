@@ -36,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.core.config import LimitsSettings
 from app.core.handlers import compile_handler
+from app.core.state import gateway_state
 from app.core.limits import (
     Body,
     BodyClock,
@@ -218,13 +219,13 @@ def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]
 def include_capability(app: FastAPI, router: CapabilityRouter, prefix: str, guard: Guard) -> None:
     """Add ``router``'s routes to ``app`` under ``prefix``, behind one gate that runs ``guard``."""
     routes = _copy_routes(app, router, prefix)
-    app.router.routes.append(CapabilityRoutes(router.capability, routes, guard, app.state.settings.limits))
+    app.router.routes.append(CapabilityRoutes(router.capability, routes, guard, gateway_state(app).settings.limits))
 
 
 def include_guarded(app: FastAPI, router: APIRouter, guard: Guard) -> None:
     """Add ``router``'s routes (already under their full ``prefix``) behind a gate on that prefix."""
     routes = _copy_routes(app, router, "")
-    app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, app.state.settings.limits))
+    app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, gateway_state(app).settings.limits))
 
 
 def api_routes(routes: list[BaseRoute]) -> list[BaseRoute]:

@@ -6,13 +6,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.core.state import service_of
+
 from app.files.service import FilesService
 
-STATE_KEY = "files_service"
 
 
-def get_files_service(request: Request) -> FilesService:
-    return getattr(request.app.state, STATE_KEY)
+async def get_files_service(request: Request) -> FilesService:
+    """The service built once by the files lifecycle for the backend in use."""
+    return service_of(request, "files")
 
 
 Files = Annotated[FilesService, Depends(get_files_service)]

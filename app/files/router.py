@@ -17,14 +17,12 @@ from typing import Annotated
 from urllib.parse import quote
 
 import anyio
-from fastapi import FastAPI, Header, Query, Request, Response
+from fastapi import Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from app.core.conditions import Conditions, quote_etag
-from app.core.config import Database
-from app.core.databases import Databases
 from app.core.dependencies import CollectionPath, FileId, NamespacePath, PageLimit
 from app.core.errors import (
     BadRequest,
@@ -36,18 +34,15 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
-from app.core.health import register_storage_check
 from app.core.limits import Body, accepts
 from app.core.names import validate_key
 from app.core.routing import CapabilityRouter
-from app.files.backend import backend_for
-from app.files.dependencies import STATE_KEY, Files
+from app.files.dependencies import Files
 from app.files.multipart import read_form
-from app.files.s3 import ObjectStoreUnavailable, S3Objects
+from app.files.s3 import ObjectStoreUnavailable
 from app.files.schemas import FilePage, FileRead, FilesUsage
 from app.files.service import (
     DEFAULT_CONTENT_TYPE,
-    FilesService,
     file_headers,
     new_file_id,
     plan_download,
@@ -65,43 +60,6 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024  # part headers, boundaries and the file_id
 DRAIN_BYTES = 1024 * 1024  # read past a 413 at most this much of the body ...
 DRAIN_SECONDS = 1.0  # ... for at most this long
 _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Choose the backend once, sweep abandoned uploads at start-up and then periodically."""
-    databases: Databases = app.state.databases
-    settings = app.state.settings
-    objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
-    service = FilesService(
-        databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects
-    )
-    setattr(app.state, STATE_KEY, service)
-    register_storage_check(app, "files", service.readiness)
-
-    async def sweep_forever() -> None:
-        while True:
-            try:
-                swept = await service.sweep()
-                if swept:
-                    log.info("swept %d abandoned file uploads", swept)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("sweeping abandoned file uploads failed", exc_info=True)
-            await asyncio.sleep(settings.files.sweep_interval_seconds)
-
-    task = asyncio.create_task(sweep_forever(), name="files-sweeper")
-    try:
-        yield
-    finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        if objects is not None:
-            await objects.close()
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -6,12 +6,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.core.state import service_of
+
 from app.kv.service import KvService
 
 
 async def get_kv_service(request: Request) -> KvService:
-    """The service built once by the kv lifespan for the backend in use."""
-    return request.app.state.kv_service
+    """The service built once by the kv lifecycle for the backend in use."""
+    return service_of(request, "kv")
 
 
 KvServiceDep = Annotated[KvService, Depends(get_kv_service)]

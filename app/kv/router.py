@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import Query, Request, Response
 
 from app.core.conditions import Conditions
-from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.dependencies import CollectionPath, Key, MetadataStatement, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
@@ -25,12 +19,8 @@ from app.core.errors import (
 )
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
 from app.kv.dependencies import KvServiceDep
-from app.kv.repository import KvRepository
 from app.kv.schemas import VALUE_REQUEST_BODY, VALUE_RESPONSE, KvPage
-from app.kv.service import KvService
 
 log = logging.getLogger("app.kv")
 
@@ -131,44 +121,3 @@ async def list_entries(
         prefix=prefix or None, limit=limit, cursor=cursor, keys_only=keys_only,
     )
     return Response(content=page.body, media_type=JSON)
-
-
-# --- lifespan: the backend choice and the expiry sweep ---------------------------------------
-
-
-async def _sweep_forever(databases: Databases, service: KvService) -> None:
-    """Delete expired entries in bounded batches, every ``kv.sweep_interval_seconds``."""
-    interval = service.settings.sweep_interval_seconds
-    engine = databases.engine(Database.metadata).execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            while True:
-                async with engine.begin() as conn:
-                    deleted = await service.sweep(conn)
-                if deleted:
-                    log.info("kv sweep deleted %d expired entries", deleted)
-                if deleted < service.settings.sweep_batch:
-                    break
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the next round tries again; a sweep must never take the service down
-            log.warning("kv sweep failed", exc_info=True)
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Build the kv service for the metadata database's backend and run the expiry sweep."""
-    databases: Databases = app.state.databases
-    settings = app.state.settings
-    dialect = databases.dialect(Database.metadata)
-    repository = KvRepository(insert_builder(dialect), fixed_statements(dialect))
-    service = KvService(repository, settings.limits, settings.kv)
-    app.state.kv_service = service
-    sweeper = asyncio.create_task(_sweep_forever(databases, service), name="kv-sweep")
-    try:
-        yield
-    finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper

@@ -6,12 +6,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.core.state import service_of
+
 from app.records.service import RecordsService
 
 
 async def get_records_service(request: Request) -> RecordsService:
-    """The service built once by the records lifespan for the backend in use."""
-    return request.app.state.records_service
+    """The service built once by the records lifecycle for the backend in use."""
+    return service_of(request, "records")
 
 
 RecordsServiceDep = Annotated[RecordsService, Depends(get_records_service)]

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import Query, Request, Response
 
-from app.core.config import Database
 from app.core.dependencies import (
     CheckpointsConnection,
     CheckpointsStatement,
@@ -26,10 +23,7 @@ from app.core.errors import (
 )
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
 from app.records.dependencies import RecordsServiceDep
-from app.records.repository import RecordsRepository
 from app.records.schemas import (
     VALUE_REQUEST_BODY,
     RecordBatchCreate,
@@ -40,7 +34,6 @@ from app.records.schemas import (
     TrimRequest,
     TrimResult,
 )
-from app.records.service import RecordsService
 
 router = CapabilityRouter("records", tags=["records"])
 
@@ -170,12 +163,3 @@ async def list_records(
         order=order, limit=limit, after=after, before=before, cursor=cursor,
     )
     return Response(content=body, media_type=JSON)
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Build the records service for the checkpoints database's backend."""
-    dialect = app.state.databases.dialect(Database.checkpoints)
-    repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
-    app.state.records_service = RecordsService(repository, app.state.settings.limits)
-    yield

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
-from app.vectors.backend import VectorIndex
+from app.core.state import gateway_state
 from app.vectors.service import VectorService
+
+if TYPE_CHECKING:
+    from app.vectors.capability import Vectors
 
 
 def _build(request: Request, namespace: str, session: AsyncConnection) -> VectorService:
-    # The index backend and the registry are the app's, chosen at start-up: read from the app
-    # state here rather than as dependencies of their own (each costs FastAPI a resolution).
-    state = request.app.state
-    index: VectorIndex = state.vector_index
-    return VectorService(session, index, state.settings, namespace, state.vector_registry)
+    # The index backend and the registry are the process's, chosen at start-up by the lifecycle:
+    # read here rather than as dependencies of their own (each costs FastAPI a resolution).
+    state = gateway_state(request.app)
+    shared = cast("Vectors", state.services["vectors"])
+    return VectorService(session, shared.index, state.settings, namespace, shared.registry)
 
 
 # async: a plain ``def`` dependency would be run in the thread pool on every request.

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
-from fastapi import BackgroundTasks, FastAPI, Header, Query, Request, Response
+from fastapi import BackgroundTasks, Header, Query, Request, Response
 
-from app.core.config import Database
 from app.core.dependencies import CollectionPath, PageLimit, PointId
 from app.core.errors import (
     Conflict,
@@ -21,7 +18,7 @@ from app.core.errors import (
 )
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
-from app.vectors.backend import RegistryCache
+from app.core.state import service_of
 from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
 from app.vectors.encoding import json_response
 from app.vectors.schemas import (
@@ -185,46 +182,6 @@ async def delete_point(
 def _after_commit(request: Request, service: VectorService, background: BackgroundTasks) -> None:
     """Tell the index builder about the request's point writes once they are committed: the
     write transaction commits as the answer starts, background tasks run after the answer."""
-    builder = request.app.state.vector_builder
+    builder = service_of(request, "vectors").builder
     if builder is not None and service.written is not None:
         background.add_task(builder.notice, service.written)
-
-
-@asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Choose the vector backend once, from the vectors database's dialect; on PostgreSQL, run
-    the background HNSW builder (``app.vectors.builder``) for as long as the app runs."""
-    databases = app.state.databases
-    settings = app.state.settings
-    app.state.vector_registry = RegistryCache()
-    app.state.vector_builder = None
-    if databases.dialect(Database.vectors) != "postgresql":
-        from app.vectors.sqlite_vec import SqliteVecIndex
-
-        app.state.vector_index = SqliteVecIndex()
-        yield
-        return
-    from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
-
-    engine = databases.engine(Database.vectors)
-    async with engine.connect() as conn:
-        version = await detect_version(conn)
-    if version is None:
-        log.warning("vectors database: the pgvector extension is not installed yet (run the migrations)")
-    else:
-        install_vector_codec(engine, settings.vectors.ef_search)
-        await engine.dispose()  # connections opened before the codec existed are replaced
-    app.state.vector_index = PgVectorIndex(
-        version or "0",
-        exact_threshold=settings.vectors.exact_search_threshold,
-        ef_search=settings.vectors.ef_search,
-    )
-    from app.vectors.builder import IndexBuilder
-
-    builder = IndexBuilder(engine, settings.vectors)
-    app.state.vector_builder = builder
-    builder.start()
-    try:
-        yield
-    finally:
-        await builder.stop()

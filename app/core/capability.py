@@ -1,0 +1,125 @@
+"""What a capability is: one descriptor that everything else reads.
+
+A capability is one package under ``app/`` (``kv``, ``records``, ...) whose ``__init__`` exports a
+``Capability``, and one line in ``app.capabilities``. From the descriptor:
+
+- the app factory includes its router behind a gate on its name (``app.core.routing``), runs its
+  lifecycle in the app's lifespan and its periodic tasks while the app runs (``app.main``);
+- auth accepts ``<name>:read`` / ``<name>:write`` scopes for it (``app.auth.service``);
+- the gate applies each route's body class and limit (``@accepts`` on the endpoint) and its
+  read/write scope (GET/HEAD, or ``@accepts(read_only=True)``);
+- metrics and the access log label its requests by route template; OpenAPI documents its routes
+  under its tag, described by ``summary``;
+- the shared tests (isolation matrix, scoping check) cover its ``tables``, which are also what a
+  namespace export or delete must include.
+
+Convention for service lifetimes: the lifecycle builds the capability's service once per process
+(the backend choice, caches, background workers); the service keeps no request state; a request's
+dependency (``app.core.state.service_of``) hands it the request's connection and namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from sqlalchemy import Table
+
+from app.core.config import Database
+
+if TYPE_CHECKING:
+    from app.core.routing import CapabilityRouter
+    from app.core.state import GatewayState
+
+log = logging.getLogger("app")
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A background job of a capability: ``run`` every ``every`` seconds while the app runs.
+
+    A round that raises is logged and the next one runs on time: a sweep never takes the service
+    down. ``at_start``: run the first round at start-up instead of after one interval.
+    """
+
+    name: str
+    every: float
+    run: Callable[[], Awaitable[object]]
+    at_start: bool = False
+
+
+Lifecycle = Callable[["GatewayState"], AbstractAsyncContextManager[S]]
+"""Builds the capability's service once the databases are open; cleans up on exit."""
+
+
+@dataclass(frozen=True, eq=False)
+class Capability(Generic[S]):
+    """One capability, as the app factory, auth, the gate, OpenAPI and the shared tests see it."""
+
+    name: str
+    router: CapabilityRouter
+    database: Database
+    lifecycle: Lifecycle[S]
+    summary: str
+    tables: tuple[Table, ...] = ()
+    """Its namespaced tables: every statement on them is scoped (tests/test_scoping.py); a
+    namespace's export and delete must cover them."""
+    periodic: Callable[[S, GatewayState], Iterable[Periodic]] = field(default=lambda service, state: ())
+
+    def __post_init__(self) -> None:
+        if self.router.capability != self.name:
+            raise ValueError(f"capability {self.name!r} has the router of {self.router.capability!r}")
+        for table in self.tables:
+            if "namespace" not in table.c:
+                raise ValueError(f"capability {self.name!r}: table {table.name} has no namespace column")
+
+
+
+@asynccontextmanager
+async def running(periodic: Iterable[Periodic]) -> AsyncIterator[None]:
+    """Run each job on its schedule until the block exits, then cancel them all."""
+    tasks = [asyncio.create_task(_forever(job), name=job.name) for job in periodic]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _forever(job: Periodic) -> None:
+    if not job.at_start:
+        await asyncio.sleep(job.every)
+    while True:
+        try:
+            await job.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the next round tries again
+            log.warning("%s failed", job.name, exc_info=True)
+        await asyncio.sleep(job.every)
+
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of CAP:ACTION scopes
+
+
+def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[Any], ...]:
+    """The capabilities in order, refusing a bad name or two with one name (gates would shadow)."""
+    out: dict[str, Capability[Any]] = {}
+    for capability in capabilities:
+        if not _NAME.fullmatch(capability.name):
+            raise ValueError(f"capability name {capability.name!r} is not [a-z][a-z0-9_]*")
+        if capability.name in out:
+            raise ValueError(f"two capabilities are named {capability.name!r}")
+        out[capability.name] = capability
+    return tuple(out.values())

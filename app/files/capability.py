@@ -1,0 +1,58 @@
+"""The files capability: streamed uploads and downloads with Range and ETags; bytes in the
+metadata database (chunks) or in an S3 bucket (``files.backend``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+from app.core.capability import Capability, Periodic
+from app.core.config import Database
+from app.core.state import GatewayState
+from app.files.backend import backend_for
+from app.files.models import files
+from app.files.router import router
+from app.files.s3 import S3Objects
+from app.files.service import FilesService
+
+log = logging.getLogger("app.files")
+
+
+@asynccontextmanager
+async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
+    """The files service for the configured backend; the bucket's client while the app runs."""
+    settings = state.settings
+    databases = state.databases
+    objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
+    try:
+        service = FilesService(
+            databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects
+        )
+        state.storage_checks["files"] = service.readiness
+        yield service
+    finally:
+        if objects is not None:
+            await objects.close()
+
+
+def periodic(service: FilesService, state: GatewayState) -> Iterator[Periodic]:
+    async def sweep() -> None:
+        """Remove what abandoned uploads left (chunks, objects, multipart uploads)."""
+        swept = await service.sweep()
+        if swept:
+            log.info("swept %d abandoned file uploads", swept)
+
+    yield Periodic("files-sweeper", state.settings.files.sweep_interval_seconds, sweep, at_start=True)
+
+
+CAPABILITY = Capability(
+    name="files",
+    router=router,
+    database=Database.metadata,
+    lifecycle=lifecycle,
+    periodic=periodic,
+    # file_chunks and file_uploads are keyed by ids that only a scoped files row hands out
+    tables=(files,),
+    summary="Streamed file uploads and downloads with Range, ETags and conditional requests.",
+)

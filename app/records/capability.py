@@ -1,0 +1,34 @@
+"""The records capability: JSON records per collection, ordered by key, paged with cursors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from app.core.capability import Capability
+from app.core.config import Database
+from app.core.state import GatewayState
+from app.core.statements import fixed_statements
+from app.core.upsert import insert_builder
+from app.records.models import records
+from app.records.repository import RecordsRepository
+from app.records.router import router
+from app.records.service import RecordsService
+
+
+@asynccontextmanager
+async def lifecycle(state: GatewayState) -> AsyncIterator[RecordsService]:
+    """The records service for the checkpoints database's backend."""
+    dialect = state.databases.dialect(Database.checkpoints)
+    repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
+    yield RecordsService(repository, state.settings.limits)
+
+
+CAPABILITY = Capability(
+    name="records",
+    router=router,
+    database=Database.checkpoints,
+    lifecycle=lifecycle,
+    tables=(records,),
+    summary="JSON records per collection, ordered by key: batches, ordered pages with cursors, trim.",
+)
