@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.core.errors import PROBLEM_JSON, Problem
-from app.core.routing import api_routes
+from app.core.routing import CapabilityRoutes, api_routes
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 _PROBLEM_CONTENT = {PROBLEM_JSON: {"schema": _PROBLEM_REF}}
@@ -53,8 +53,24 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             _rewrite_errors(operation)
             if path.startswith("/v1/"):
                 operation["security"] = [{"bearerKey": []}]
+    _document_scopes(app, schema)
     app.openapi_schema = schema
     return schema
+
+
+def _document_scopes(app: FastAPI, schema: dict[str, Any]) -> None:
+    """``x-required-scope`` on each capability operation: the key scope its gate checks
+    (``<capability>:read`` or ``<capability>:write``; a write scope includes reading)."""
+    paths = schema.get("paths", {})
+    for gate in app.routes:
+        if not isinstance(gate, CapabilityRoutes):
+            continue
+        for route in gate.routes:
+            action = "read" if gate.policies[id(route)].reads else "write"
+            for method in route.methods or ():
+                operation = paths.get(route.path_format, {}).get(method.lower())
+                if operation is not None:
+                    operation["x-required-scope"] = f"{gate.name}:{action}"
 
 
 def install_openapi(app: FastAPI) -> None:
