@@ -16,10 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.auth.models import api_keys
+from app.auth import repository
 from app.core.errors import InvalidInput
 from app.core.names import NAME_PATTERN
 
@@ -114,20 +113,12 @@ async def create_key(
     key_id = secrets.token_hex(8)
     secret = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
     now = datetime.now(UTC)
-    await conn.execute(
-        insert(api_keys).values(
-            key_id=key_id, secret_hash=digest(secret), namespace_pattern=pattern,
-            scopes=json.dumps(scopes), description=description, created_at=now,
-        )
-    )
+    await repository.insert_key(conn, key_id, digest(secret), pattern, scopes, description, now)
     return IssuedKey(key_id, secret, pattern, scopes, description, now)
 
 
 async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict]:
-    query = select(api_keys).order_by(api_keys.c.key_id).limit(limit)
-    if after:
-        query = query.where(api_keys.c.key_id > after)
-    rows = (await conn.execute(query)).mappings().all()
+    rows = await repository.page_of_keys(conn, after, limit)
     return [
         {
             "key_id": r["key_id"],
@@ -142,12 +133,7 @@ async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> lis
 
 
 async def revoke_key(conn: AsyncConnection, key_id: str) -> bool:
-    result = await conn.execute(
-        update(api_keys)
-        .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
-        .values(revoked_at=datetime.now(UTC))
-    )
-    return result.rowcount > 0
+    return await repository.revoke(conn, key_id, datetime.now(UTC))
 
 
 def well_formed(presented: str) -> bool:
@@ -156,8 +142,7 @@ def well_formed(presented: str) -> bool:
 
 async def revocation_state(conn: AsyncConnection) -> tuple[object, ...]:
     """What changes whenever a key is revoked: how many are, and the latest revocation time."""
-    row = (await conn.execute(select(func.count(api_keys.c.revoked_at), func.max(api_keys.c.revoked_at)))).one()
-    return tuple(row)
+    return await repository.revocation_state(conn)
 
 
 async def verify(conn: AsyncConnection, presented: str) -> Principal | None:
@@ -165,12 +150,7 @@ async def verify(conn: AsyncConnection, presented: str) -> Principal | None:
     match = _KEY_RE.fullmatch(presented)
     if match is None:
         return None
-    row = (
-        await conn.execute(
-            select(api_keys.c.secret_hash, api_keys.c.namespace_pattern, api_keys.c.scopes,
-                   api_keys.c.revoked_at).where(api_keys.c.key_id == match.group(1))
-        )
-    ).first()
+    row = await repository.key_for_check(conn, match.group(1))
     expected = row.secret_hash if row is not None else "0" * 64  # same work for unknown ids
     if not same_secret(expected, digest(presented)) or row is None or row.revoked_at is not None:
         return None
