@@ -16,14 +16,14 @@ import os
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-
 from storage_gateway_client import GatewayClient, TransportError
+
 from tests.checkpoint_graphs import interrupting_graph
 from tests.conftest import ADMIN_KEY, Backend, Server, free_port
 from tests.test_ops_proxy import nginx_binary
@@ -82,7 +82,9 @@ subjectAltName = {san}
 
 
 def openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -127,11 +129,10 @@ def start_tls_nginx(binary: str, directory: Path, upstream: Server) -> tuple[sub
     (directory / "proxy.conf").write_text(PROXY_CONF.format(upstream_port=httpx.URL(upstream.url).port))
     conf = directory / "nginx.conf"
     conf.write_text(NGINX_CONF.format(dir=directory, user=user, port=port, wrong_name_port=wrong_name_port))
-    check = subprocess.run([binary, "-t", "-c", str(conf)], capture_output=True, text=True)
+    check = subprocess.run([binary, "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
-    process = subprocess.Popen(
-        [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=open(directory / "stderr.log", "wb")
-    )
+    with open(directory / "stderr.log", "wb") as stderr:  # nginx keeps its own copy of the descriptor
+        process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=stderr)
     trusted = ssl.create_default_context(cafile=str(directory / "ca.pem"))
     deadline = time.monotonic() + 20
     while process.poll() is None and time.monotonic() < deadline:
@@ -185,7 +186,7 @@ async def test_every_capability_round_trips_over_https(tls: Tls, namespace: str)
 
         data = os.urandom(3 * 1024 * 1024 + 17)  # several TLS records and client chunks each way
 
-        async def pieces():  # noqa: ANN202
+        async def pieces() -> AsyncIterator[bytes]:
             for i in range(0, len(data), 256 * 1024):
                 yield data[i : i + 256 * 1024]
 
