@@ -254,13 +254,13 @@ async def _count_rows(backend: Backend, namespace: str) -> int:
 
 
 async def test_expired_entries_are_swept_in_the_background(
-    server: Server, backend: Backend, namespace: str, api_key: str | None, tmp_path, client_transport: str
+    server: Server, backend: Backend, namespace: str, api_key: str | None, tmp_path
 ) -> None:
     env = {"GATEWAY_AUTH__ADMIN_KEY": api_key} if api_key else {}
     fast = start_server(backend, tmp_path / "sweep.log", GATEWAY_KV__SWEEP_INTERVAL_SECONDS="0.2",
                         GATEWAY_KV__SWEEP_BATCH="2", **env)
     try:
-        async with GatewayClient(fast.url, namespace, api_key, transport=client_transport) as client:
+        async with GatewayClient(fast.url, namespace=namespace, api_key=api_key) as client:
             for i in range(5):
                 await client.kv.set("ttl", f"k{i}", i, ttl_seconds=1)
             await client.kv.set("ttl", "keep", "kept")

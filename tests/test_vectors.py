@@ -308,7 +308,7 @@ async def test_namespaces_are_isolated(server, api_key: str | None, client_trans
 
 
 async def test_search_follows_drops_and_recreates_by_another_process(
-    server, namespace: str, api_key: str | None, tmp_path, client_transport: str
+    server, namespace: str, api_key: str | None, tmp_path
 ) -> None:
     """A process that cached a collection's registry row still answers correctly after another
     process dropped it (404) or dropped and re-created it with other settings."""
@@ -316,10 +316,7 @@ async def test_search_follows_drops_and_recreates_by_another_process(
 
     other = start_server(server.backend, tmp_path / "other.log")
     try:
-        async with (
-            GatewayClient(server.url, namespace, api_key, transport=client_transport) as a,
-            GatewayClient(other.url, namespace, api_key, transport=client_transport) as b,
-        ):
+        async with GatewayClient(server.url, namespace, api_key) as a, GatewayClient(other.url, namespace, api_key) as b:
             await a.vectors.setup_collection("c", 2, "l2")
             await a.vectors.upsert_points("c", [[0, 0], [1, 1]], ids=["x", "y"])
             assert [h["id"] for h in await a.vectors.search("c", [1, 1], 1)] == ["y"]  # cached in a

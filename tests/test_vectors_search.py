@@ -96,9 +96,9 @@ async def test_recall_against_exact_ground_truth(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("exact_threshold", ["default", pytest.param("0", marks=pytest.mark.postgres_only)])
+@pytest.mark.parametrize("client_transport", ["http11"])  # its subject is the plan, not the transport
 async def test_filtered_search_returns_min_limit_matches(
-    gw: GatewayClient, server, namespace: str, api_key: str | None, dataset, exact_threshold: str, tmp_path,
-    client_transport: str,
+    gw: GatewayClient, server, namespace: str, api_key: str | None, dataset, exact_threshold: str, tmp_path
 ) -> None:
     """With the default ``exact_search_threshold`` the 50% and 30% filters go through the HNSW
     index and the 5% and 0.1% ones are searched exactly; with 0 (a second process) every filter
@@ -122,8 +122,7 @@ async def test_filtered_search_returns_min_limit_matches(
     if exact_threshold == "0":
         other = start_server(server.backend, tmp_path / "other.log", GATEWAY_VECTORS__EXACT_SEARCH_THRESHOLD="0")
     try:
-        url = other.url if other else server.url
-        async with GatewayClient(url, namespace, api_key, transport=client_transport) as searcher:
+        async with GatewayClient(other.url if other else server.url, namespace, api_key) as searcher:
             await _check_filtered(searcher, data, queries, bucket, payloads)
     finally:
         if other is not None:
