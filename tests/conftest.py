@@ -7,7 +7,8 @@
   a real S3 server (SeaweedFS, started once per run by ``seaweed``).
 - ``server``: one ``storage-gateway serve`` process per backend for the whole run.
 - ``namespace``: a fresh namespace per test: tests are isolated by name, never by order.
-- ``gw`` / ``http``: the Python client and a raw httpx client against that server.
+- ``gw`` / ``http``: the Python client and a raw httpx client against that server; ``gw`` runs on
+  each of the client's transports (``client_transport``: ``http11`` / ``httpx``).
 """
 
 from __future__ import annotations
@@ -270,9 +271,18 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+@pytest.fixture(params=("http11", "httpx"))
+def client_transport(request: pytest.FixtureRequest) -> str:
+    """The client's transport (``GatewayClient(transport=...)``): every test through the client
+    runs on both, its own HTTP/1.1 one (the default for http://) and httpx's (https://, proxies)."""
+    return request.param
+
+
 @pytest.fixture
-async def gw(server: Server, namespace: str, api_key: str | None) -> AsyncIterator[GatewayClient]:
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as client:
+async def gw(
+    server: Server, namespace: str, api_key: str | None, client_transport: str
+) -> AsyncIterator[GatewayClient]:
+    async with GatewayClient(server.url, namespace, api_key, transport=client_transport) as client:
         yield client
 
 
@@ -285,14 +295,21 @@ async def http(server: Server, auth_headers: dict[str, str]) -> AsyncIterator[ht
 # --- the closing line names both backends -------------------------------------------------
 
 
+# httpx's transport runs on one backend only: a transport shapes the HTTP, not what is stored, so
+# backends x transports is not a product (both on both would add ~4.5 min to a ~17 min suite).
+HTTPX_TRANSPORT_BACKEND = "sqlite"
+
+
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     """Drop the SQLite variants of ``postgres_only`` tests (HNSW builds, pgvector plans): they
-    test what SQLite does not have, so they are not collected rather than skipped."""
+    test what SQLite does not have, so they are not collected rather than skipped. Likewise the
+    ``httpx`` client transport variants on backends other than ``HTTPX_TRANSPORT_BACKEND``."""
     keep, drop = [], []
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        on_sqlite = callspec is not None and callspec.params.get("backend") == "sqlite"
-        (drop if on_sqlite and item.get_closest_marker("postgres_only") else keep).append(item)
+        params = getattr(item, "callspec", None) and item.callspec.params or {}
+        on_sqlite = params.get("backend") == "sqlite"
+        httpx_elsewhere = params.get("client_transport") == "httpx" and params.get("backend") != HTTPX_TRANSPORT_BACKEND
+        (drop if on_sqlite and item.get_closest_marker("postgres_only") or httpx_elsewhere else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -15,11 +15,14 @@ from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
 from tests.conftest import Server
 
 
-async def test_conformance_suite_passes_in_full(server: Server, namespace: str, api_key: str | None) -> None:
+async def test_conformance_suite_passes_in_full(
+    server: Server, namespace: str, api_key: str | None, client_transport: str
+) -> None:
     @checkpointer_test(name=f"GatewayCheckpointSaver[{server.backend.name}]")
     async def gateway_saver() -> AsyncIterator[GatewayCheckpointSaver]:
         # a fresh namespace per capability suite: the suites reuse thread ids such as "thread-0"
-        async with GatewayClient(server.url, namespace=f"{namespace}-{uuid.uuid4().hex[:6]}", api_key=api_key) as gw:
+        ns = f"{namespace}-{uuid.uuid4().hex[:6]}"
+        async with GatewayClient(server.url, namespace=ns, api_key=api_key, transport=client_transport) as gw:
             yield gw.checkpointer()
 
     report = await validate(gateway_saver, progress=ProgressCallbacks.verbose())

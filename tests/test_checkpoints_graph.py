@@ -17,7 +17,9 @@ from tests.checkpoint_graphs import graph_with_subgraph, interrupting_graph
 from tests.conftest import ROOT, Server
 
 
-async def test_interrupt_then_resume_from_another_process(gw: GatewayClient, server: Server, namespace: str, api_key: str) -> None:
+async def test_interrupt_then_resume_from_another_process(
+    gw: GatewayClient, server: Server, namespace: str, api_key: str, client_transport: str
+) -> None:
     graph = interrupting_graph(gw.checkpointer())
     config = {"configurable": {"thread_id": "conversation-1"}}
     first = await graph.ainvoke({"steps": []}, config)
@@ -33,7 +35,7 @@ async def test_interrupt_then_resume_from_another_process(gw: GatewayClient, ser
     assert json.loads(resumed.stdout.strip().splitlines()[-1]) == {"steps": ["plan", "ask", "done"], "answer": "forty-two"}
 
     # this process, with its own client, sees what the other one wrote
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as other:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=client_transport) as other:
         state = await interrupting_graph(other.checkpointer()).aget_state(config)
     assert state.values == {"steps": ["plan", "ask", "done"], "answer": "forty-two"}
     assert state.next == ()
@@ -94,10 +96,12 @@ async def test_sync_methods_work_from_other_threads_only(gw: GatewayClient) -> N
     assert len(listed) == 2
 
 
-async def test_two_namespaces_with_the_same_thread_ids_never_meet(server: Server, namespace: str, api_key: str) -> None:
+async def test_two_namespaces_with_the_same_thread_ids_never_meet(
+    server: Server, namespace: str, api_key: str, client_transport: str
+) -> None:
     async with (
-        GatewayClient(server.url, namespace=f"{namespace}a", api_key=api_key) as a,
-        GatewayClient(server.url, namespace=f"{namespace}b", api_key=api_key) as b,
+        GatewayClient(server.url, namespace=f"{namespace}a", api_key=api_key, transport=client_transport) as a,
+        GatewayClient(server.url, namespace=f"{namespace}b", api_key=api_key, transport=client_transport) as b,
     ):
         saver_a, saver_b = a.checkpointer(), b.checkpointer()
         config = {"configurable": {"thread_id": "shared"}}

@@ -42,20 +42,24 @@ def test_errors_share_one_root() -> None:
         assert issubclass(getattr(sgc, name), sgc.GatewayError), name
 
 
-async def test_close_is_safe_twice_and_use_after_close_is_clear(server: Server, namespace: str) -> None:
-    gw = GatewayClient(server.url, namespace=namespace, api_key=None)
+async def test_close_is_safe_twice_and_use_after_close_is_clear(
+    server: Server, namespace: str, client_transport: str
+) -> None:
+    gw = GatewayClient(server.url, namespace=namespace, api_key=None, transport=client_transport)
     await gw.close()  # never opened: nothing to release
     await gw.close()
     with pytest.raises(ClientClosed):
         await gw.kv.get("c", "k")
 
 
-async def test_problem_json_becomes_typed_errors(server: Server, namespace: str, api_key: str) -> None:
-    async with GatewayClient(server.url, namespace=namespace) as anon:
+async def test_problem_json_becomes_typed_errors(
+    server: Server, namespace: str, api_key: str, client_transport: str
+) -> None:
+    async with GatewayClient(server.url, namespace=namespace, transport=client_transport) as anon:
         with pytest.raises(Unauthorized) as unauthorized:
             await anon.kv.set("c", "k", 1)
         assert unauthorized.value.status_code == 401 and "API key" in str(unauthorized.value)
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=client_transport) as gw:
         r = await gw._transport.client.post(
             "/v1/admin/keys", json={"namespace": f"{namespace}-other", "scopes": ["kv:read"]}
         )
@@ -66,7 +70,7 @@ async def test_problem_json_becomes_typed_errors(server: Server, namespace: str,
         with pytest.raises(InvalidRequest) as invalid:
             await gw._transport.request("GET", f"/v1/{namespace}/kv/c?limit=0")
         assert invalid.value.status_code == 422 and "limit" in str(invalid.value)
-    async with GatewayClient(server.url, namespace=namespace, api_key=other_key) as foreign:
+    async with GatewayClient(server.url, namespace, other_key, transport=client_transport) as foreign:
         with pytest.raises(Forbidden) as forbidden:
             await foreign.kv.get("c", "k")
         assert "may not read kv" in str(forbidden.value)
@@ -106,7 +110,7 @@ async def test_requests_do_not_search_for_modules(server: Server, namespace: str
 
 
 async def test_warm_requests_do_not_parse_urls(
-    server: Server, namespace: str, api_key: str, monkeypatch: pytest.MonkeyPatch
+    server: Server, namespace: str, api_key: str, monkeypatch: pytest.MonkeyPatch, client_transport: str
 ) -> None:
     """Each path is parsed into a URL once. (httpx parses a relative URL and merges it with the
     base URL on every request: a fifth of the client's CPU for a small call.)"""
@@ -119,7 +123,7 @@ async def test_warm_requests_do_not_parse_urls(
         parsed.append(url)
         return real(url, **kwargs)
 
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=client_transport) as gw:
         await gw.kv.set("c", "k", 0)
         assert await gw.kv.get("c", "k") == 0
         monkeypatch.setattr(httpx._urls, "urlparse", counting)

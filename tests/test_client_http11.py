@@ -602,6 +602,12 @@ async def test_close_closes_every_connection_and_refuses_new_requests() -> None:
 # --- the real gateway ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def client_transport() -> str:
+    """These are tests of ``Http11Transport`` itself: ``gw`` uses it, never httpx's transport."""
+    return "http11"
+
+
 async def test_gateway_calls_share_one_connection(gw: GatewayClient) -> None:
     for i in range(30):
         await gw.kv.set("c", "k", i)

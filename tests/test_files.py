@@ -363,10 +363,10 @@ async def test_odd_file_ids(gw: GatewayClient, http: httpx.AsyncClient, namespac
 
 
 async def test_namespaces_are_isolated(server: Server, gw: GatewayClient, api_key: str | None,
-                                       namespace: str) -> None:
+                                       namespace: str, client_transport: str) -> None:
     data = os.urandom(CHUNK + 1)
     await gw.files.save_file("shared", "f", data)
-    async with GatewayClient(server.url, namespace=namespace + "_other", api_key=api_key) as other:
+    async with GatewayClient(server.url, namespace + "_other", api_key, transport=client_transport) as other:
         assert await other.files.get_file("shared", "f") is None
         assert await other.files.head("shared", "f") is None
         assert (await other.files.list_files("shared")).items == []

@@ -40,10 +40,11 @@ def small_server(server: Server, backend: Backend, tmp_path: Path, api_key: str 
 
 
 async def test_size_limit_is_413_and_changes_nothing(
-    small_server: Server, backend: Backend, namespace: str, api_key: str | None, auth_headers: dict[str, str]
+    small_server: Server, backend: Backend, namespace: str, api_key: str | None,
+    auth_headers: dict[str, str], client_transport: str,
 ) -> None:
     old = os.urandom(LIMIT)  # exactly the limit is allowed
-    async with GatewayClient(small_server.url, namespace=namespace, api_key=api_key) as gw, \
+    async with GatewayClient(small_server.url, namespace, api_key, transport=client_transport) as gw, \
             httpx.AsyncClient(base_url=small_server.url, headers=auth_headers, timeout=30) as http:
         assert (await gw.files.save_file("lim", "f", old)).size == LIMIT
         # Declared too large: refused before the body is read.
@@ -70,15 +71,16 @@ async def test_size_limit_is_413_and_changes_nothing(
 
 
 async def test_other_chunk_size_round_trip_and_ranges(
-    small_server: Server, server: Server, namespace: str, api_key: str | None, auth_headers: dict[str, str]
+    small_server: Server, server: Server, namespace: str, api_key: str | None,
+    auth_headers: dict[str, str], client_transport: str,
 ) -> None:
     data = os.urandom(4 * SMALL_CHUNK + 123)
-    async with GatewayClient(small_server.url, namespace=namespace, api_key=api_key) as gw:
+    async with GatewayClient(small_server.url, namespace, api_key, transport=client_transport) as gw:
         await gw.files.save_file("c", "f", data)
         part = b"".join([p async for p in gw.files.download("c", "f", start=SMALL_CHUNK - 1, end=3 * SMALL_CHUNK)])
         assert part == data[SMALL_CHUNK - 1 : 3 * SMALL_CHUNK + 1]
     # The main server (1 MiB chunks) reads it with the chunk size it was written with.
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=client_transport) as gw:
         assert sha(await gw.files.get_file("c", "f") or b"") == sha(data)
 
 

@@ -274,8 +274,10 @@ async def test_expired_entries_are_swept_in_the_background(
         stop_server(fast)
 
 
-async def test_namespaces_are_isolated(gw: GatewayClient, server: Server, api_key: str | None) -> None:
-    async with GatewayClient(server.url, namespace=gw.namespace + "-other", api_key=api_key) as other:
+async def test_namespaces_are_isolated(
+    gw: GatewayClient, server: Server, api_key: str | None, client_transport: str
+) -> None:
+    async with GatewayClient(server.url, gw.namespace + "-other", api_key, transport=client_transport) as other:
         await gw.kv.set("shared", "k", "mine")
         await other.kv.set("shared", "k", "theirs")
         assert await gw.kv.get("shared", "k") == "mine"

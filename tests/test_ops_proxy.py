@@ -206,11 +206,13 @@ async def test_docs_and_openapi_work_under_the_sub_path(proxied: Proxied) -> Non
         assert (await http.get(proxied.url.removesuffix(ROOT_PATH) + "/healthz")).status_code == 404
 
 
-async def test_every_capability_works_through_the_proxy(proxied: Proxied, namespace: str) -> None:
+async def test_every_capability_works_through_the_proxy(
+    proxied: Proxied, namespace: str, client_transport: str
+) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
         paths = routes((await http.get(f"{proxied.url}/openapi.json")).json())
     done = []
-    async with GatewayClient(proxied.url, namespace=namespace, api_key=ADMIN_KEY) as gw:
+    async with GatewayClient(proxied.url, namespace=namespace, api_key=ADMIN_KEY, transport=client_transport) as gw:
         assert "/v1/{namespace}/kv/{collection}/{key}" in paths
         await gw.kv.set("settings", "theme/dark mode", {"on": True})
         assert await gw.kv.get("settings", "theme/dark mode") == {"on": True}

@@ -119,9 +119,11 @@ async def test_close_twice_and_use_after_close(gw: GatewayClient) -> None:
     await gw.kv.set("c", "k", 1)
 
 
-async def test_create_persist_store_owns_its_client(server: Server, namespace: str, api_key: str | None) -> None:
+async def test_create_persist_store_owns_its_client(
+    server: Server, namespace: str, api_key: str | None, client_transport: str
+) -> None:
     store = create_persist_store(base_url=server.url, namespace="durability", gateway_namespace=namespace,
-                                 api_key=api_key)
+                                 api_key=api_key, transport=client_transport)
     assert isinstance(store, AsyncPersistStore)
     async with store:
         await store.save("thread:1", {"ok": True})
@@ -130,13 +132,16 @@ async def test_create_persist_store_owns_its_client(server: Server, namespace: s
     await store.close()  # a second close is fine
     with pytest.raises(ClientClosed):
         await store.save("thread:2", {})
-    async with GatewayClient(server.url, namespace=namespace, api_key=api_key) as gw:
+    async with GatewayClient(server.url, namespace=namespace, api_key=api_key, transport=client_transport) as gw:
         assert await gw.kv.get("durability", "thread:1") == {"ok": True}
 
 
-async def test_isolated_between_gateway_namespaces(server: Server, namespace: str, api_key: str | None) -> None:
-    a = create_persist_store(base_url=server.url, gateway_namespace=namespace, api_key=api_key)
-    b = create_persist_store(base_url=server.url, gateway_namespace=namespace + "b", api_key=api_key)
+async def test_isolated_between_gateway_namespaces(
+    server: Server, namespace: str, api_key: str | None, client_transport: str
+) -> None:
+    options = {"base_url": server.url, "api_key": api_key, "transport": client_transport}
+    a = create_persist_store(gateway_namespace=namespace, **options)
+    b = create_persist_store(gateway_namespace=namespace + "b", **options)
     try:
         await a.save("k", "a")
         await b.save("k", "b")

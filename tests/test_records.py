@@ -182,8 +182,10 @@ async def test_odd_keys(gw: GatewayClient, key: str) -> None:
     assert await gw.records.get_ordered_records("odd") == []
 
 
-async def test_namespaces_are_isolated(gw: GatewayClient, server: Server, api_key: str | None) -> None:
-    async with GatewayClient(server.url, namespace=gw.namespace + "-other", api_key=api_key) as other:
+async def test_namespaces_are_isolated(
+    gw: GatewayClient, server: Server, api_key: str | None, client_transport: str
+) -> None:
+    async with GatewayClient(server.url, gw.namespace + "-other", api_key, transport=client_transport) as other:
         await gw.records.upsert_records("shared", {"a": "mine", "b": "mine"})
         await other.records.upsert_records("shared", {"a": "theirs", "c": "theirs"})
         assert await gw.records.get_ordered_records("shared") == [("a", "mine"), ("b", "mine")]

@@ -285,9 +285,12 @@ async def test_true_never_matches_one(gw: GatewayClient) -> None:
     assert await match({"v": {"$exists": False}}) == {"6"}
 
 
-async def test_namespaces_are_isolated(server, api_key: str | None) -> None:
+async def test_namespaces_are_isolated(server, api_key: str | None, client_transport: str) -> None:
     a_ns, b_ns = f"a{uuid.uuid4().hex[:8]}", f"b{uuid.uuid4().hex[:8]}"
-    async with GatewayClient(server.url, a_ns, api_key) as a, GatewayClient(server.url, b_ns, api_key) as b:
+    async with (
+        GatewayClient(server.url, a_ns, api_key, transport=client_transport) as a,
+        GatewayClient(server.url, b_ns, api_key, transport=client_transport) as b,
+    ):
         await a.vectors.setup_collection("shared", 2, "l2")
         await b.vectors.setup_collection("shared", 2, "l2")
         await a.vectors.upsert_points("shared", [[0, 0], [1, 1]], [{"who": "a"}] * 2, ["x", "y"])
@@ -364,7 +367,9 @@ async def test_compact_wire_form_round_trips(http: httpx.AsyncClient, gw: Gatewa
 # --- the seed's VectorStoreProtocol -------------------------------------------------------------
 
 
-async def test_vector_store_protocol(gw: GatewayClient, server, namespace: str, api_key: str | None) -> None:
+async def test_vector_store_protocol(
+    gw: GatewayClient, server, namespace: str, api_key: str | None, client_transport: str
+) -> None:
     vs = gw.vector_store("memories")
     assert isinstance(vs, VectorStoreProtocol) and isinstance(vs, RemoteVectorStore)
     await vs.create_collection(4)
@@ -394,7 +399,8 @@ async def test_vector_store_protocol(gw: GatewayClient, server, namespace: str, 
     await vs.close()
     await vs.close()
     # The factory owns its client; closing twice is safe.
-    store = create_vector_store("m2", {"base_url": server.url, "namespace": namespace, "api_key": api_key})
+    config = {"base_url": server.url, "namespace": namespace, "api_key": api_key, "transport": client_transport}
+    store = create_vector_store("m2", config)
     assert isinstance(store, VectorStoreProtocol)
     await store.create_collection(2, "l2")
     await store.insert([[1, 2]], [{"x": 1}])

@@ -96,6 +96,7 @@ async def test_recall_against_exact_ground_truth(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("exact_threshold", ["default", pytest.param("0", marks=pytest.mark.postgres_only)])
+@pytest.mark.parametrize("client_transport", ["http11"])  # its subject is the plan, not the transport
 async def test_filtered_search_returns_min_limit_matches(
     gw: GatewayClient, server, namespace: str, api_key: str | None, dataset, exact_threshold: str, tmp_path
 ) -> None:

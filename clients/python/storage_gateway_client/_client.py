@@ -11,7 +11,7 @@ from ._files import FilesAPI
 from ._kv import KeyValueAPI
 from ._persist import RemotePersistStore
 from ._records import RecordsAPI
-from ._transport import RetryPolicy, Transport
+from ._transport import RetryPolicy, Transport, TransportChoice, Verify
 from ._vector_store import RemoteVectorStore
 from ._vectors import VectorsAPI
 
@@ -28,6 +28,14 @@ class GatewayClient:
     FileStore and VectorStore; ``persist_store()`` and ``vector_store()`` give the seed's
     AsyncPersistStore and VectorStoreProtocol. Connections open on first use; ``close()`` (or
     leaving ``async with``) releases them and is safe to call twice.
+
+    ``transport``: ``None`` (the default) picks the client's lean HTTP/1.1 transport for a plain
+    ``http://`` gateway and httpx's default transport for ``https://`` or when the environment
+    names an HTTP proxy; ``"http11"`` forces the former (``http://`` only), ``"httpx"`` the latter;
+    an ``httpx.AsyncBaseTransport`` instance is used as given. ``verify``: how an ``https://``
+    gateway's certificate is checked: ``True`` (the system's CA certificates), the path of a CA
+    bundle (PEM), an ``ssl.SSLContext``, or ``False`` (no check); not with ``http_client`` or a
+    transport instance (they bring their own).
     """
 
     def __init__(
@@ -39,7 +47,8 @@ class GatewayClient:
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         retries: int = 4,
         http_client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: TransportChoice = None,
+        verify: Verify = True,
     ) -> None:
         headers = {"User-Agent": "storage-gateway-client/0.1"}
         if api_key:
@@ -53,6 +62,7 @@ class GatewayClient:
             retry=RetryPolicy(attempts=retries),
             http_client=http_client,
             transport=transport,
+            verify=verify,
         )
         self.records = RecordsAPI(self._transport, namespace)
         self.kv = KeyValueAPI(self._transport, namespace)

@@ -11,6 +11,7 @@ from ._exceptions import ClientClosed
 if TYPE_CHECKING:
     from ._client import GatewayClient
     from ._kv import KeyValueAPI
+    from ._transport import TransportChoice, Verify
 
 
 @runtime_checkable
@@ -93,14 +94,17 @@ def create_persist_store(
     api_key: str | None = None,
     timeout: float | httpx.Timeout | None = None,
     retries: int = 4,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: TransportChoice = None,
+    verify: Verify = True,
 ) -> RemotePersistStore:
     """An AsyncPersistStore on the kv collection ``namespace`` of ``gateway_namespace`` at
-    ``base_url``, with its own pooled client that ``close()`` releases (the seed's factory)."""
+    ``base_url``, with its own pooled client that ``close()`` releases (the seed's factory);
+    ``transport`` and ``verify`` as ``GatewayClient`` takes them."""
     from ._client import DEFAULT_TIMEOUT, GatewayClient
 
     client = GatewayClient(
         base_url, namespace=gateway_namespace, api_key=api_key,
-        timeout=timeout if timeout is not None else DEFAULT_TIMEOUT, retries=retries, transport=transport,
+        timeout=timeout if timeout is not None else DEFAULT_TIMEOUT, retries=retries,
+        transport=transport, verify=verify,
     )
     return RemotePersistStore(client.kv, namespace, owner=client)

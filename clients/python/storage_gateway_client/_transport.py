@@ -1,19 +1,28 @@
 """Sending requests: error mapping, and retries with backoff for idempotent calls.
 
-Unless the caller brings its own ``http_client`` or ``transport``, a plain ``http://`` gateway is
-spoken to through ``Http11Transport`` (``_http11.py``: a lean HTTP/1.1 client on asyncio, a
-fraction of the CPU of httpx's default transport per request). ``https://`` gateways, and any
-gateway when the environment names an HTTP proxy (``HTTP_PROXY``/``ALL_PROXY``, honoured by httpx
-only with its default transport), keep httpx's default transport.
+Which transport carries the requests (``transport=``): by default (``None``) a plain ``http://``
+gateway is spoken to through ``Http11Transport`` (``_http11.py``: a lean HTTP/1.1 client on
+asyncio, a fraction of the CPU of httpx's default transport per request), while ``https://``
+gateways, and any gateway when the environment names an HTTP proxy (``HTTP_PROXY``/``ALL_PROXY``,
+honoured by httpx only with its default transport), keep httpx's default transport.
+``"http11"`` asks for ``Http11Transport`` (``http://`` only), ``"httpx"`` for httpx's default
+transport whatever the URL; an ``httpx.AsyncBaseTransport`` instance is used as given.
+
+``verify`` is httpx's: ``True`` (the system's CA certificates), ``False``, an ``ssl.SSLContext``,
+or the path of a CA bundle (PEM), turned here into an ``SSLContext`` (httpx 0.28 deprecates a
+path). It applies only to the transport this module creates, so it is refused together with a
+transport instance or an ``http_client`` of the caller's, where it would be silently ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import httpx
 
@@ -21,6 +30,10 @@ from ._exceptions import ClientClosed, TransportError, Unavailable, error_from_r
 from ._http11 import IDEMPOTENT_METHODS, Http11Transport
 
 URL_CACHE_SIZE = 512  # parsed URLs kept (paths differ per collection, key and point)
+TRANSPORTS = ("http11", "httpx")  # the transports ``transport=`` names
+
+TransportChoice: TypeAlias = Literal["http11", "httpx"] | httpx.AsyncBaseTransport | None
+Verify: TypeAlias = bool | str | os.PathLike[str] | ssl.SSLContext
 
 
 def _env_http_proxy() -> bool:
@@ -58,8 +71,19 @@ class Transport:
         timeout: float | httpx.Timeout,
         retry: RetryPolicy,
         http_client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: TransportChoice = None,
+        verify: Verify = True,
     ) -> None:
+        scheme = httpx.URL(base_url).scheme
+        if isinstance(transport, str):
+            if transport not in TRANSPORTS:
+                raise ValueError(f"transport must be one of {TRANSPORTS} or an httpx transport, not {transport!r}")
+            if transport == "http11" and scheme != "http":
+                raise ValueError(f"transport='http11' speaks plain http only, not {scheme!r}")
+            if http_client is not None:
+                raise ValueError("transport= names a transport for the client made here; http_client= brings its own")
+        if verify is not True and (http_client is not None or isinstance(transport, httpx.AsyncBaseTransport)):
+            raise ValueError("verify= applies to the transport made here, not to a given http_client or transport")
         self._base_url = base_url.rstrip("/")
         self._headers = dict(headers)
         self._timeout = timeout
@@ -67,6 +91,9 @@ class Transport:
         self._client = http_client
         self._owns_client = http_client is None
         self._transport = transport
+        self._verify: bool | ssl.SSLContext = (
+            verify if isinstance(verify, bool | ssl.SSLContext) else ssl.create_default_context(cafile=os.fspath(verify))
+        )
         self._closed = False
         self._urls: dict[str, httpx.URL] = {}
 
@@ -86,14 +113,20 @@ class Transport:
         if self._closed:
             raise ClientClosed("this GatewayClient is closed")
         if self._client is None:
-            transport = self._transport
-            if transport is None and httpx.URL(self._base_url).scheme == "http" and not _env_http_proxy():
+            choice = self._transport
+            if choice is None and httpx.URL(self._base_url).scheme == "http" and not _env_http_proxy():
+                choice = "http11"
+            transport: httpx.AsyncBaseTransport | None = None  # None: httpx's default
+            if choice == "http11":
                 transport = Http11Transport()  # its DEFAULT_LIMITS: 100 open, 20 idle for up to 4 s
+            elif isinstance(choice, httpx.AsyncBaseTransport):
+                transport = choice
             self._client = httpx.AsyncClient(
                 base_url=self._base_url,
                 headers=self._headers,
                 timeout=self._timeout,
                 transport=transport,
+                verify=self._verify,
                 limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
             )
         return self._client

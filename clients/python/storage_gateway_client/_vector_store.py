@@ -148,7 +148,8 @@ class RemoteVectorStore:
 def create_vector_store(collection: str, config: Mapping[str, Any] | None = None) -> RemoteVectorStore:
     """The seed's factory: a VectorStoreProtocol on ``collection`` of a gateway namespace.
 
-    ``config``: ``base_url`` (or ``url``), ``namespace``, optional ``api_key`` and ``timeout``.
+    ``config``: ``base_url`` (or ``url``), ``namespace``, optional ``api_key``, ``timeout``,
+    ``retries``, ``transport`` and ``verify`` (as ``GatewayClient`` takes them).
     The store owns the client it creates; ``close()`` releases it.
     """
     from ._client import GatewayClient
@@ -159,7 +160,7 @@ def create_vector_store(collection: str, config: Mapping[str, Any] | None = None
     if not base_url or not namespace:
         raise ValueError("create_vector_store: config needs 'base_url' and 'namespace'")
     options: dict[str, Any] = {}
-    for name in ("api_key", "timeout", "retries"):
+    for name in ("api_key", "timeout", "retries", "transport", "verify"):
         if name in config:
             options[name] = config.pop(name)
     if config:
