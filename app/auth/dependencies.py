@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from app.auth.cache import KeyCache
 from app.auth.ratelimit import RateLimiter
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
+from app.core.diskspace import disk_space_of
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
@@ -63,8 +64,11 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     """The gate of every capability route: 401 without a valid key, 403 unless the key covers
     this namespace and the capability's read (or write) scope. Runs before the body is read."""
     principal = await authenticate(request)
-    if principal is ANONYMOUS and request.method not in _SAFE_METHODS:
-        refuse_foreign_origin(request)
+    if request.method not in _SAFE_METHODS:
+        if principal is ANONYMOUS:
+            refuse_foreign_origin(request)
+        if (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full, unless it frees space
     namespace = request.path_params.get("namespace", "")
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):

@@ -49,6 +49,7 @@ def register_storage_check(app: FastAPI, name: str, check: StorageCheck) -> None
 
 class Readiness(BaseModel):
     ready: bool
+    reason: str | None = Field(default=None, description="Why not ready, when a database's disk is full.")
     auth: str = Field(default="required", description="`required`, or `disabled` when running without keys.")
     databases: dict[str, DatabaseStatus]
     storage: dict[str, StorageStatus] = Field(
@@ -89,8 +90,11 @@ async def readyz(request: Request) -> JSONResponse:
     checks: dict[str, StorageCheck] = getattr(request.app.state, STORAGE_CHECKS, None) or {}
     statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
     storage = await asyncio.gather(*(check() for check in checks.values()))
+    space = getattr(request.app.state, "disk_space", None)  # app.core.diskspace
+    disk_full = space.reason() if space is not None else None
     result = Readiness(
-        ready=all(s.reachable and s.migrated for s in statuses),
+        ready=all(s.reachable and s.migrated for s in statuses) and disk_full is None,
+        reason=disk_full,
         auth=getattr(request.app.state, "auth_mode", "required"),
         databases={db.value: s for db, s in zip(Database, statuses)},
         storage=dict(zip(checks, storage)),
