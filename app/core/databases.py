@@ -181,7 +181,8 @@ class Databases:
 
     def sqlite_file(self, db: Database) -> Path | None:
         """The file of ``db`` when it is a SQLite file (not in memory, not PostgreSQL)."""
-        return _sqlite_path(self.settings.database_url(db))
+        url = self.settings.database_url(db)
+        return _sqlite_path(url) if url.startswith("sqlite") else None
 
     def dialect(self, db: Database) -> str:
         """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""
