@@ -18,6 +18,7 @@ from app.auth.router import router as admin_router
 from app.core import migrations, observability
 from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
+from app.core.diskspace import keep_disk_space
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.core.openapi import install_openapi
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             keys = KeyCache(databases.engine(Database.metadata), settings.auth.revocation_check_seconds)
             state.key_cache = keys
             async with AsyncExitStack() as stack:
+                await stack.enter_async_context(keep_disk_space(state, databases))
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
                 stack.push_async_callback(_cancel, watcher)
                 for capability in state.capabilities:

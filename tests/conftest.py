@@ -213,12 +213,16 @@ def run_cli(backend: Backend, *args: str, timeout: float = 120, **extra_env: str
     )
 
 
-def start_server(backend: Backend, log_path: Path, *args: str, port: int | None = None, **extra_env: str) -> Server:
-    """Start ``storage-gateway serve`` and wait until ``/readyz`` answers 200."""
+def start_server(
+    backend: Backend, log_path: Path, *args: str, port: int | None = None, wrapper: tuple[str, ...] = (),
+    **extra_env: str,
+) -> Server:
+    """Start ``storage-gateway serve`` (behind ``wrapper``, e.g. ``unshare``) and wait until
+    ``/readyz`` answers 200."""
     port = port or free_port()
     log = open(log_path, "wb")
     process = subprocess.Popen(
-        [str(BIN / "storage-gateway"), "serve", "--port", str(port), *args],
+        [*wrapper, str(BIN / "storage-gateway"), "serve", "--port", str(port), *args],
         env=gateway_env(backend, **extra_env), stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
+from app.core.diskspace import disk_space_of
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 from app.core.state import gateway_state
 
@@ -62,10 +63,52 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     """The gate of every capability route: 401 without a valid key, 403 unless the key covers
     this namespace and the capability's read (or write) scope. Runs before the body is read."""
     principal = await authenticate(request)
+    if request.method not in _SAFE_METHODS:
+        if principal is ANONYMOUS:
+            refuse_foreign_origin(request)
+        if (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full, unless it frees space
     namespace = request.path_params.get("namespace", "")
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
+
+
+def _authority(authority: str) -> tuple[str, str]:
+    """``host[:port]`` (an IPv6 literal in brackets) as (host, port or "")."""
+    authority = authority.lower()
+    if authority.startswith("["):
+        host, _, rest = authority.partition("]")
+        return host + "]", rest[1:] if rest.startswith(":") else ""
+    host, _, port = authority.partition(":")
+    return host, port
+
+
+def refuse_foreign_origin(request: Request) -> None:
+    """Keyless mode: 403 for a browser write from a page of another origin (CSRF: a form or fetch
+    needs no preflight), unless ``auth.allowed_origins`` names it. Clients that send no ``Origin``
+    (not a browser) pass. The gateway's own origin is the request's scheme (uvicorn applies
+    X-Forwarded-Proto from trusted proxies) and Host; a proxy that drops the port from Host
+    (nginx ``$host``) is compared by scheme and host name alone."""
+    origin = request.headers.get("origin")
+    if origin is None or origin.lower() in gateway_state(request.app).settings.auth.allowed_origins:
+        return
+    scheme, sep, authority = origin.lower().partition("://")
+    ours = request.scope.get("scheme", "http")
+    if sep and authority and "/" not in authority and scheme == ours:
+        their_host, their_port = _authority(authority)
+        host, port = _authority(request.headers.get("host", ""))
+        default = _DEFAULT_PORTS.get(scheme, "")
+        if their_host == host and (not port or (their_port or default) == port):
+            return
+    raise Forbidden(
+        f"a write from a web page of another origin ({origin[:200]!r}) is refused without an API key; "
+        "auth.allowed_origins may allow it"
+    )
 
 
 async def admin_guard(request: Request, _gate: str, _reads: bool) -> None:

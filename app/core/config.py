@@ -175,10 +175,20 @@ class AuthSettings(_Strict):
     )
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second per key; 0 = off.")
     rate_limit_burst: int = Field(default=50, ge=1, description="Token bucket size for the rate limit.")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="With mode=disabled, origins (`scheme://host[:port]`) besides the gateway's own whose browser "
+        "pages may write; writes with any other `Origin` are 403.",
+    )
     revocation_check_seconds: float = Field(
         default=1.0, gt=0, le=60,
         description="How often each process checks for revoked keys; a revoked key is refused everywhere within twice this.",
     )
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_normalized(cls, value: list[str]) -> list[str]:
+        return [origin.strip().rstrip("/").lower() for origin in value]
 
     @field_validator("admin_key")
     @classmethod
@@ -270,6 +280,11 @@ class FilesSettings(_Strict):
     )
     max_downloads_per_namespace: int | None = Field(
         default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads).",
+    )
+    inline_types: list[str] = Field(
+        default_factory=list,
+        description="Media types served inline besides images, audio, video, text/plain and JSON (e.g. `text/html`): "
+        "all others are downloads (`Content-Disposition: attachment`), since they could run as pages of the gateway.",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """The three engines (the seed's StorageRegistry: one pool per database, shared by every request).
 
 ``Databases.open`` is called once by the lifespan and ``close`` at shutdown; nothing here
-connects at import time. SQLite connections get WAL, a busy timeout and foreign keys; the vectors
+connects at import time. SQLite connections get WAL, a busy timeout, foreign keys and the
+settings that let deletes run on a full disk (``app.core.diskspace``); the vectors
 database also loads sqlite-vec on every new connection. SQLite write transactions start with
 ``BEGIN IMMEDIATE`` so that concurrent writers queue on the busy timeout instead of failing.
 """
@@ -60,10 +61,17 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         # Let SQLAlchemy, not the driver, decide when transactions begin.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # A new database keeps its free pages apart, so that after a full disk they can be given
+        # back (app.core.diskspace runs `PRAGMA incremental_vacuum`); no effect on an existing one.
+        cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        # Builds with SQLITE_SECURE_DELETE (Debian's) overwrite every freed page, so a DELETE
+        # needs as much new WAL space as it frees and cannot run on a full disk. FAST zeroes
+        # deleted cells in b-tree pages only, not pages going to the freelist.
+        cursor.execute("PRAGMA secure_delete=FAST")
         cursor.close()
         if db is Database.vectors:
             _load_sqlite_vec(dbapi_connection)
@@ -170,6 +178,11 @@ class Databases:
 
     def engine(self, db: Database) -> AsyncEngine:
         return self.engines[db]
+
+    def sqlite_file(self, db: Database) -> Path | None:
+        """The file of ``db`` when it is a SQLite file (not in memory, not PostgreSQL)."""
+        url = self.settings.database_url(db)
+        return _sqlite_path(url) if url.startswith("sqlite") else None
 
     def dialect(self, db: Database) -> str:
         """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""

@@ -6,6 +6,7 @@ classes document each route's error answers in OpenAPI through ``problem_respons
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ from starlette.types import Scope
 
 from app.core.metrics import count_problem
 from app.core.requestid import current_request_id
+from app.core.state import gateway_state
 
 log = logging.getLogger("app.errors")
 
@@ -128,6 +130,10 @@ class ServiceUnavailable(ProblemError):
     status, code, title = 503, "unavailable", "Service Unavailable"
 
 
+class InsufficientStorage(ProblemError):
+    status, code, title = 507, "insufficient_storage", "Insufficient Storage"
+
+
 def problem_response(
     status: int,
     title: str,
@@ -200,7 +206,25 @@ _STATUS_CODES = {
     422: InvalidInput,
     429: TooManyRequests,
     503: ServiceUnavailable,
+    507: InsufficientStorage,
 }
+
+SQLITE_FULL = 13  # "database or disk is full"
+POSTGRES_DISK_FULL = "53100"
+
+
+def disk_full_kind(exc: BaseException) -> str | None:
+    """``"sqlite"`` / ``"postgresql"`` / ``"os"`` when ``exc`` says the disk is full, else None."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        if getattr(orig, "sqlstate", None) == POSTGRES_DISK_FULL:
+            return "postgresql"
+        if getattr(orig, "sqlite_errorcode", None) == SQLITE_FULL or "database or disk is full" in str(orig):
+            return "sqlite"
+        return None
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "os"
+    return None
 
 
 def is_database_unavailable(exc: BaseException) -> bool:
@@ -266,6 +290,12 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        kind = disk_full_kind(exc)
+        if kind is not None:  # before "unavailable": a full disk is not worth a retry in 2 s
+            space = gateway_state(request.app).disk_space
+            if space is not None:
+                space.on_disk_full(sqlite=kind != "postgresql")
+            return render(InsufficientStorage("the database's disk is full; delete data or free disk space"), request)
         if is_database_unavailable(exc):
             # One line per refused request, not a traceback each: an outage would drown the log.
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()

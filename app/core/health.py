@@ -36,6 +36,7 @@ class StorageStatus(BaseModel):
 
 class Readiness(BaseModel):
     ready: bool
+    reason: str | None = Field(default=None, description="Why not ready, when a database's disk is full.")
     auth: str = Field(default="required", description="`required`, or `disabled` when running without keys.")
     databases: dict[str, DatabaseStatus]
     storage: dict[str, StorageStatus] = Field(
@@ -77,8 +78,11 @@ async def readyz(request: Request) -> JSONResponse:
     checks = state.storage_checks
     statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
     storage = await asyncio.gather(*(check() for check in checks.values()))
+    space = state.disk_space
+    disk_full = space.reason() if space is not None else None
     result = Readiness(
-        ready=all(s.reachable and s.migrated for s in statuses),
+        ready=all(s.reachable and s.migrated for s in statuses) and disk_full is None,
+        reason=disk_full,
         auth=state.settings.auth.mode,
         databases={db.value: s for db, s in zip(Database, statuses)},
         storage=dict(zip(checks, storage)),

@@ -1,4 +1,5 @@
-"""Request ids: taken from ``X-Request-ID`` when it is sane, generated otherwise, echoed on every answer.
+"""Request ids: taken from ``X-Request-ID`` when it is sane, generated otherwise, echoed on every answer
+(with ``X-Content-Type-Options: nosniff``, which every answer carries too).
 
 A pure ASGI middleware (no ``BaseHTTPMiddleware``: that buffers streams and costs a task per
 request). The id is kept in ``scope["state"]`` (so ``request.state.request_id`` works, which the
@@ -15,9 +16,14 @@ from contextvars import ContextVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-id"
+# Sent on every answer with the id: no browser may guess a type other than the one declared
+# (a stored file or an error must never be sniffed into HTML or script).
+NOSNIFF = (b"x-content-type-options", b"nosniff")
 MAX_LENGTH = 128
 # Printable ASCII without spaces: safe to echo in a header and to write in a log line.
 _ACCEPTABLE = re.compile(rb"[\x21-\x7e]{1,%d}" % MAX_LENGTH)
+
+_OURS = (HEADER, NOSNIFF[0])
 
 _current: ContextVar[str | None] = ContextVar("request_id", default=None)
 
@@ -70,8 +76,8 @@ class RequestIdMiddleware:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != HEADER]
-                headers.append((HEADER, raw))
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in _OURS]
+                headers += ((HEADER, raw), NOSNIFF)
                 message = {**message, "headers": headers}
             await send(message)
 

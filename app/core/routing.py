@@ -50,6 +50,7 @@ from app.core.limits import (
     streamed,
     too_large,
 )
+from app.core.paths import check_path_utf8
 
 # FastAPI builds the handler of an included route while this names the route as included (with
 # the router's prefix and dependencies); without it (another FastAPI), routes keep FastAPI's.
@@ -157,6 +158,7 @@ class GatedRoutes(BaseRoute):
         route: APIRoute = scope[_MATCHED]
         policy = self.policies[id(route)]
         await self.guard(Request(scope), self.name, policy.reads)
+        check_path_utf8(scope)
         if has_body(scope):
             spec, limit = policy.body, policy.limit
             clock = BodyClock(self.limits)

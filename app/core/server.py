@@ -61,7 +61,8 @@ def problem_bytes(
     for name, text in (extra or {}).items():
         head.append(f"{name}: {text}\r\n".encode())
     head.append(
-        f"content-type: {PROBLEM_JSON}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        f"x-content-type-options: nosniff\r\ncontent-type: {PROBLEM_JSON}\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
     )
     count_problem(code, status)
     return b"".join(head) + body

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from app.core.capability import Capability
     from app.core.config import Settings
     from app.core.databases import Databases
+    from app.core.diskspace import DiskSpace
     from app.core.health import StorageStatus
 
 StorageCheck = Callable[[], Awaitable["StorageStatus"]]
@@ -39,6 +40,8 @@ class GatewayState:
     """Each capability's service, by capability name (built by its lifecycle)."""
     storage_checks: dict[str, StorageCheck] = field(default_factory=dict)
     """Storage besides the databases that ``/readyz`` reports (the files bucket), by capability."""
+    disk_space: DiskSpace | None = None
+    """While the lifespan runs: what ``app.core.diskspace`` knows about a full disk."""
     _databases: Databases | None = None
     _key_cache: KeyCache | None = None
 

@@ -61,6 +61,28 @@ DRAIN_BYTES = 1024 * 1024  # read past a 413 at most this much of the body ...
 DRAIN_SECONDS = 1.0  # ... for at most this long
 _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
+# Downloads share the gateway's origin (and /docs'), so a stored file must never run as a page of
+# it: types a browser only displays are served inline; anything else (HTML, SVG, XHTML, XML,
+# JavaScript, PDF, unknown types) as an attachment unless files.inline_types names it. Every
+# download also carries a CSP that forbids scripts, plugins and loads (nosniff is on every answer).
+INLINE_SAFE_TYPES = frozenset({
+    "text/plain", "text/csv", "application/json", "application/octet-stream",
+    "image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp",
+    "image/x-icon", "image/vnd.microsoft.icon",
+})
+INLINE_SAFE_PREFIXES = ("audio/", "video/")
+DOWNLOAD_CSP = "default-src 'none'; sandbox"
+
+
+def download_headers(content_type: str, inline_types: frozenset[str]) -> dict[str, str]:
+    """Content-Type, CSP and, for types a browser could execute, ``Content-Disposition: attachment``."""
+    headers = {"Content-Type": content_type, "Content-Security-Policy": DOWNLOAD_CSP}
+    essence = content_type.partition(";")[0].strip().lower()
+    safe = essence in INLINE_SAFE_TYPES or essence.startswith(INLINE_SAFE_PREFIXES)
+    if not safe and essence not in inline_types:
+        headers["Content-Disposition"] = "attachment"
+    return headers
+
 
 # --- helpers ------------------------------------------------------------------------------
 
@@ -306,7 +328,7 @@ async def get_file(
         if presigned is not None:
             await reader.close()
             return Response(status_code=307, headers={**headers, "Location": presigned})
-        headers["Content-Type"] = row.content_type
+        headers.update(download_headers(row.content_type, files.inline_types))
         headers["Content-Length"] = str(max(plan.byte_range.length, 0))
         if plan.status == 206:
             r = plan.byte_range
@@ -344,7 +366,7 @@ async def head_file(
     headers = file_headers(row)
     if plan.status == 304:
         return Response(status_code=304, headers=headers)
-    headers["Content-Type"] = row.content_type
+    headers.update(download_headers(row.content_type, files.inline_types))
     headers["Content-Length"] = str(row.size)
     return Response(status_code=200, headers=headers)
 

@@ -252,6 +252,7 @@ class FilesService:
         total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
         self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
         self.send_timeout = settings.limits.send_idle_timeout_seconds
+        self.inline_types = frozenset(t.strip().lower() for t in settings.files.inline_types)
         self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files.backend)
         self.presign_seconds = settings.files.s3.presign_seconds if settings.files.s3.presign_downloads else 0
 

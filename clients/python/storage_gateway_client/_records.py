@@ -115,7 +115,9 @@ class RecordsAPI(Resource):
 
     async def trim_records_before(self, collection: str, cutoff_key: str) -> int:
         """Delete every record whose key is strictly below ``cutoff_key`` (that key itself stays);
-        how many were deleted."""
+        how many were deleted. Nothing is below the empty key: ``""`` deletes nothing (no request)."""
+        if cutoff_key == "":
+            return 0
         return await self.trim(collection, before=cutoff_key)
 
     async def trim(self, collection: str, *, before: str | None = None, keep_last: int | None = None) -> int:
