@@ -92,9 +92,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
                 stack.push_async_callback(_cancel, watcher)
                 for capability in state.capabilities:
-                    service = await stack.enter_async_context(capability.lifecycle(state))
-                    state.services[capability.name] = service
-                    await stack.enter_async_context(running(capability.periodic(service, state)))
+                    state.services[capability.name] = await stack.enter_async_context(capability.lifecycle(state))
+                # Background jobs start once every lifecycle is done: a sweep's write transaction
+                # must not race a lifecycle's start-up work on the same SQLite file.
+                jobs = [job for c in state.capabilities for job in c.periodic(state.services[c.name], state)]
+                await stack.enter_async_context(running(jobs))
                 tune_garbage_collector()
                 yield
         finally:
