@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import LimitsSettings
-from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
+from app.core.errors import NotFound, PayloadTooLarge
 from app.core.jsonvalue import encode_value, parse_value
 from app.core.names import validate_key
-from app.core.pagination import decode_cursor, encode_cursor
+from app.core.pagination import decode_cursor, encode_cursor, invalid_cursor
 from app.core.statements import StatementConnection
 from app.records.repository import RecordsRepository
 from app.records.schemas import RecordCreate, SortOrder
@@ -66,12 +67,10 @@ class RecordsService:
     ) -> str:
         """A page ``{"items": [...], "next_cursor": ...}`` as JSON text."""
         if cursor is not None:
-            position = decode_cursor(cursor, "k", "o")
+            position = decode_cursor(cursor, "k", o=Literal["asc", "desc"])
             last, cursor_order = position["k"], position["o"]
-            if not isinstance(last, str) or cursor_order not in (SortOrder.asc, SortOrder.desc):
-                raise InvalidInput("cursor", "is not a cursor returned by this list")
             if order is not None and order != cursor_order:
-                raise InvalidInput("cursor", f"was made for order={cursor_order}, not order={order.value}")
+                raise invalid_cursor(f"was made for order={cursor_order}, not order={order.value}")
             order = SortOrder(cursor_order)
             # The cursor narrows the exclusive bounds (str order is code point = UTF-8 byte order).
             if order is SortOrder.asc:

@@ -243,7 +243,7 @@ class VectorService:
         stmt = select(vc).where(in_scope(vc, self.namespace)).order_by(vc.c.collection).limit(limit + 1)
         if cursor:
             after = decode_cursor(cursor, "after")["after"]
-            stmt = stmt.where(vc.c.collection > str(after))
+            stmt = stmt.where(vc.c.collection > after)
         rows = (await self.session.execute(stmt)).all()
         infos = [self._info(r) for r in rows[:limit]]
         states = await self.index.index_states(self.session, infos)
@@ -502,7 +502,7 @@ class VectorService:
         if limit > limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
         flt = self._filter(body.filters)
-        after = str(decode_cursor(body.cursor, "after")["after"]) if body.cursor else None
+        after = decode_cursor(body.cursor, "after")["after"] if body.cursor else None
         info = await self.get(collection)
         points = await self.index.list(self.session, info, flt, after, limit + 1, body.with_vectors)
         items = [self._point_read(p, body.vector_format) for p in points[:limit]]
