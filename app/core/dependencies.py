@@ -16,6 +16,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core.numbers import QueryInt
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 
@@ -126,7 +127,7 @@ PointId = Annotated[str, Depends(_point_id_path)]
 
 async def _page_limit(
     request: Request,
-    limit: Annotated[int | None, Query(ge=1, description="Most items to return.")] = None,
+    limit: Annotated[QueryInt | None, Query(ge=1, description="Most items to return.")] = None,
 ) -> int:
     limits = request.app.state.settings.limits
     if limit is None:
