@@ -125,6 +125,23 @@ def encode_value(field: str, value: Any, max_bytes: int) -> str:
     return data.decode("utf-8")
 
 
+_FRACTION_OR_EXPONENT = re.compile(rb"[0-9][.eE]")
+
+
+def literal_numbers(raw: bytes) -> Any | None:
+    """A JSON body parsed again with each number kept as written, or None when parsing it as
+    usual lost nothing (it holds no number with a fraction or an exponent, or is not JSON).
+
+    A route that takes a parsed model but stores some of its values as JSON text (a batch of
+    records) takes those values from here, so ``1e-400`` and ``1.10`` are stored as sent."""
+    if _FRACTION_OR_EXPONENT.search(raw) is None:
+        return None
+    try:
+        return _value_decoder.decode(raw.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError):
+        return None
+
+
 def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
     """Compact JSON text of a raw request body (numbers as written), or 422/413 naming ``field``."""
     if len(raw) > max_bytes and len(raw.strip()) > max_bytes:

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.jsonvalue import LONE_SURROGATE, find_invalid
 from app.core.names import key_problem
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.scoping import in_scope
@@ -295,10 +296,12 @@ class VectorService:
             text = json.dumps(payload or {}, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
         except ValueError:
             raise InvalidInput(where, "must be JSON without NaN or infinity") from None
-        if len(text.encode("utf-8")) > self.settings.limits.max_value_bytes:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # the gate refuses these first (app.core.jsonvalue)
+            raise InvalidInput(*(find_invalid(payload, where) or (where, LONE_SURROGATE))) from None
+        if size > self.settings.limits.max_value_bytes:
             raise InvalidInput(where, f"must be at most {self.settings.limits.max_value_bytes} bytes of JSON")
-        if "\u0000" in text:
-            raise InvalidInput(where, "must not contain NUL characters")
         return text
 
     def _point(self, info: CollectionInfo, pid: str | None, vec: array, payload: dict | None, where: str) -> PointIn:
