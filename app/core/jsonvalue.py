@@ -25,7 +25,7 @@ from app.core.errors import InvalidInput, PayloadTooLarge
 
 LONE_SURROGATE = "must be valid Unicode: a lone surrogate (\\ud800-\\udfff) cannot be stored"
 NOT_A_NUMBER = "must be a finite JSON number (NaN and Infinity are not JSON)"
-MAX_DEPTH = 255  # orjson's: values nested deeper are refused (422)
+MAX_DEPTH = 255  # orjson's: a value sent as text and nested deeper is refused (422)
 
 
 class _Constant:
@@ -40,6 +40,7 @@ class _Constant:
 _literal = orjson.Fragment
 _value_decoder = json.JSONDecoder(parse_constant=_Constant, parse_float=_literal, parse_int=_literal)
 _check_decoder = json.JSONDecoder(parse_constant=_Constant)
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 # What a lone surrogate or a NaN/Infinity can look like in a JSON body: a \uD800-\uDFFF escape,
 # the CESU bytes of one (json.loads decodes bytes with surrogatepass), or the constants' names.
@@ -119,22 +120,27 @@ def encode_value(field: str, value: Any, max_bytes: int) -> str:
         found = find_invalid(value, field)
         if found is not None:
             raise InvalidInput(*found) from None
-        raise InvalidInput(field, f"must be JSON nested at most {MAX_DEPTH} levels deep") from None
+        try:  # integers beyond 64 bits and deep nesting, which orjson does not write
+            data = _encoder.encode(value).encode("utf-8")
+        except (ValueError, TypeError, RecursionError):
+            raise InvalidInput(field, f"must be JSON nested at most {MAX_DEPTH} levels deep") from None
     if len(data) > max_bytes:
         raise _too_large(field, f"{len(data)} bytes of JSON exceed the limit of {max_bytes} bytes")
     return data.decode("utf-8")
 
 
-_FRACTION_OR_EXPONENT = re.compile(rb"[0-9][.eE]")
+# Numbers that a parse into Python floats and ints may not write back as sent: a fraction or an
+# exponent, -0, and integers of 19 digits or more (beyond what orjson writes).
+_LOSSY_NUMBER = re.compile(rb"[0-9][.eE]|-0|[0-9]{19}")
 
 
 def literal_numbers(raw: bytes) -> Any | None:
     """A JSON body parsed again with each number kept as written, or None when parsing it as
-    usual lost nothing (it holds no number with a fraction or an exponent, or is not JSON).
+    usual lost nothing (it holds no number that could change, or is not JSON).
 
     A route that takes a parsed model but stores some of its values as JSON text (a batch of
     records) takes those values from here, so ``1e-400`` and ``1.10`` are stored as sent."""
-    if _FRACTION_OR_EXPONENT.search(raw) is None:
+    if _LOSSY_NUMBER.search(raw) is None:
         return None
     try:
         return _value_decoder.decode(raw.decode("utf-8", "surrogatepass"))
