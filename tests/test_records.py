@@ -295,5 +295,5 @@ async def test_openapi_documents_records(http: httpx.AsyncClient) -> None:
 async def test_values_are_returned_verbatim_in_lists(gw: GatewayClient, http: httpx.AsyncClient) -> None:
     await http.put(rec_url(gw.namespace, "c", "k"), content=b'{"x" : 1.50, "y": [ ] }')
     r = await http.get(rec_url(gw.namespace, "c"))
-    assert r.text == '{"items":[{"key":"k","value":{"x":1.5,"y":[]}}],"next_cursor":null}'
+    assert r.text == '{"items":[{"key":"k","value":{"x":1.50,"y":[]}}],"next_cursor":null}'  # numbers as written
     assert json.loads(r.text)["items"][0]["value"] == {"x": 1.5, "y": []}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Base64Bytes, BaseModel, Field
+from pydantic import AfterValidator, Base64Bytes, BaseModel, Field, StrictStr
 
 from app.core.names import key_problem
+from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 
-Scalar = str | int | float | bool | None
+Scalar = StrictStr | StrictInt | FiniteFloat | StrictBool | None
 
 
 def _text(max_bytes: int, *, allow_empty: bool = False):  # noqa: ANN202
@@ -67,7 +68,7 @@ class CheckpointCreate(BaseModel):
     checkpoint_id: CheckpointId
     parent_checkpoint_id: CheckpointId | None = None
     checkpoint: TypedBytes = Field(description="The checkpoint without its channel values and versions.")
-    channel_versions: dict[str, str | int | float] = Field(
+    channel_versions: dict[str, StrictStr | StrictInt | FiniteFloat] = Field(
         default_factory=dict, description="Channel name to version: which stored values this checkpoint uses."
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON metadata; lists filter on it.")
@@ -83,7 +84,7 @@ class CheckpointConfig(BaseModel):
 
 
 class WriteCreate(TypedBytes):
-    idx: int = Field(ge=-(2**31), lt=2**31, description="Index of the write in its task (negative: special channels).")
+    idx: StrictInt = Field(ge=-(2**31), lt=2**31, description="Index of the write in its task (negative: special channels).")
     channel: Channel
 
 
@@ -146,7 +147,7 @@ class CheckpointSearch(BaseModel):
         examples=[{"source": "loop", "step": 1}],
     )
     before: CheckpointId | None = Field(default=None, description="Only checkpoints with a smaller id.")
-    limit: int | None = Field(default=None, ge=1, description="Most items in this page.")
+    limit: StrictInt | None = Field(default=None, ge=1, description="Most items in this page.")
     cursor: str | None = Field(default=None, max_length=4096, description="`next_cursor` of the previous page.")
 
 
@@ -180,10 +181,10 @@ class RetentionUpdate(BaseModel):
     `null` leaves a setting to the namespace (or off); `0` turns it off."""
 
     thread_id: ThreadId | None = None
-    keep_latest: int | None = Field(
+    keep_latest: StrictInt | None = Field(
         default=None, ge=0, le=2**31 - 1, description="Checkpoints kept per thread and `checkpoint_ns`."
     )
-    idle_ttl_seconds: float | None = Field(
+    idle_ttl_seconds: FiniteFloat | None = Field(
         default=None, ge=0, le=1e10, description="A thread not written for this long is deleted."
     )
 

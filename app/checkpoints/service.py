@@ -18,7 +18,7 @@ from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
-from app.core.pagination import decode_cursor, encode_cursor
+from app.core.pagination import CursorBigint, decode_cursor, encode_cursor
 from app.core.statements import StatementConnection
 
 _b64 = base64.b64encode
@@ -131,11 +131,8 @@ class CheckpointsService:
             raise InvalidInput("filter", f"at most {self.limits.max_filter_terms} entries")
         after = None
         if body.cursor is not None:
-            position = decode_cursor(body.cursor, "c", "p", "n")
-            pk = position["p"]
-            if not (isinstance(position["c"], str) and isinstance(pk, int) and 0 < pk < 2**63 and isinstance(position["n"], str)):
-                raise InvalidInput("cursor", "is not a cursor returned by this list")
-            after = (position["c"], pk, position["n"])
+            position = decode_cursor(body.cursor, "c", "n", p=CursorBigint)
+            after = (position["c"], position["p"], position["n"])
         rows = await self.reader.page(
             conn, ns, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
             before=body.before, filter=body.filter, after_key=after, limit=limit,

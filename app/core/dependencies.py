@@ -16,6 +16,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core.numbers import QueryInt
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 from app.core.state import gateway_state
@@ -127,7 +128,7 @@ PointId = Annotated[str, Depends(_point_id_path)]
 
 async def _page_limit(
     request: Request,
-    limit: Annotated[int | None, Query(ge=1, description="Most items to return.")] = None,
+    limit: Annotated[QueryInt | None, Query(ge=1, description="Most items to return.")] = None,
 ) -> int:
     limits = gateway_state(request.app).settings.limits
     if limit is None:

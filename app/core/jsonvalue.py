@@ -1,44 +1,158 @@
-"""JSON values stored as compact text: parsed once on the way in, returned verbatim on the way out.
+"""JSON text, one rule everywhere: parsed once on the way in, returned verbatim on the way out.
 
-The stdlib parser is used on purpose: it keeps integers of any size exactly (orjson refuses those
-over 64 bits). ``NaN``/``Infinity`` and floats that overflow are not JSON and are refused with a
-422 naming the field; a value over ``limits.max_value_bytes`` is a 413.
+The rule (CONTRACT: text): the gateway accepts every JSON string that is valid Unicode, U+0000
+included; a lone surrogate (``"\\ud800"``: valid JSON syntax, not Unicode) cannot be stored as
+UTF-8 and is refused with a 422 naming where it is (``records.3.value``,
+``points.7.payload.name``). ``NaN``/``Infinity`` are not JSON and are refused the same way.
+Every JSON request body passes ``check_json_text`` at the gate (a byte scan; only a body that
+may hold one of those is parsed to find it), so no capability sees them.
+
+Values stored as JSON text (kv, records) keep their numbers exactly as written: the stdlib
+parser hands each number over as its literal (``1e-400`` stays ``1e-400``, a 400-digit integer
+stays itself), and orjson writes the compact text with the literals embedded. A value over
+``limits.max_value_bytes`` is a 413.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import orjson
 
 from app.core.errors import InvalidInput, PayloadTooLarge
 
+LONE_SURROGATE = "must be valid Unicode: a lone surrogate (\\ud800-\\udfff) cannot be stored"
+NOT_A_NUMBER = "must be a finite JSON number (NaN and Infinity are not JSON)"
+MAX_DEPTH = 255  # orjson's: a value sent as text and nested deeper is refused (422)
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+
+class _Constant:
+    """``NaN``/``Infinity`` where the stdlib parser found one, so the check can name its place."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+def _int(literal: str) -> Any:
+    # An int writes itself back as sent, except -0 and those beyond 64 bits (orjson's range).
+    return orjson.Fragment(literal) if len(literal) > 18 or literal == "-0" else int(literal)
+
+
+_value_decoder = json.JSONDecoder(parse_constant=_Constant, parse_float=orjson.Fragment, parse_int=_int)
+_check_decoder = json.JSONDecoder(parse_constant=_Constant)
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+# What a lone surrogate or a NaN/Infinity can look like in a JSON body: a \uD800-\uDFFF escape,
+# the CESU bytes of one (json.loads decodes bytes with surrogatepass), or the constants' names.
+# Matches inside strings (an escaped backslash before "ud800", the word "NaN") are false alarms
+# that cost one parse; a body without any is passed after a few substring scans (about 1 ms per
+# MB; a regular expression with these alternatives takes 30).
+_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]|NaN|Infinity")
+_HINTS = (b"\xed", b"\\u", b"NaN", b"Infinity")
+
+
+def _suspect(body: bytes) -> bool:
+    return any(hint in body for hint in _HINTS) and _SUSPECT.search(body) is not None
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate), so it can be stored as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def find_invalid(value: Any, where: str) -> tuple[str, str] | None:
+    """``(field, message)`` of the first string that is not valid Unicode or NaN/Infinity in a
+    parsed JSON ``value`` (keys included), or None."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, here = stack.pop()
+        if isinstance(item, str):
+            if not is_unicode(item):
+                return here, LONE_SURROGATE
+        elif isinstance(item, _Constant):
+            return here, NOT_A_NUMBER
+        elif isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                return here, NOT_A_NUMBER
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                path = f"{here}.{key}" if here else str(key)
+                if isinstance(key, str) and not is_unicode(key):
+                    # A bad key is named by its escaped text, which can be shown.
+                    return (f"{here}.{key!a}" if here else ascii(key)), LONE_SURROGATE + " (in a key)"
+                children.append((child, path))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(c, f"{here}.{i}" if here else str(i)) for i, c in enumerate(item)]))
+    return None
+
+
+def check_json_text(body: bytes) -> None:
+    """422 naming the place of a lone surrogate or NaN/Infinity in a JSON request body.
+
+    Malformed JSON is left to the route's parser (which answers it as it always has)."""
+    if not _suspect(body):
+        return
+    try:
+        value = _check_decoder.decode(body.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError):
+        return
+    found = find_invalid(value, "")
+    if found is not None:
+        raise InvalidInput(found[0] or "body", found[1])
 
 
 def _too_large(field: str, message: str) -> PayloadTooLarge:
     return PayloadTooLarge(f"{field}: {message}", errors=[{"loc": field.split("."), "msg": message}])
 
 
+def _float_literal(value: Any) -> Any:
+    # orjson's hook for what it cannot write itself (float subclasses, numbers beyond 64 bits).
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return orjson.Fragment(json.dumps(value, allow_nan=False))
+    raise TypeError
+
+
 def encode_value(field: str, value: Any, max_bytes: int) -> str:
     """Compact JSON text of an already parsed value, or 422/413 naming ``field``."""
     try:
-        text = _encoder.encode(value)
-    except (ValueError, TypeError, RecursionError):
-        raise InvalidInput(field, "must be JSON without NaN or Infinity (a float overflowed?)") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        raise _too_large(field, f"{size} bytes of JSON exceed the limit of {max_bytes} bytes")
-    return text
+        data = orjson.dumps(value, default=_float_literal)
+    except (orjson.JSONEncodeError, ValueError, TypeError):
+        found = find_invalid(value, field)
+        if found is not None:
+            raise InvalidInput(*found) from None
+        try:  # integers beyond 64 bits and deep nesting, which orjson does not write
+            data = _encoder.encode(value).encode("utf-8")
+        except (ValueError, TypeError, RecursionError):
+            raise InvalidInput(field, f"must be JSON nested at most {MAX_DEPTH} levels deep") from None
+    if len(data) > max_bytes:
+        raise _too_large(field, f"{len(data)} bytes of JSON exceed the limit of {max_bytes} bytes")
+    return data.decode("utf-8")
+
+
+def literal_numbers(raw: bytes) -> Any | None:
+    """A JSON body parsed with each number kept as written (None when it is not JSON).
+
+    A route that takes a parsed model but stores some of its values as JSON text (a batch of
+    records) takes those values from here, so ``1e-400``, ``1.10`` and ``-0`` are stored as sent.
+    It costs a second parse of the body (about as long as the first)."""
+    try:
+        return _value_decoder.decode(raw.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError):
+        return None
 
 
 def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
-    """Compact JSON text of a raw request body, or 422/413 naming ``field``."""
+    """Compact JSON text of a raw request body (numbers as written), or 422/413 naming ``field``."""
     if len(raw) > max_bytes and len(raw.strip()) > max_bytes:
         raise _too_large(field, f"{len(raw)} bytes exceed the limit of {max_bytes} bytes")
     try:
@@ -48,7 +162,7 @@ def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
     if not text.strip():
         raise InvalidInput(field, "must be a JSON value (the body is empty)")
     try:
-        value, end = _decoder.raw_decode(text, len(text) - len(text.lstrip()))
+        value, end = _value_decoder.raw_decode(text, len(text) - len(text.lstrip()))
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"is not valid JSON: {exc}") from None
     if text[end:].strip():

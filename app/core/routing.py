@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from app.core.config import LimitsSettings
 from app.core.handlers import compile_handler
 from app.core.state import gateway_state
+from app.core.jsonvalue import check_json_text
 from app.core.limits import (
     Body,
     BodyClock,
@@ -173,6 +174,7 @@ class GatedRoutes(BaseRoute):
                     return  # the client went away before the end of its body: nothing to answer
                 if spec.kind is Body.JSON:
                     check_json_shape(body, self.limits)
+                    check_json_text(body)  # one text rule: no lone surrogate, NaN or Infinity
                 receive = replay(body, receive)
                 del body
         await route.handle(scope, receive, send)

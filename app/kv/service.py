@@ -12,7 +12,7 @@ from app.core.conditions import WriteConditions, quote_etag
 from app.core.config import KvSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PreconditionFailed
 from app.core.jsonvalue import parse_value
-from app.core.pagination import decode_cursor, encode_cursor
+from app.core.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
 from app.core.statements import StatementConnection
 from app.kv.repository import KvRepository
 
@@ -108,10 +108,10 @@ class KvService:
     ) -> KvListPage:
         after = None
         if cursor is not None:
-            position = decode_cursor(cursor, "k")
+            position = decode_cursor(cursor, "k", p=CursorText | None)
             after = position["k"]
-            if not isinstance(after, str) or position.get("p") != prefix:
-                raise InvalidInput("cursor", "is not a cursor returned by this list (prefix differs)")
+            if position["p"] != prefix:
+                raise invalid_cursor("is not a cursor returned by this list (prefix differs)")
         rows = await self.repo.list(
             conn, ns, c, _utcnow(), prefix=prefix, after=after, limit=limit + 1, with_values=not keys_only
         )

@@ -94,11 +94,13 @@ async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,
     batch: RecordBatchCreate,
+    request: Request,
     conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> RecordBatchResult:
     """Upsert every record of the batch atomically: all are stored, or (on any error) none."""
-    count = await service.upsert_batch(conn, namespace, collection, batch.records)
+    # The body was read once already; the service takes the values' numbers as written from it.
+    count = await service.upsert_batch(conn, namespace, collection, batch.records, await request.body())
     return RecordBatchResult(upserted=count)
 
 

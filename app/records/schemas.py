@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.core.numbers import StrictInt
+
 VALUE_EXAMPLE = {"role": "user", "content": "hello"}
 
 
@@ -67,7 +69,7 @@ class TrimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     before: str | None = Field(default=None, min_length=1, examples=["00000000001700000000"])
-    keep_last: int | None = Field(default=None, ge=0, examples=[100])
+    keep_last: StrictInt | None = Field(default=None, ge=0, examples=[100])
 
     @model_validator(mode="after")
     def _one_needed(self) -> "TrimRequest":

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import LimitsSettings
-from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
-from app.core.jsonvalue import encode_value, parse_value
+from app.core.errors import NotFound, PayloadTooLarge
+from app.core.jsonvalue import encode_value, literal_numbers, parse_value
 from app.core.names import validate_key
-from app.core.pagination import decode_cursor, encode_cursor
+from app.core.pagination import decode_cursor, encode_cursor, invalid_cursor
 from app.core.statements import StatementConnection
 from app.records.repository import RecordsRepository
 from app.records.schemas import RecordCreate, SortOrder
@@ -37,16 +38,23 @@ class RecordsService:
         value = parse_value("value", body, self.limits.max_value_bytes)
         await self.repo.upsert(conn, ns, c, k, value, _utcnow())
 
-    async def upsert_batch(self, conn: AsyncConnection, ns: str, c: str, records: list[RecordCreate]) -> int:
-        """Validate every record first, then write them all in the request's transaction."""
+    async def upsert_batch(
+        self, conn: AsyncConnection, ns: str, c: str, records: list[RecordCreate], body: bytes = b""
+    ) -> int:
+        """Validate every record first, then write them all in the request's transaction.
+        ``body`` (the request's JSON) gives the values with their numbers as written."""
         limit = self.limits.max_batch_items
         if len(records) > limit:
             message = f"at most {limit} records per batch (got {len(records)})"
             raise PayloadTooLarge(f"records: {message}", errors=[{"loc": ["records"], "msg": message}])
+        literal = literal_numbers(body)
+        values = [r.value for r in records]
+        if isinstance(literal, dict) and isinstance(literal.get("records"), list) and len(literal["records"]) == len(values):
+            values = [item["value"] for item in literal["records"]]
         items = []
-        for i, record in enumerate(records):
+        for i, (record, value) in enumerate(zip(records, values)):
             key = validate_key(f"records.{i}.key", record.key)
-            items.append((key, encode_value(f"records.{i}.value", record.value, self.limits.max_value_bytes)))
+            items.append((key, encode_value(f"records.{i}.value", value, self.limits.max_value_bytes)))
         await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 
@@ -66,12 +74,10 @@ class RecordsService:
     ) -> str:
         """A page ``{"items": [...], "next_cursor": ...}`` as JSON text."""
         if cursor is not None:
-            position = decode_cursor(cursor, "k", "o")
+            position = decode_cursor(cursor, "k", o=Literal["asc", "desc"])
             last, cursor_order = position["k"], position["o"]
-            if not isinstance(last, str) or cursor_order not in (SortOrder.asc, SortOrder.desc):
-                raise InvalidInput("cursor", "is not a cursor returned by this list")
             if order is not None and order != cursor_order:
-                raise InvalidInput("cursor", f"was made for order={cursor_order}, not order={order.value}")
+                raise invalid_cursor(f"was made for order={cursor_order}, not order={order.value}")
             order = SortOrder(cursor_order)
             # The cursor narrows the exclusive bounds (str order is code point = UTF-8 byte order).
             if order is SortOrder.asc:

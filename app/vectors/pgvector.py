@@ -53,6 +53,7 @@ from app.vectors.backend import (
     PointOut,
 )
 from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.nulescape import escape_json, escape_text, unescape_json
 from app.vectors.planner import Plan, choose
 from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
 
@@ -202,26 +203,27 @@ def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, Pa
 
 def _key(key: str, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
     # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
-    return f"'{key}'" if key in declared else f"CAST({sql.bind(key)} AS text)"
+    return f"'{key}'" if key in declared else f"CAST({sql.bind(escape_text(key))} AS text)"
 
 
 def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
     if node is None:
         return "TRUE"
     if isinstance(node, Eq):
-        hint = sql.bind(json.dumps({node.key: node.value}))
+        # Operands are escaped as stored payloads are (``app.vectors.nulescape``).
+        hint = sql.bind(escape_json(json.dumps({node.key: node.value})))
         kind = declared.get(node.key)
         if kind == "keyword" and isinstance(node.value, str):
-            exact = f"{keyword_expr(node.key)} = CAST({sql.bind(node.value)} AS text)"
+            exact = f"{keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text)"
         else:
             key = _key(node.key, sql, declared)
-            exact = f"(payload -> {key}) = CAST({sql.bind(json.dumps(node.value))} AS jsonb)"
+            exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(json.dumps(node.value)))} AS jsonb)"
         return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
     if isinstance(node, Compare):
         key = _key(node.key, sql, declared)
         op = _CMP[node.op]
         if isinstance(node.value, str):
-            value = sql.bind(node.value)
+            value = sql.bind(escape_text(node.value))
             text_value = keyword_expr(node.key) if declared.get(node.key) == "keyword" else (
                 f"((payload ->> {key}) COLLATE \"C\")"
             )
@@ -431,10 +433,10 @@ class PgVectorIndex:
         params: dict[str, Any] = {
             "ids": [p.id for p in points],
             "embs": [encode_vector(p.vector) for p in points],
-            "payloads": [p.payload_json for p in points],
+            "payloads": [escape_json(p.payload_json) for p in points],
         }
         if coll.text_field is not None:
-            params["texts"] = [p.text for p in points]
+            params["texts"] = [None if p.text is None else escape_text(p.text) for p in points]
             params["cfg"] = TEXT_CONFIG
             stmt = (
                 f"INSERT INTO {t} (id, embedding, payload, tsv) "
@@ -466,7 +468,7 @@ class PgVectorIndex:
         ).first()
         if row is None:
             return None
-        return PointOut(row[0], row[1], row[2] if with_vector else None)
+        return PointOut(row[0], unescape_json(row[1]), row[2] if with_vector else None)
 
     async def update(
         self,
@@ -484,11 +486,11 @@ class PgVectorIndex:
             params["emb"] = encode_vector(vector.vector)
         if payload_json is not None:
             sets.append("payload = CAST(:payload AS jsonb)")
-            params["payload"] = payload_json
+            params["payload"] = escape_json(payload_json)
             if coll.text_field is not None:
                 sets.append("tsv = to_tsvector(CAST(:cfg AS regconfig), CAST(:txt AS text))")
                 params["cfg"] = TEXT_CONFIG
-                params["txt"] = text_value
+                params["txt"] = None if text_value is None else escape_text(text_value)
         if not sets:
             sets.append("id = id")
         result = await session.execute(
@@ -530,7 +532,7 @@ class PgVectorIndex:
             ),
             sql.params,
         )
-        return [PointOut(r[0], r[1], r[2] if with_vectors else None) for r in rows]
+        return [PointOut(r[0], unescape_json(r[1]), r[2] if with_vectors else None) for r in rows]
 
     # --- search --------------------------------------------------------------------------------
     #
@@ -679,7 +681,7 @@ class PgVectorIndex:
                 f"WHERE {where} ORDER BY {order} LIMIT {limit}"
             )
         rows = await conn.fetch(stmt, q, *args)
-        return [Hit(r[0], r[2], r[1]) for r in rows]
+        return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
 
     async def _exact(
         self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any]
@@ -693,7 +695,7 @@ class PgVectorIndex:
             q,
             *args,
         )
-        return [Hit(r[0], r[2], r[1]) for r in rows]
+        return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
 
     async def text_search(
         self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
@@ -726,7 +728,7 @@ class PgVectorIndex:
             ),
             {"q": encode_vector(vector), "ids": ids},
         )
-        return [Hit(r[0], float(r[2]), r[1]) for r in rows]
+        return [Hit(r[0], float(r[2]), unescape_json(r[1])) for r in rows]
 
 
 async def detect_version(session_or_conn: Any) -> str | None:

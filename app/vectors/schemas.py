@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
 
-StrictNumber = Annotated[float, Strict()]
+StrictNumber = Annotated[float, Strict()]  # NaN/infinity: refused with the vector's own message
 # Hard ceilings on request lists, so validation stops at the first element past them instead of
 # collecting an error per element (the settings' own, lower limits are checked by the service).
 MAX_VECTOR_LENGTH = 16000  # pgvector's largest vector
@@ -39,8 +40,8 @@ class IndexOptions(_Body):
     """How a collection is indexed (PostgreSQL; SQLite always searches exactly)."""
 
     kind: Literal["hnsw", "exact"] = Field(default="hnsw", description="`exact` skips the ANN index.")
-    m: int | None = Field(default=None, ge=2, le=100, description="HNSW graph degree.")
-    ef_construction: int | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth.")
+    m: StrictInt | None = Field(default=None, ge=2, le=100, description="HNSW graph degree.")
+    ef_construction: StrictInt | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth.")
 
 
 class PayloadIndexCreate(_Body):
@@ -62,7 +63,7 @@ class PayloadIndexRead(BaseModel):
 class CollectionCreate(_Body):
     """Create a collection, or ensure it exists with these settings."""
 
-    vector_size: int = Field(ge=1, description="Dimension of every vector.", examples=[384])
+    vector_size: StrictInt = Field(ge=1, description="Dimension of every vector.", examples=[384])
     distance: DistanceName = Field(default="cosine", description="cosine, l2 or ip (inner product).")
     index: IndexOptions | None = Field(default=None, description="Index options (defaults from settings).")
     text_field: str | None = Field(
@@ -190,14 +191,14 @@ class SearchRequest(_Body):
     vector: Vector | None = None
     vector_b64: str | None = Field(default=None, description="The query vector as base64 float32.")
     query: str | None = Field(default=None, description="Text for hybrid search (needs a text_field).")
-    limit: int = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
+    limit: StrictInt = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
     filters: Filters = None
-    score_threshold: float | None = Field(default=None, description="Drop results whose vector score is lower.")
-    ef_search: int | None = Field(
+    score_threshold: FiniteFloat | None = Field(default=None, description="Drop results whose vector score is lower.")
+    ef_search: StrictInt | None = Field(
         default=None, ge=1, le=1000, description="HNSW search breadth (pgvector); default: chosen by the planner."
     )
-    with_vectors: bool = False
-    explain: bool = Field(default=False, description="Answer with the `plan` the search ran.")
+    with_vectors: StrictBool = False
+    explain: StrictBool = Field(default=False, description="Answer with the `plan` the search ran.")
 
     model_config = ConfigDict(
         extra="forbid",
@@ -230,9 +231,9 @@ class SearchResults(BaseModel):
 
 class PointsList(_Body):
     filters: Filters = None
-    limit: int | None = Field(default=None, ge=1)
+    limit: StrictInt | None = Field(default=None, ge=1)
     cursor: str | None = None
-    with_vectors: bool = False
+    with_vectors: StrictBool = False
     vector_format: Literal["json", "b64"] = "json"
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.jsonvalue import LONE_SURROGATE, find_invalid
 from app.core.names import key_problem
 from app.core.pagination import decode_cursor, encode_cursor
 from app.core.scoping import in_scope
@@ -243,7 +244,7 @@ class VectorService:
         stmt = select(vc).where(in_scope(vc, self.namespace)).order_by(vc.c.collection).limit(limit + 1)
         if cursor:
             after = decode_cursor(cursor, "after")["after"]
-            stmt = stmt.where(vc.c.collection > str(after))
+            stmt = stmt.where(vc.c.collection > after)
         rows = (await self.session.execute(stmt)).all()
         infos = [self._info(r) for r in rows[:limit]]
         states = await self.index.index_states(self.session, infos)
@@ -295,10 +296,12 @@ class VectorService:
             text = json.dumps(payload or {}, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
         except ValueError:
             raise InvalidInput(where, "must be JSON without NaN or infinity") from None
-        if len(text.encode("utf-8")) > self.settings.limits.max_value_bytes:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # the gate refuses these first (app.core.jsonvalue)
+            raise InvalidInput(*(find_invalid(payload, where) or (where, LONE_SURROGATE))) from None
+        if size > self.settings.limits.max_value_bytes:
             raise InvalidInput(where, f"must be at most {self.settings.limits.max_value_bytes} bytes of JSON")
-        if "\u0000" in text:
-            raise InvalidInput(where, "must not contain NUL characters")
         return text
 
     def _point(self, info: CollectionInfo, pid: str | None, vec: array, payload: dict | None, where: str) -> PointIn:
@@ -502,7 +505,7 @@ class VectorService:
         if limit > limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
         flt = self._filter(body.filters)
-        after = str(decode_cursor(body.cursor, "after")["after"]) if body.cursor else None
+        after = decode_cursor(body.cursor, "after")["after"] if body.cursor else None
         info = await self.get(collection)
         points = await self.index.list(self.session, info, flt, after, limit + 1, body.with_vectors)
         items = [self._point_read(p, body.vector_format) for p in points[:limit]]

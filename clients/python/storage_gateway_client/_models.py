@@ -45,6 +45,14 @@ class TrimResult(BaseModel):
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+_ascii_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def dump_json(value: Any) -> bytes:
-    """Compact UTF-8 JSON; NaN and Infinity raise ``ValueError`` here rather than at the gateway."""
-    return _encoder.encode(value).encode("utf-8")
+    """Compact UTF-8 JSON; NaN and Infinity raise ``ValueError`` here rather than at the gateway.
+    A string that is not valid Unicode (a lone surrogate) is sent escaped, for the gateway to
+    refuse with a 422 naming it."""
+    try:
+        return _encoder.encode(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return _ascii_encoder.encode(value).encode("ascii")
