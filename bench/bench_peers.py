@@ -31,10 +31,10 @@ alternating rounds (gateway, PocketBase, gateway, PocketBase, ...) and the best 
 side is kept, so that noise falls on both alike. Issue 17's targets: gateway/PocketBase
 throughput >= 1.0 at concurrency 16 and >= 0.7 at concurrency 1, files included.
 
-    .venv/bin/python bench/bench_peers.py [--quick] [--seconds N] [--rounds N]
+    .venv/bin/python bench/bench_peers.py [--quick] [--seconds N] [--rounds N]   (BENCH_KEEP=1 keeps the temp dir)
 
-A full run (2 rounds of 2 s per cell) takes about 3-4 minutes; ``--quick`` (2 rounds of 0.25 s)
-about one.
+A full run (2 rounds of 2 s per cell) takes about 3.5 minutes on a busy 2-core machine;
+``--quick`` (2 rounds of 0.25 s) about 1.5 (about one on a quiet machine).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -60,8 +60,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_kv_records import ADMIN_KEY, VALUE, HttpConnection, measure  # noqa: E402
-from tests.conftest import Backend, backend_env, free_port, run_cli, start_server, stop_server  # noqa: E402
+from bench.bench_kv_records import ADMIN_KEY, VALUE, HttpConnection, measure
+from tests.conftest import Backend, backend_env, free_port, run_cli, start_server, stop_server
 
 NS = "bench"
 PRELOAD_KEYS = 200
@@ -253,11 +253,11 @@ class PocketBase:
 def start_pocketbase(work: Path) -> PocketBase:
     binary, data = pocketbase_binary(), work / "pb_data"
     result = subprocess.run([binary, "superuser", "upsert", PB_EMAIL, PB_PASSWORD, "--dir", str(data)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, check=False)
     if result.returncode != 0:
         raise SystemExit(f"pocketbase superuser upsert failed: {result.stdout}{result.stderr}")
     port = free_port()
-    log = open(work / "pocketbase.log", "wb")
+    log = open(work / "pocketbase.log", "wb")  # noqa: SIM115 -- held by the child for its lifetime
     process = subprocess.Popen([binary, "serve", "--http", f"127.0.0.1:{port}", "--dir", str(data)],
                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -290,7 +290,7 @@ async def pocketbase_setup(pb: PocketBase) -> None:
                               json={"identity": PB_EMAIL, "password": PB_PASSWORD})
         r.raise_for_status()
         pb.token = r.json()["token"]
-    key_value = [{"name": "key", "type": "text", "required": True}, {"name": "value", "type": "json"}]
+    key_value: list[dict] = [{"name": "key", "type": "text", "required": True}, {"name": "value", "type": "json"}]
     conn = PeerConnection(pb.host, pb.port, pb.token)
     await conn.open()
     for body in (collection("history", key_value), collection("upserts", key_value), collection("kv", key_value),
@@ -431,7 +431,7 @@ async def run_rounds(gw: tuple[str, int, str, int], pb: PocketBase, seconds: flo
 
 def print_table(results: dict, seconds: float, rounds: int, elapsed: float) -> None:
     print(f"\nembedded default next to PocketBase: best of {rounds} alternating rounds of {seconds:g} s per cell, "
-          f"gateway workers: 1, {os.cpu_count()} CPUs, run {elapsed:.0f} s, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+          f"gateway workers: 1, {os.cpu_count()} CPUs, run {elapsed:.0f} s, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     header = (f"{'operation':<19} {'conc':>4} | {'gateway ops/s':>13} {'p50 ms':>7} {'srv µs/op':>9} | "
               f"{'PocketBase ops/s':>16} {'p50 ms':>7} {'srv µs/op':>9} | {'ratio':>5} {'target':>6} | "
               f"{'client µs/op gw/pb':>18} {'gw 503s':>7}")
