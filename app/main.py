@@ -20,6 +20,7 @@ from app.core.config import Database, Settings, get_settings
 from app.core.databases import Databases, DatabaseSetupError
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
+from app.core.docs import install_docs
 from app.core.openapi import install_openapi
 from app.core.routing import include_capability, include_guarded
 from app.core.runtime import tune_garbage_collector
@@ -101,12 +102,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         root_path=settings.root_path,
+        docs_url=None,  # app.core.docs serves /docs from the gateway itself (and no ReDoc)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.auth_mode = settings.auth.mode
     app.state.rate_limiter = RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst)
     install_error_handlers(app)
     install_openapi(app)
+    install_docs(app)
     app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
     observability.install(app)  # last: request ids and telemetry wrap everything above
     # Capabilities first, each behind a gate on its name (app.core.routing): every request pays
