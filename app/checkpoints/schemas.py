@@ -10,27 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Base64Bytes, BaseModel, Field
+from pydantic import Base64Bytes, BaseModel, Field
 
-from app.core.names import key_problem
+from app.core.names import KeyText
 
 Scalar = str | int | float | bool | None
 
 
-def _text(max_bytes: int, *, allow_empty: bool = False):  # noqa: ANN202
-    """A validator for identifier text: at most ``max_bytes`` of UTF-8, no control characters."""
-
-    def check(value: str) -> str:
-        if value == "" and allow_empty:
-            return value
-        problem = key_problem(value)
-        if problem is None and len(value.encode("utf-8")) > max_bytes:
-            problem = f"must be at most {max_bytes} bytes of UTF-8"
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    return AfterValidator(check)
+def _text(max_bytes: int, *, allow_empty: bool = False) -> KeyText:
+    """Identifier text: at most ``max_bytes`` of UTF-8, no control characters (and documented so)."""
+    return KeyText(max_bytes, allow_empty)
 
 
 ThreadId = Annotated[str, Field(description="LangGraph `thread_id`.", examples=["thread-1"]), _text(1024)]
@@ -49,7 +38,10 @@ class TypedBytes(BaseModel):
     """Bytes as the serializer made them, with its type tag."""
 
     type: TypeName
-    data: Base64Bytes = Field(description="The bytes, base64.", examples=["kqNmb28="])
+    data: Base64Bytes = Field(
+        description="The bytes, base64.", examples=["kqNmb28="],
+        json_schema_extra={"pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"},
+    )
 
 
 class BlobCreate(TypedBytes):

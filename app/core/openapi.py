@@ -3,7 +3,8 @@
 FastAPI documents its own 422 shape as ``application/json``; the gateway answers every error,
 422 included, as RFC 9457 ``application/problem+json``. This rewrites each operation's error
 responses to say so, adds a ``default`` error response (401, 403, 413, 429 and 503 can answer
-any route), and declares the bearer key scheme so ``/docs`` can send it.
+any route), and declares the bearer key scheme so ``/docs`` can send it. Bounds that come from the
+settings (a page's ``limit``, ``limits.max_page_size``) are written in from the running ones.
 """
 
 from __future__ import annotations
@@ -31,6 +32,74 @@ def _rewrite_errors(operation: dict[str, Any]) -> None:
     responses["default"] = {"description": "An error (problem+json)", "content": dict(_PROBLEM_CONTENT)}
 
 
+# The payload filter language (app.vectors.filters) as JSON Schema, for every `filters` field: what
+# the parser accepts, so generated filters are ones the server takes. (Not said here: the nesting
+# depth and term budget from the settings, and integers beyond 64 bits.)
+_SCALAR = {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]}
+_COMPARABLE = {"anyOf": [{"type": "string"}, {"type": "number"}]}
+_FIELD_NAME = r'^(\$and|\$or|[^$"\\\u0000-\u001f\u007f-\u009f][^"\\\u0000-\u001f\u007f-\u009f]{0,255})$'
+FILTER_SCHEMAS: dict[str, dict[str, Any]] = {
+    "Filter": {
+        "type": "object",
+        "description": "AND-ed conditions on top-level payload fields (a scalar: equal to it; an object of "
+        "operators), and `$and` / `$or` lists of filters.",
+        "propertyNames": {"pattern": _FIELD_NAME},
+        "properties": {
+            "$and": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Filter"}},
+            "$or": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Filter"}},
+        },
+        "additionalProperties": {"anyOf": [_SCALAR, {"$ref": "#/components/schemas/FilterOperators"}]},
+        "examples": [{"user_id": "u1", "n": {"$gte": 3}}],
+    },
+    "FilterOperators": {
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "$eq": _SCALAR, "$ne": _SCALAR,
+            "$in": {"type": "array", "items": _SCALAR}, "$nin": {"type": "array", "items": _SCALAR},
+            "$exists": {"type": "boolean"},
+            **{op: _COMPARABLE for op in ("$gt", "$gte", "$lt", "$lte")},
+        },
+    },
+}
+
+
+def _filters(schema: dict[str, Any]) -> None:
+    """Every body's ``filters`` (a free-form object in the models) refers to the ``Filter`` schema."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    used = False
+    for component in list(schemas.values()):
+        field = component.get("properties", {}).get("filters")
+        if field is not None:
+            keep = {k: field[k] for k in ("title", "description", "examples") if k in field}
+            component["properties"]["filters"] = {
+                "anyOf": [{"$ref": "#/components/schemas/Filter"}, {"type": "null"}], **keep,
+            }
+            used = True
+    if used:
+        schemas.update(FILTER_SCHEMAS)
+
+
+def _bound_integer(schema: dict[str, Any], maximum: int) -> None:
+    """Give ``schema`` (an integer, or an anyOf with one) a ``maximum``."""
+    for branch in [schema, *schema.get("anyOf", [])]:
+        if branch.get("type") == "integer":
+            branch["maximum"] = maximum
+
+
+def _page_limits(schema: dict[str, Any], max_page_size: int) -> None:
+    """Every ``limit`` (query parameter or body field) is a page size: at most ``max_page_size``."""
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                if parameter.get("name") == "limit" and parameter.get("in") == "query":
+                    _bound_integer(parameter["schema"], max_page_size)
+    for component in schema.get("components", {}).get("schemas", {}).values():
+        if "limit" in component.get("properties", {}):
+            _bound_integer(component["properties"]["limit"], max_page_size)
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
@@ -53,6 +122,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             _rewrite_errors(operation)
             if path.startswith("/v1/"):
                 operation["security"] = [{"bearerKey": []}]
+    _page_limits(schema, app.state.settings.limits.max_page_size)
+    _filters(schema)
     app.openapi_schema = schema
     return schema
 

@@ -38,7 +38,7 @@ from app.core.errors import (
 )
 from app.core.health import register_storage_check
 from app.core.limits import Body, accepts
-from app.core.names import validate_key
+from app.core.names import KEY_PATTERN, key_json_schema, validate_key
 from app.core.routing import CapabilityRouter
 from app.files.backend import backend_for
 from app.files.dependencies import STATE_KEY, Files
@@ -139,6 +139,10 @@ async def _answer_early(request: Request) -> AsyncIterator[None]:
         raise
 
 
+# What _content_type accepts (blank: the default type), for the OpenAPI document.
+MEDIA_TYPE_PATTERN = r"^[\t ]*([ -~]*/[ -~]*)?[\t ]*$"
+
+
 def _content_type(value: str | None) -> str:
     if value is None or not value.strip():
         return DEFAULT_CONTENT_TYPE
@@ -237,7 +241,10 @@ async def put_file(
     file_id: FileId,
     files: Files,
     conditions: Conditions,
-    content_type: Annotated[str | None, Header(description="Stored and served back.")] = None,
+    content_type: Annotated[
+        str | None,
+        Header(max_length=255, json_schema_extra={"pattern": MEDIA_TYPE_PATTERN}, description="Stored and served back."),
+    ] = None,
 ) -> Response:
     """Store the request body as the new version of the file; visible only once complete."""
     files.check_declared_size(request.headers.get("content-length"))
@@ -266,7 +273,7 @@ async def put_file(
                         "required": ["file"],
                         "properties": {
                             "file": {"type": "string", "format": "binary"},
-                            "file_id": {"type": "string", "description": "Generated when absent."},
+                            "file_id": {"type": "string", "description": "Generated when absent.", **key_json_schema()},
                         },
                     }
                 }
@@ -305,7 +312,7 @@ async def list_files(
     collection: CollectionPath,
     files: Files,
     limit: PageLimit,
-    prefix: Annotated[str | None, Query(max_length=1024, description="Only ids starting with this.")] = None,
+    prefix: Annotated[str | None, Query(max_length=1024, json_schema_extra={"pattern": KEY_PATTERN}, description="Only ids starting with this.")] = None,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> FilePage:
     """Metadata of the collection's files in id order (UTF-8 byte order), a page at a time."""
