@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Base64Bytes, BaseModel, Field
+import base64
+import binascii
+
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
 
 from app.core.names import KeyText
 
@@ -22,6 +25,21 @@ def _text(max_bytes: int, *, allow_empty: bool = False) -> KeyText:
     return KeyText(max_bytes, allow_empty)
 
 
+def _base64(value: Any) -> Any:
+    """Standard padded base64, strictly: pydantic's Base64Bytes drops what is not base64
+    (``"!!!!"`` became empty bytes), which would store garbage as a checkpoint."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("must be standard base64 (A-Z a-z 0-9 + /, padded with =)") from None
+
+
+B64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+Base64Data = Annotated[
+    bytes, BeforeValidator(_base64), WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": B64_PATTERN}),
+]
 ThreadId = Annotated[str, Field(description="LangGraph `thread_id`.", examples=["thread-1"]), _text(1024)]
 CheckpointNs = Annotated[
     str, Field(description="LangGraph `checkpoint_ns` (`\"\"` for the root graph).", examples=[""]),
@@ -38,10 +56,7 @@ class TypedBytes(BaseModel):
     """Bytes as the serializer made them, with its type tag."""
 
     type: TypeName
-    data: Base64Bytes = Field(
-        description="The bytes, base64.", examples=["kqNmb28="],
-        json_schema_extra={"pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"},
-    )
+    data: Base64Data = Field(description="The bytes, base64.", examples=["kqNmb28="])
 
 
 class BlobCreate(TypedBytes):

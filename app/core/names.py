@@ -31,16 +31,16 @@ def validate_name(field: str, value: str) -> str:
     return value
 
 
-def key_problem(value: str) -> str | None:
-    """Why ``value`` is not a valid key, or None."""
+def key_problem(value: str, max_bytes: int = KEY_MAX_BYTES) -> str | None:
+    """Why ``value`` is not a valid key (of at most ``max_bytes`` of UTF-8), or None."""
     if not value:
         return "must not be empty"
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         return "must be valid UTF-8"
-    if size > KEY_MAX_BYTES:
-        return f"must be at most {KEY_MAX_BYTES} bytes of UTF-8 (got {size})"
+    if size > max_bytes:
+        return f"must be at most {max_bytes} bytes of UTF-8 (got {size})"
     if _CONTROL_RE.search(value):
         return "must not contain control characters"
     return None
@@ -76,9 +76,7 @@ class KeyText:
     def check(self, value: str) -> str:
         if value == "" and self.allow_empty:
             return value
-        problem = key_problem(value)
-        if problem is None and len(value.encode("utf-8")) > self.max_bytes:
-            problem = f"must be at most {self.max_bytes} bytes of UTF-8"
+        problem = key_problem(value, self.max_bytes)
         if problem:
             raise ValueError(problem)
         return value

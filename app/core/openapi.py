@@ -100,6 +100,16 @@ def _page_limits(schema: dict[str, Any], max_page_size: int) -> None:
             _bound_integer(component["properties"]["limit"], max_page_size)
 
 
+def _query_maximum(schema: dict[str, Any], name: str, maximum: int) -> None:
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                if parameter.get("name") == name and parameter.get("in") == "query":
+                    for branch in [parameter["schema"], *parameter["schema"].get("anyOf", [])]:
+                        if branch.get("type") in ("integer", "number"):
+                            branch["maximum"] = maximum
+
+
 def build_openapi(app: FastAPI) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
@@ -123,6 +133,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if path.startswith("/v1/"):
                 operation["security"] = [{"bearerKey": []}]
     _page_limits(schema, app.state.settings.limits.max_page_size)
+    _query_maximum(schema, "ttl_seconds", app.state.settings.kv.max_ttl_seconds)
     _filters(schema)
     app.openapi_schema = schema
     return schema

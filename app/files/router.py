@@ -139,10 +139,6 @@ async def _answer_early(request: Request) -> AsyncIterator[None]:
         raise
 
 
-# What _content_type accepts (blank: the default type), for the OpenAPI document.
-MEDIA_TYPE_PATTERN = r"^[\t ]*([ -~]*/[ -~]*)?[\t ]*$"
-
-
 def _content_type(value: str | None) -> str:
     if value is None or not value.strip():
         return DEFAULT_CONTENT_TYPE
@@ -231,7 +227,12 @@ async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     response_model=FileRead,
     status_code=200,
     responses={201: {"model": FileRead, "description": "Created"}, **_UPLOAD_ERRORS},
-    openapi_extra={"requestBody": {"required": True, "content": _BINARY}},
+    openapi_extra={"requestBody": {
+        "required": True, "content": _BINARY,
+        # Not a declared header parameter: OpenAPI ignores a `Content-Type` one (3.1 section 4.8.12.1).
+        "description": "The bytes. Their `Content-Type` (any media type; absent: application/octet-stream) "
+        "is stored and served back.",
+    }},
 )
 @accepts(Body.STREAM)
 async def put_file(
@@ -241,12 +242,9 @@ async def put_file(
     file_id: FileId,
     files: Files,
     conditions: Conditions,
-    content_type: Annotated[
-        str | None,
-        Header(max_length=255, json_schema_extra={"pattern": MEDIA_TYPE_PATTERN}, description="Stored and served back."),
-    ] = None,
 ) -> Response:
     """Store the request body as the new version of the file; visible only once complete."""
+    content_type = request.headers.get("content-type")
     files.check_declared_size(request.headers.get("content-length"))
     async with _answer_early(request):
         stored = await files.store(
@@ -275,6 +273,7 @@ async def put_file(
                             "file": {"type": "string", "format": "binary"},
                             "file_id": {"type": "string", "description": "Generated when absent.", **key_json_schema()},
                         },
+                        "additionalProperties": False,  # any other part is a 422 (app.files.multipart)
                     }
                 }
             },
