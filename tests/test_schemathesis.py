@@ -137,7 +137,7 @@ def test_every_operation_answers_as_documented(server: Server, tmp_path: Path) -
             "--max-examples", str(MAX_EXAMPLES),
             "--phases", "examples,coverage,fuzzing",
             "--seed", SEED,
-            "--workers", "2",
+            "--workers", "1",  # two threads tripped a race inside hypothesis (AST recursion depth mismatch)
             "--request-timeout", "30",
             "--generation-database", "none",
             "--continue-on-failure",
