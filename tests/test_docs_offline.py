@@ -37,10 +37,10 @@ def chromium_binary() -> str:
         return found
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for attempt in range(3):
-        update = subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=300)
+        update = subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=300, check=False)
         install = subprocess.run(
             ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
-            env=env, capture_output=True, text=True, timeout=900,
+            env=env, capture_output=True, text=True, timeout=900, check=False,
         )
         if install.returncode == 0:
             break
@@ -65,7 +65,7 @@ def render(chromium: str, url: str, profile: Path) -> tuple[str, str]:
             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
             *OFFLINE, "--virtual-time-budget=15000", "--dump-dom", url,
         ],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     console = "\n".join(line for line in result.stderr.splitlines() if ":CONSOLE" in line)
@@ -84,7 +84,7 @@ def operations(spec: dict) -> set[tuple[str, str]]:
 def rendered(dom: str) -> set[tuple[str, str]]:
     """(method, path) of each operation block Swagger UI drew."""
     found = set()
-    for block in re.finditer(r'id="operations-[^"]*"(.*?)data-path="([^"]+)"', dom, re.S):
+    for block in re.finditer(r'id="operations-[^"]*"(.*?)data-path="([^"]+)"', dom, re.DOTALL):
         method = re.search(r'opblock-summary-method">([A-Z]+)<', block.group(1))
         if method:
             found.add((method.group(1), block.group(2)))
@@ -96,7 +96,7 @@ def check_docs(chromium: str, base: str, root: str, profile: Path) -> None:
     assert page.status_code == 200
     assert page.headers["content-security-policy"] == CSP
     assert "'unsafe-inline'" not in CSP and "http" not in CSP
-    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page.text, re.S)
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", page.text, re.DOTALL)
     assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts), "inline script"
     assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
     assert assets and all(a.startswith(f"{root}/docs/assets/") for a in assets), assets

@@ -8,10 +8,9 @@ first says which stored channel values a checkpoint uses, the second is what lis
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
-
 import base64
 import binascii
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
 
@@ -38,7 +37,9 @@ def _base64(value: Any) -> Any:
 
 B64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 Base64Data = Annotated[
-    bytes, BeforeValidator(_base64), WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": B64_PATTERN}),
+    bytes,
+    BeforeValidator(_base64),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": B64_PATTERN}),
 ]
 ThreadId = Annotated[str, Field(description="LangGraph `thread_id`.", examples=["thread-1"]), _text(1024)]
 CheckpointNs = Annotated[

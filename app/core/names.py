@@ -54,9 +54,10 @@ def validate_key(field: str, value: str) -> str:
     return value
 
 
-# What ``key_problem`` allows, as the OpenAPI document says it: no C0/C1 controls or DEL, and no
-# lone surrogates (not UTF-8). JSON Schema lengths count characters, not bytes, so ``maxLength``
-# is the byte limit: a key of that many characters outside ASCII is still refused by the byte rule.
+# What ``key_problem`` allows, as the OpenAPI document says it: no C0/C1 controls or DEL. (Lone
+# surrogates are refused too, but a surrogate range is not a portable JSON Schema regex: validators
+# built on Rust's regex reject the pattern.) JSON Schema lengths count characters, not bytes, so
+# ``maxLength`` is the byte limit: that many characters outside ASCII are still refused by bytes.
 KEY_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f]*$"
 
 
