@@ -21,6 +21,7 @@ from app.core.databases import Databases, DatabaseSetupError
 from app.core.diskspace import keep_disk_space
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
+from app.core.docs import install_docs
 from app.core.openapi import install_openapi
 from app import capabilities
 from app.core.capability import running
@@ -110,10 +111,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         root_path=settings.root_path,
         openapi_tags=[{"name": c.name, "description": c.summary} for c in state.capabilities],
+        docs_url=None,  # app.core.docs serves /docs from the gateway itself (and no ReDoc)
+        redoc_url=None,
     )
     app.state.gateway = state
     install_error_handlers(app)
     install_openapi(app)
+    install_docs(app)
     app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
     observability.install(app)  # last: request ids and telemetry wrap everything above
     # Capabilities first, each behind a gate on its name (app.core.routing): every request pays

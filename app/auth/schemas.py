@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.names import NAME_PATTERN
+
+# What app.auth.service.validate_pattern and validate_scopes accept, for the OpenAPI document.
+# The capability names are the registry's: app.core.openapi writes them into this pattern.
+SCOPE_PATTERN = r"^(CAPABILITY|\*):(read|write|\*)$"
+NAMESPACE_GRANT_PATTERN = rf"^(\*|{NAME_PATTERN[1:-1]}|[A-Za-z0-9][A-Za-z0-9_.-]{{0,126}}\*)$"
 
 
 class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(
-        max_length=129, description="Exact namespace, a prefix ending in `*`, or `*`.", examples=["team-*"]
+        max_length=129, json_schema_extra={"pattern": NAMESPACE_GRANT_PATTERN}, description="Exact namespace, a prefix ending in `*`, or `*`.", examples=["team-*"]
     )
-    scopes: list[str] = Field(
-        min_length=1, max_length=32, description="CAP:ACTION; CAP in records, kv, files, vectors, *; "
+    scopes: list[Annotated[str, Field(json_schema_extra={"pattern": SCOPE_PATTERN})]] = Field(
+        min_length=1, max_length=32, description="CAP:ACTION; CAP a capability this gateway serves or *; "
         "ACTION in read, write, * (write includes read).", examples=[["kv:write", "vectors:read"]],
     )
     description: str = Field(default="", max_length=500, examples=["memory plugin, production"])

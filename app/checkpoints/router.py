@@ -32,6 +32,7 @@ from app.checkpoints.schemas import (
 from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.limits import Body, accepts
+from app.core.names import KEY_PATTERN
 from app.core.routing import CapabilityRouter
 
 log = logging.getLogger("app.checkpoints")
@@ -40,6 +41,7 @@ router = CapabilityRouter("checkpoints", tags=["checkpoints"])
 
 JSON = "application/json"
 _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
+_KEY_TEXT = {"pattern": KEY_PATTERN}  # checked by _valid, as the body models check the same fields
 _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
 
 
@@ -69,11 +71,11 @@ async def put_writes(
 )
 async def get_tuple(
     namespace: NamespacePath,
-    thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
+    thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
     conn: CheckpointsReadStatement,
     service: CheckpointsServiceDep,
-    checkpoint_ns: Annotated[str, Query(max_length=1024, description="`\"\"` for the root graph.")] = "",
-    checkpoint_id: Annotated[str | None, Query(max_length=128, description="Omit: the newest.")] = None,
+    checkpoint_ns: Annotated[str, Query(max_length=1024, json_schema_extra=_KEY_TEXT, description="`\"\"` for the root graph.")] = "",
+    checkpoint_id: Annotated[str | None, Query(max_length=128, json_schema_extra=_KEY_TEXT, description="Omit: the newest.")] = None,
 ) -> Response:
     """A checkpoint with its channel values and pending writes (`aget_tuple`); 404 when there is none."""
     thread_id = _valid("thread", "thread_id", thread_id)
@@ -95,7 +97,7 @@ async def search_checkpoints(
 @router.delete("/threads", summary="Delete a thread", response_model=Deleted, responses=_ERRORS)
 async def delete_thread(
     namespace: NamespacePath,
-    thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
+    thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
     conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
 ) -> Deleted:
@@ -147,7 +149,7 @@ async def get_retention(
     namespace: NamespacePath,
     conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
-    thread_id: Annotated[str | None, Query(max_length=1024, description="Omit: the namespace's.")] = None,
+    thread_id: Annotated[str | None, Query(max_length=1024, json_schema_extra=_KEY_TEXT, description="Omit: the namespace's.")] = None,
 ) -> RetentionRead:
     """The retention set for the namespace or one thread (`null`: not set)."""
     thread_id = _valid("thread", "thread_id", thread_id) if thread_id is not None else None

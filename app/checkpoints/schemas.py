@@ -8,32 +8,40 @@ first says which stored channel values a checkpoint uses, the second is what lis
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Base64Bytes, BaseModel, Field, StrictStr
+from pydantic import BaseModel, BeforeValidator, Field, StrictStr, WithJsonSchema
 
-from app.core.names import key_problem
+from app.core.names import KeyText
 from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 
 Scalar = StrictStr | StrictInt | FiniteFloat | StrictBool | None
 
 
-def _text(max_bytes: int, *, allow_empty: bool = False):  # noqa: ANN202
-    """A validator for identifier text: at most ``max_bytes`` of UTF-8, no control characters."""
+def _text(max_bytes: int, *, allow_empty: bool = False) -> KeyText:
+    """Identifier text: at most ``max_bytes`` of UTF-8, no control characters (and documented so)."""
+    return KeyText(max_bytes, allow_empty)
 
-    def check(value: str) -> str:
-        if value == "" and allow_empty:
-            return value
-        problem = key_problem(value)
-        if problem is None and len(value.encode("utf-8")) > max_bytes:
-            problem = f"must be at most {max_bytes} bytes of UTF-8"
-        if problem:
-            raise ValueError(problem)
+
+def _base64(value: Any) -> Any:
+    """Standard padded base64, strictly: pydantic's Base64Bytes drops what is not base64
+    (``"!!!!"`` became empty bytes), which would store garbage as a checkpoint."""
+    if not isinstance(value, str):
         return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("must be standard base64 (A-Z a-z 0-9 + /, padded with =)") from None
 
-    return AfterValidator(check)
 
-
+B64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+Base64Data = Annotated[
+    bytes,
+    BeforeValidator(_base64),
+    WithJsonSchema({"type": "string", "contentEncoding": "base64", "pattern": B64_PATTERN}),
+]
 ThreadId = Annotated[str, Field(description="LangGraph `thread_id`.", examples=["thread-1"]), _text(1024)]
 CheckpointNs = Annotated[
     str, Field(description="LangGraph `checkpoint_ns` (`\"\"` for the root graph).", examples=[""]),
@@ -50,7 +58,7 @@ class TypedBytes(BaseModel):
     """Bytes as the serializer made them, with its type tag."""
 
     type: TypeName
-    data: Base64Bytes = Field(description="The bytes, base64.", examples=["kqNmb28="])
+    data: Base64Data = Field(description="The bytes, base64.", examples=["kqNmb28="])
 
 
 class BlobCreate(TypedBytes):

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
-from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core.names import KEY_MAX_BYTES, KEY_PATTERN, NAME_MAX_LENGTH, NAME_PATTERN, validate_key
 from app.core.numbers import QueryInt
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
@@ -102,18 +102,18 @@ CollectionPath = Annotated[
 ]
 
 
-async def _key_path(key: Annotated[str, Path(min_length=1, max_length=1024, description="Key (percent-encoded).", examples=["theme"])]) -> str:
+async def _key_path(key: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="Key (percent-encoded).", examples=["theme"])]) -> str:
     return validate_key("key", key)
 
 
 async def _file_id_path(
-    file_id: Annotated[str, Path(min_length=1, max_length=1024, description="File id (percent-encoded).", examples=["u1.png"])],
+    file_id: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="File id (percent-encoded).", examples=["u1.png"])],
 ) -> str:
     return validate_key("file_id", file_id)
 
 
 async def _point_id_path(
-    point_id: Annotated[str, Path(min_length=1, max_length=1024, description="Point id (percent-encoded).", examples=["p1"])],
+    point_id: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="Point id (percent-encoded).", examples=["p1"])],
 ) -> str:
     return validate_key("point_id", point_id)
 

@@ -35,7 +35,7 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.limits import Body, accepts
-from app.core.names import validate_key
+from app.core.names import KEY_PATTERN, key_json_schema, validate_key
 from app.core.routing import CapabilityRouter
 from app.files.dependencies import Files
 from app.files.multipart import read_form
@@ -207,7 +207,12 @@ async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     response_model=FileRead,
     status_code=200,
     responses={201: {"model": FileRead, "description": "Created"}, **_UPLOAD_ERRORS},
-    openapi_extra={"requestBody": {"required": True, "content": _BINARY}},
+    openapi_extra={"requestBody": {
+        "required": True, "content": _BINARY,
+        # Not a declared header parameter: OpenAPI ignores a `Content-Type` one (3.1 section 4.8.12.1).
+        "description": "The bytes. Their `Content-Type` (any media type; absent: application/octet-stream) "
+        "is stored and served back.",
+    }},
 )
 @accepts(Body.STREAM)
 async def put_file(
@@ -217,9 +222,9 @@ async def put_file(
     file_id: FileId,
     files: Files,
     conditions: Conditions,
-    content_type: Annotated[str | None, Header(description="Stored and served back.")] = None,
 ) -> Response:
     """Store the request body as the new version of the file; visible only once complete."""
+    content_type = request.headers.get("content-type")
     files.check_declared_size(request.headers.get("content-length"))
     async with _answer_early(request):
         stored = await files.store(
@@ -246,8 +251,9 @@ async def put_file(
                         "required": ["file"],
                         "properties": {
                             "file": {"type": "string", "format": "binary"},
-                            "file_id": {"type": "string", "description": "Generated when absent."},
+                            "file_id": {"type": "string", "description": "Generated when absent.", **key_json_schema()},
                         },
+                        "additionalProperties": False,  # any other part is a 422 (app.files.multipart)
                     }
                 }
             },
@@ -285,7 +291,7 @@ async def list_files(
     collection: CollectionPath,
     files: Files,
     limit: PageLimit,
-    prefix: Annotated[str | None, Query(max_length=1024, description="Only ids starting with this.")] = None,
+    prefix: Annotated[str | None, Query(max_length=1024, json_schema_extra={"pattern": KEY_PATTERN}, description="Only ids starting with this.")] = None,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
 ) -> FilePage:
     """Metadata of the collection's files in id order (UTF-8 byte order), a page at a time."""

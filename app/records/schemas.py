@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.core.names import DocumentedKey
 from app.core.numbers import StrictInt
 
 VALUE_EXAMPLE = {"role": "user", "content": "hello"}
@@ -36,7 +37,7 @@ class RecordCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1, examples=["00000000001700000000"])
+    key: DocumentedKey = Field(examples=["00000000001700000000"])
     value: Any = Field(examples=[VALUE_EXAMPLE])
 
     @model_validator(mode="before")
@@ -66,7 +67,13 @@ class TrimRequest(BaseModel):
     """`before`: delete keys strictly below it. `keep_last`: keep only the n largest keys.
     Given both, a record goes only when both say so."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",  # and at least one of the two, as _one_needed checks:
+        json_schema_extra={"anyOf": [
+            {"required": ["before"], "properties": {"before": {"type": "string"}}},
+            {"required": ["keep_last"], "properties": {"keep_last": {"type": "integer"}}},
+        ]},
+    )
 
     before: str | None = Field(default=None, min_length=1, examples=["00000000001700000000"])
     keep_last: StrictInt | None = Field(default=None, ge=0, examples=[100])

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from app.core.names import DocumentedKey
 from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
 
@@ -151,11 +152,12 @@ class PointsUpsert(_Body):
         description="The vectors of the batch, each as base64 of little-endian float32.",
     )
     payloads: list[dict[str, Any] | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
-    ids: list[str | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    ids: list[DocumentedKey | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            "anyOf": [{"required": [name], "properties": {name: {"type": "array"}}} for name in ("points", "vectors", "vectors_b64")],
             "examples": [{"points": [{"id": "p1", "vector": [0.1, 0.2, 0.3], "payload": {"user_id": "u1"}}]}]
         },
     )
@@ -240,7 +242,12 @@ class PointsList(_Body):
 class PointsDelete(_Body):
     """Delete the points in `ids`, or matching `filters` (both: those in `ids` that match)."""
 
-    ids: list[str] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [  # as delete_points checks
+        {"required": ["ids"], "properties": {"ids": {"type": "array"}}},
+        {"required": ["filters"], "properties": {"filters": {"type": "object"}}},
+    ]})
+
+    ids: list[DocumentedKey] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
     filters: Filters = None
 
 
