@@ -42,6 +42,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.statements import fixed_statements
@@ -58,6 +59,7 @@ _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavaila
 
 @router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def put_checkpoint(
     namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -68,6 +70,7 @@ async def put_checkpoint(
 
 @router.post("/writes", summary="Store pending writes", status_code=204, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def put_writes(
     namespace: NamespacePath, body: WritesCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -97,6 +100,7 @@ async def get_tuple(
 
 @router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
+@served_by_fastapi("a request body model")
 async def search_checkpoints(
     namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -106,6 +110,7 @@ async def search_checkpoints(
 
 
 @router.delete("/threads", summary="Delete a thread", response_model=Deleted, responses=_ERRORS)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def delete_thread(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, description="LangGraph `thread_id`.")],
@@ -119,6 +124,7 @@ async def delete_thread(
 
 @router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def delete_runs(
     namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -128,6 +134,7 @@ async def delete_runs(
 
 @router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def copy_thread(
     namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Copied:
@@ -137,6 +144,7 @@ async def copy_thread(
 
 @router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def prune(
     namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -147,6 +155,7 @@ async def prune(
 
 @router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def set_retention(
     namespace: NamespacePath, body: RetentionUpdate, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> RetentionRead:
@@ -156,6 +165,7 @@ async def set_retention(
 
 
 @router.get("/retention", summary="Get retention", response_model=RetentionRead, responses=_ERRORS)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def get_retention(
     namespace: NamespacePath,
     conn: CheckpointsConnection,

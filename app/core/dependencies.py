@@ -16,6 +16,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
+from app.core import statements
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 
@@ -42,6 +43,8 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
             borrowed = await databases.borrow_driver_connection(db)
             if borrowed is not None:
                 connections.add(borrowed)
+                if statements.STRICT:
+                    statements.expect_one_statement(borrowed)
                 return borrowed
         conn = await databases.engine(db).connect()
         try:
@@ -52,6 +55,8 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
             await conn.close()
             raise
         connections.add(conn, transaction)
+        if single_statement and statements.STRICT:
+            statements.expect_one_statement(conn)  # the same rule on SQLite
         return conn
 
     connection.__name__ = f"{db.value}_connection"

@@ -11,7 +11,7 @@ from app.files.service import FilesService
 STATE_KEY = "files_service"
 
 
-def get_files_service(request: Request) -> FilesService:
+async def get_files_service(request: Request) -> FilesService:
     return getattr(request.app.state, STATE_KEY)
 
 

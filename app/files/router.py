@@ -36,6 +36,7 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
+from app.core.handlers import served_by_fastapi
 from app.core.health import register_storage_check
 from app.core.limits import Body, accepts
 from app.core.names import validate_key
@@ -215,6 +216,7 @@ class BlobResponse(StreamingResponse):
 
 
 @router.get("", summary="Files usage of the namespace", response_model=FilesUsage)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     """Total bytes and number of files stored under this namespace."""
     total, count = await files.usage(namespace)
@@ -300,6 +302,7 @@ async def post_file(
     response_model=FilePage,
     responses=problem_responses(InvalidInput),
 )
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def list_files(
     namespace: NamespacePath,
     collection: CollectionPath,

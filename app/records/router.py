@@ -24,6 +24,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.statements import fixed_statements
@@ -76,6 +77,7 @@ async def upsert_record(
     responses=_ERRORS,
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
@@ -97,6 +99,7 @@ async def trim_records(
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,
