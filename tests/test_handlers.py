@@ -270,3 +270,52 @@ async def test_a_wrong_method_is_405_listing_every_method_the_path_has(monkeypat
             assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers.get("allow"))
             assert r.headers["content-type"] == "application/problem+json"
         assert (await http.get("/v1/ns/nothing/x")).status_code == 404
+
+
+def _runs_on_the_event_loop(call: object) -> bool:
+    """An ``async def`` (or async generator) function, or an object whose ``__call__`` is one.
+    A plain ``def`` (function, generator, or a class to instantiate) FastAPI runs in a thread."""
+    import inspect
+
+    target = call if inspect.isfunction(call) or inspect.ismethod(call) or inspect.isclass(call) else getattr(call, "__call__", call)
+    return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
+
+
+def all_dependants(app: FastAPI) -> list[tuple[str, object]]:
+    """(route, callable) for every endpoint and dependency (at any depth) of every route of ``app``."""
+    from fastapi.routing import APIRoute
+
+    from app.core.routing import api_routes
+
+    found: list[tuple[str, object]] = []
+
+    def walk(where: str, dependant: object) -> None:
+        found.append((where, dependant.call))  # type: ignore[attr-defined]
+        for sub in dependant.dependencies:  # type: ignore[attr-defined]
+            walk(where, sub)
+
+    for route in api_routes(app.router.routes):
+        contexts = [route] if isinstance(route, APIRoute) else list(getattr(route, "effective_route_contexts", list)())
+        for context in contexts:
+            walk(f"{sorted(context.methods)} {context.path_format}", context.dependant)
+    return found
+
+
+def test_no_route_depends_on_a_plain_def(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain ``def`` dependency (or endpoint) costs every request a hop to the thread pool."""
+    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
+    dependants = all_dependants(create_app())
+    assert len({where for where, _ in dependants}) > 40  # every route, the health routes included
+    assert any(getattr(call, "__name__", "") == "get_files_service" for _, call in dependants)
+    sync = sorted({f"{where}: {getattr(call, '__qualname__', call)}" for where, call in dependants if not _runs_on_the_event_loop(call)})
+    assert sync == []
+
+
+def test_the_plain_def_check_sees_a_plain_def() -> None:
+    app = FastAPI()
+
+    @app.get("/x")
+    async def endpoint(n: Annotated[int, Depends(sync_dependency)]) -> Response:
+        return Response()
+
+    assert [call for _, call in all_dependants(app) if not _runs_on_the_event_loop(call)] == [sync_dependency]
