@@ -41,7 +41,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql import ClauseElement
 
-from app.core.fences.asyncpg_ import ClientDataError
 from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
 Row = Sequence[Any]
@@ -184,10 +183,11 @@ def _connection_suspect(exc: Exception) -> bool:
     """Whether the connection may be unusable after ``exc``. Not after an error the server
     answered for this statement alone (a constraint, a type) or a value asyncpg refused to
     encode before sending anything; after anything else (a lost socket, a timeout, a protocol
-    state asyncpg gave up on, the server shutting down) it is."""
+    state asyncpg gave up on, the server shutting down) it is. (asyncpg raises a value it cannot
+    encode as ``asyncpg.exceptions.DataError``, SQLSTATE 22000, pinned by tests/test_fences.py.)"""
     if isinstance(exc, asyncpg.PostgresError):
         return (exc.sqlstate or "").startswith(("08", "57P"))
-    return not isinstance(exc, ClientDataError)  # (the client-side one, not SQLSTATE 22)
+    return True
 
 
 def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str | None = None) -> Exception:

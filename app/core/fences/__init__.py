@@ -11,7 +11,8 @@ internal is used outside this package.
 - ``starlette_``: the route path of a request, as Starlette's router matches it.
 - ``sqlalchemy_``: closing a pooled connection from async code; asyncpg errors translated and
   a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.statements``).
-- ``asyncpg_``: asyncpg's client-side ``DataError``.
+- asyncpg: none. (``asyncpg.exceptions._base.DataError`` was used to recognise a value asyncpg
+  could not encode; asyncpg raises the public SQLSTATE 22000 ``DataError`` for that instead.)
 - uvicorn's fence is ``app.core.server`` (its protocol subclass), pinned by
   ``tests/test_server_protocol.py``.
 """

@@ -16,6 +16,9 @@ pool (``AsyncEngine.raw_connection()``, public) without a ``Connection`` around 
   is recycled on its next checkout (as after a server restart). ``engine.dispose()`` is public
   but replaces the whole pool, and connections lent out at that moment are no longer counted
   against its size, so it is not the same thing.
+- ``is_dialect_conditional``: ``SchemaItem.ddl_if()`` (public) stores its condition in
+  ``_ddl_if``, which has no public reader; Alembic's autogenerate (``app.core.migrations``)
+  needs to know an index is created on one dialect only.
 """
 
 from __future__ import annotations
@@ -44,3 +47,8 @@ def recycle_pool_generation(conn: PoolProxiedConnection, exc: BaseException) -> 
     pool = getattr(conn, "_pool", None)
     if pool is not None:
         pool._invalidate(conn, exc, _checkin=False)
+
+
+def is_dialect_conditional(obj: Any) -> bool:
+    """Whether ``obj`` (an ``Index``, a ``Constraint``) was declared with ``.ddl_if(...)``."""
+    return getattr(obj, "_ddl_if", None) is not None
