@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import inspect
 from contextvars import ContextVar
 from pathlib import Path
@@ -297,11 +298,23 @@ def _root(node: ast.expr) -> ast.expr:
     return node
 
 
+def _parse(source: str) -> ast.Module:
+    # No garbage collection while CPython 3.11 builds the tree: a finalizer running Python code
+    # in the middle (a leaked pooled connection logging) fails it with "AST constructor
+    # recursion depth mismatch" (CPython gh-106905, fixed in 3.12).
+    gc.collect()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        gc.enable()
+
+
 def internals(source: str, own_package: str | None = None) -> list[str]:
     """Framework internals ``source`` uses: ``x._name`` on anything but ``self``/``cls``,
     ``getattr(x, "_name")`` and friends, imports from private modules or of private names."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             root = _root(node.value)
             if not (isinstance(root, ast.Name) and root.id in ("self", "cls")):
