@@ -277,7 +277,7 @@ def _runs_on_the_event_loop(call: object) -> bool:
     A plain ``def`` (function, generator, or a class to instantiate) FastAPI runs in a thread."""
     import inspect
 
-    target = call if inspect.isfunction(call) or inspect.ismethod(call) or inspect.isclass(call) else getattr(call, "__call__", call)
+    target = call if inspect.isfunction(call) or inspect.ismethod(call) or inspect.isclass(call) else type(call).__call__
     return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
 
 

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core import statements
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
-from app.core import statements
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 

@@ -6,7 +6,8 @@ parameter lists are empty. For a kv read that was about a third of the gateway's
 (measured in-process, ``docs/benchmarks.md``). ``compile_handler`` walks a route's dependency
 tree once and returns a handler that does only the per-request part: validate the path, query
 and header parameters as FastAPI's ``request_params_to_args`` does (with each field's own
-validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency once per request, call the endpoint.
+validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency
+once per request, call the endpoint.
 
 Planning is an allow-list: a plan supports async functions (no generators, no threads),
 ``Request`` parameters, path/query/header/cookie parameters, and an endpoint that returns a
@@ -40,12 +41,9 @@ from app.core.fences.fastapi_ import Dependant, request_params_to_args
 Handler = Callable[[Request], Awaitable[Response]]
 Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
 Reader = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Any]]]
+Endpoint = Callable[..., Any]
 _IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple, frozenset)
-
-
 _OPT_OUT = "__gateway_served_by_fastapi__"
-
-F = Any  # (an endpoint function)
 
 # What a plan does with each field of FastAPI's ``Dependant`` (``fence.DEPENDANT_FIELDS``, pinned):
 _PLANNED_FIELDS = frozenset({
@@ -60,7 +58,7 @@ _DESCRIPTIVE_FIELDS = frozenset({"path", "scope"})
 # own_oauth_scopes, parent_oauth_scopes, concurrency, and any field not listed here.
 
 
-def served_by_fastapi(reason: str) -> Callable[[F], F]:
+def served_by_fastapi(reason: str) -> Callable[[Endpoint], Endpoint]:
     """Opt the decorated endpoint's route out of planning: FastAPI's own handler serves it.
 
     ``reason`` says why (it shows in the start-up error of a route that opts out but could be
@@ -69,14 +67,14 @@ def served_by_fastapi(reason: str) -> Callable[[F], F]:
     if not reason:
         raise ValueError("say why the route is served by FastAPI")
 
-    def mark(endpoint: F) -> F:
+    def mark(endpoint: Endpoint) -> Endpoint:
         setattr(endpoint, _OPT_OUT, reason)
         return endpoint
 
     return mark
 
 
-def opted_out(endpoint: Callable[..., Any] | None) -> str | None:
+def opted_out(endpoint: Endpoint | None) -> str | None:
     """The reason ``endpoint`` gave with ``@served_by_fastapi``, or None."""
     return getattr(endpoint, _OPT_OUT, None)
 
@@ -87,7 +85,7 @@ def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None
     label = getattr(call, "__qualname__", repr(call))
     if call is None or isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
         return f"{label} is not an async function"  # sync functions, classes, generators, security schemes
-    for name in dataclass_field_names(dependant):
+    for name in (f.name for f in dataclasses.fields(dependant)):
         if name in _PLANNED_FIELDS or name in _DESCRIPTIVE_FIELDS:
             continue
         if getattr(dependant, name):
@@ -99,10 +97,6 @@ def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None
         if reason is not None:
             return reason
     return None
-
-
-def dataclass_field_names(dependant: Dependant) -> list[str]:
-    return [f.name for f in dataclasses.fields(dependant)]
 
 
 def _returns_response(call: Callable[..., Any]) -> bool:

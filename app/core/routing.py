@@ -50,6 +50,7 @@ from app.core.limits import (
     too_large,
 )
 
+
 class UnplannedRoute(RuntimeError):
     """A ``PlannedRoute`` that cannot be planned and does not say it opts out (or opts out needlessly)."""
 

@@ -20,7 +20,6 @@ parameters outside its own ``solve_dependencies``; planning needs both. What is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import routing as _fastapi_routing
@@ -82,7 +81,3 @@ def annotation_is_sequence(annotation: Any) -> bool:
 def missing_field_error(loc: tuple[int | str, ...]) -> dict[str, Any]:
     """The error FastAPI reports for a required parameter that is missing at ``loc``."""
     return _utils.get_missing_field_error(loc=loc)
-
-
-def params_to_args(fields: Sequence[Any], received: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
-    return request_params_to_args(fields, received)
