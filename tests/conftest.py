@@ -194,16 +194,13 @@ def _postgres_base_of(backend: Backend) -> str:
 
 # One key per test run, the same however this module is imported (it is set in the environment).
 ADMIN_KEY = os.environ.setdefault("GATEWAY_TEST_ADMIN_KEY", "test-admin-key-" + uuid.uuid4().hex)
-# A second statement on a single-statement connection raises (app.core.statements), in this
-# process and in every gateway process the tests start.
-STRICT_STATEMENTS = os.environ.setdefault("GATEWAY_STRICT_STATEMENTS", "1")
 
 
 def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:
     """The environment of a gateway process: the backend's databases and the test admin key."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_AUTH__ADMIN_KEY"] = ADMIN_KEY
-    env["GATEWAY_STRICT_STATEMENTS"] = STRICT_STATEMENTS
+    env["GATEWAY_STRICT_STATEMENTS"] = os.environ.get("GATEWAY_STRICT_STATEMENTS", "0")
     env.update(backend.env)
     env.update(extra)
     return env
@@ -287,6 +284,12 @@ async def http(server: Server, auth_headers: dict[str, str]) -> AsyncIterator[ht
 
 
 # --- the closing line names both backends -------------------------------------------------
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001
+    # A second statement on a single-statement connection raises (app.core.statements), in the
+    # test process and in every gateway process the tests start; not in the benches.
+    os.environ.setdefault("GATEWAY_STRICT_STATEMENTS", "1")
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
