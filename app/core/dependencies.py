@@ -55,8 +55,6 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
             await conn.close()
             raise
         connections.add(conn, transaction)
-        if single_statement and statements.STRICT:
-            statements.expect_one_statement(conn)  # the same rule on SQLite
         return conn
 
     connection.__name__ = f"{db.value}_connection"

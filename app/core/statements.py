@@ -17,9 +17,11 @@ Two rules, enforced:
   statements select text, numbers and keys only: a result column whose type needs processing
   (``UtcDateTime``, a JSON type) is refused when the statement is built, on both backends, with
   ``DriverResultTypeError`` naming the column.
-- A single-statement connection (the ``*Statement`` dependencies) runs one statement: in strict
-  mode (``GATEWAY_STRICT_STATEMENTS=1``, which the tests set) a second one raises
-  ``SecondStatementError``. Off, it costs one boolean test per statement.
+- A single-statement connection (the ``*Statement`` dependencies) borrowed for the driver path
+  runs one statement, since it runs in autocommit: in strict mode (``GATEWAY_STRICT_STATEMENTS=1``,
+  which the tests set) a second one raises ``SecondStatementError``. Off, it costs one boolean
+  test per statement. (On SQLite, and in a transaction, the same dependency gives a connection
+  in a transaction, where several statements are atomic together: checkpoints rely on that.)
 
 SQLAlchemy's events do not see the driver path; ``observers`` do (the scoping test listens there).
 """
@@ -33,7 +35,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
-from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.engine.interfaces import Dialect
@@ -77,37 +78,26 @@ def check_driver_results(statement: ClauseElement) -> None:
             )
 
 
-# Single-statement connections in strict mode: the connection (pooled driver connection, or the
-# SQLAlchemy Connection under an AsyncConnection) -> whether it has run its statement.
-_single: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# Borrowed single-statement connections in strict mode -> whether each has run its statement.
+_single: weakref.WeakKeyDictionary[PoolProxiedConnection, bool] = weakref.WeakKeyDictionary()
 
 
-def _ran_statement(key: Any, sql: str) -> None:
-    ran = _single.get(key)
+def expect_one_statement(conn: PoolProxiedConnection) -> None:
+    """From now on (strict mode), a second statement on ``conn`` raises ``SecondStatementError``."""
+    _single[conn] = False
+
+
+def _ran_statement(conn: PoolProxiedConnection, sql: str) -> None:
+    ran = _single.get(conn)
     if ran is None:
         return
     if ran:
         raise SecondStatementError(
-            "a single-statement connection (a *Statement dependency) was asked for a second "
-            f"statement: {sql.strip().splitlines()[0][:200]!r}; a route that runs more than one "
-            "statement takes a *Connection dependency (one transaction)"
+            "a single-statement connection (a *Statement dependency, in autocommit on PostgreSQL) "
+            f"was asked for a second statement: {sql.strip().splitlines()[0][:200]!r}; a route that "
+            "runs more than one statement takes a *Connection dependency (one transaction)"
         )
-    _single[key] = True
-
-
-def _before_cursor_execute(conn: Any, _cursor: Any, sql: str, *_args: Any) -> None:
-    _ran_statement(conn, sql)
-
-
-def expect_one_statement(conn: StatementConnection) -> None:
-    """From now on (strict mode), a second statement on ``conn`` raises ``SecondStatementError``."""
-    if isinstance(conn, AsyncConnection):
-        engine = conn.sync_engine
-        if not event.contains(engine, "before_cursor_execute", _before_cursor_execute):
-            event.listen(engine, "before_cursor_execute", _before_cursor_execute)
-        _single[conn.sync_connection] = False
-    else:
-        _single[conn] = False
+    _single[conn] = True
 
 
 class FixedStatement:
