@@ -201,6 +201,7 @@ def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:
     """The environment of a gateway process: the backend's databases and the test admin key."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_AUTH__ADMIN_KEY"] = ADMIN_KEY
+    env["GATEWAY_STRICT_STATEMENTS"] = os.environ.get("GATEWAY_STRICT_STATEMENTS", "0")
     env.update(backend.env)
     env.update(extra)
     return env
@@ -302,6 +303,12 @@ async def http(server: Server, auth_headers: dict[str, str]) -> AsyncIterator[ht
 # httpx's transport runs on one backend only: a transport shapes the HTTP, not what is stored, so
 # backends x transports is not a product (both on both would add ~4.5 min to a ~17 min suite).
 HTTPX_TRANSPORT_BACKEND = "sqlite"
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001
+    # A second statement on a single-statement connection raises (app.core.statements), in the
+    # test process and in every gateway process the tests start; not in the benches.
+    os.environ.setdefault("GATEWAY_STRICT_STATEMENTS", "1")
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Path, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import Column, MetaData, String, Table, delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,6 +23,7 @@ from app.core.capability import Capability
 from app.core.config import Database
 from app.core.dependencies import NamespacePath, PageLimit
 from app.core.errors import NotFound
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.scoping import in_scope
@@ -84,6 +86,7 @@ def _service(request: Request) -> NotesService:
 
 
 @router.put("/{note_id}", status_code=204, summary="Write a note")
+@served_by_fastapi("a request body model")
 @accepts(Body.JSON)
 async def put_note(request: Request, namespace: NamespacePath, note_id: NoteId, body: Note) -> Response:
     await _service(request).put(namespace, note_id, body.text)
@@ -91,19 +94,20 @@ async def put_note(request: Request, namespace: NamespacePath, note_id: NoteId, 
 
 
 @router.get("/{note_id}", response_model=Note, summary="Read a note")
-async def get_note(request: Request, namespace: NamespacePath, note_id: NoteId) -> Note:
+async def get_note(request: Request, namespace: NamespacePath, note_id: NoteId) -> Response:
     text = await _service(request).get(namespace, note_id)
     if text is None:
         raise NotFound("no such note")
-    return Note(text=text)
+    return JSONResponse({"text": text})
 
 
-@router.get("", summary="List note ids")
-async def list_notes(request: Request, namespace: NamespacePath, limit: PageLimit) -> list[str]:
-    return await _service(request).list(namespace, limit)
+@router.get("", response_model=list[str], summary="List note ids")
+async def list_notes(request: Request, namespace: NamespacePath, limit: PageLimit) -> Response:
+    return JSONResponse(await _service(request).list(namespace, limit))
 
 
 @router.post("/search", summary="Note ids whose text contains a string")
+@served_by_fastapi("a request body model")
 @accepts(Body.JSON, read_only=True)
 async def search_notes(request: Request, namespace: NamespacePath, body: NoteSearch, limit: PageLimit) -> list[str]:
     return await _service(request).list(namespace, limit, body.contains)

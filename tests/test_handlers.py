@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from app.core.errors import InvalidInput, install_error_handlers
-from app.core.routing import CapabilityRouter, PlannedRoute
+from app.core.handlers import served_by_fastapi
+from app.core.routing import CapabilityRouter, PlannedRoute, UnplannedRoute
 from app.main import create_app
 
 CALLS: list[str] = []
@@ -71,10 +72,12 @@ def endpoints(router: APIRouter) -> None:
         n: int
 
     @router.post("/bodies/{ns}")
+    @served_by_fastapi("a body")
     async def with_body(ns: str, body: Body) -> Response:  # a body: FastAPI's handler serves it
         return JSONResponse({"ns": ns, "n": body.n})
 
     @router.get("/models/{ns}")
+    @served_by_fastapi("returns a model")
     async def returns_model(ns: str) -> dict:  # not a Response: FastAPI's handler serves it
         return {"ns": ns}
 
@@ -143,7 +146,78 @@ def test_the_gateways_kv_and_records_routes_are_planned(monkeypatch: pytest.Monk
         assert (method, "/v1/{namespace}/records/{collection}/{key}") in planned
     assert ("GET", "/v1/{namespace}/kv/{collection}") in planned
     assert ("GET", "/v1/{namespace}/records/{collection}") in planned
-    assert isinstance(CapabilityRouter("kv").route_class(path="/x", endpoint=counted), PlannedRoute)
+    assert isinstance(CapabilityRouter("kv").route_class(path="/x", endpoint=plain), PlannedRoute)
+
+
+async def plain() -> Response:
+    return Response(b"ok")
+
+
+class TBody(BaseModel):
+    n: int
+
+
+def sync_dependency() -> int:
+    return 1
+
+
+def test_a_route_that_cannot_be_planned_fails_when_declared_unless_it_opts_out() -> None:
+    router = CapabilityRouter("t")
+
+    with pytest.raises(UnplannedRoute, match=r"\['POST'\] /t/a cannot be planned: .*body_params.*@served_by_fastapi"):
+        @router.post("/a")
+        async def takes_a_body(body: TBody) -> Response:
+            return Response()
+
+    with pytest.raises(UnplannedRoute, match=r"/t/b cannot be planned: .*does not return a Response"):
+        @router.get("/b")
+        async def returns_a_dict() -> dict:
+            return {}
+
+    with pytest.raises(UnplannedRoute, match=r"/t/c cannot be planned: .*sync_dependency is not an async function"):
+        @router.get("/c")
+        async def uses_a_sync_dependency(n: Annotated[int, Depends(sync_dependency)]) -> Response:
+            return Response()
+
+    @router.post("/d")
+    @served_by_fastapi("a body")
+    async def opts_out(body: TBody) -> Response:
+        return Response()
+
+    with pytest.raises(UnplannedRoute, match=r"/t/e is marked @served_by_fastapi\('stale'\) but can be planned"):
+        @router.get("/e")
+        @served_by_fastapi("stale")
+        async def could_be_planned() -> Response:
+            return Response()
+
+    served = {r.path: r.planned for r in router.routes if isinstance(r, PlannedRoute)}
+    assert served == {"/t/d": False}
+
+
+def test_planning_is_an_allow_list_of_dependant_fields() -> None:
+    """A field FastAPI's ``Dependant`` gains (here, ``extra``) makes a route unplannable."""
+    import dataclasses
+
+    from app.core.fences.fastapi_ import Dependant
+    from app.core.handlers import unplannable_because
+
+    assert unplannable_because(Dependant(call=plain)) is None
+    Newer = dataclasses.make_dataclass("Newer", [("extra", list, dataclasses.field(default_factory=list))], bases=(Dependant,))
+    assert unplannable_because(Newer(call=plain)) is None  # empty: nothing the plan would skip
+    assert unplannable_because(Newer(call=plain, extra=[1])) == "plain uses extra"
+
+
+def test_every_gateway_route_is_planned_or_opts_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """create_app() succeeding is the check; here, which ones opt out (each says why)."""
+    from app.core.handlers import opted_out
+    from app.core.routing import api_routes
+
+    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
+    routes = [r for r in api_routes(create_app().router.routes) if isinstance(r, PlannedRoute)]
+    assert routes and all(r.planned != bool(opted_out(r.endpoint)) for r in routes)
+    planned = planned_paths(create_app())
+    for method in ("GET", "HEAD", "PUT", "DELETE"):  # files routes too, now that their service dependency is async
+        assert (method, "/v1/{namespace}/files/{collection}/{file_id}") in planned
 
 
 def test_a_dependency_runs_once_per_request_and_not_after_its_parameters_failed() -> None:
@@ -196,3 +270,52 @@ async def test_a_wrong_method_is_405_listing_every_method_the_path_has(monkeypat
             assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers.get("allow"))
             assert r.headers["content-type"] == "application/problem+json"
         assert (await http.get("/v1/ns/nothing/x")).status_code == 404
+
+
+def _runs_on_the_event_loop(call: object) -> bool:
+    """An ``async def`` (or async generator) function, or an object whose ``__call__`` is one.
+    A plain ``def`` (function, generator, or a class to instantiate) FastAPI runs in a thread."""
+    import inspect
+
+    target = call if inspect.isfunction(call) or inspect.ismethod(call) or inspect.isclass(call) else type(call).__call__
+    return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
+
+
+def all_dependants(app: FastAPI) -> list[tuple[str, object]]:
+    """(route, callable) for every endpoint and dependency (at any depth) of every route of ``app``."""
+    from fastapi.routing import APIRoute
+
+    from app.core.routing import api_routes
+
+    found: list[tuple[str, object]] = []
+
+    def walk(where: str, dependant: object) -> None:
+        found.append((where, dependant.call))  # type: ignore[attr-defined]
+        for sub in dependant.dependencies:  # type: ignore[attr-defined]
+            walk(where, sub)
+
+    for route in api_routes(app.router.routes):
+        contexts = [route] if isinstance(route, APIRoute) else list(getattr(route, "effective_route_contexts", list)())
+        for context in contexts:
+            walk(f"{sorted(context.methods)} {context.path_format}", context.dependant)
+    return found
+
+
+def test_no_route_depends_on_a_plain_def(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain ``def`` dependency (or endpoint) costs every request a hop to the thread pool."""
+    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
+    dependants = all_dependants(create_app())
+    assert len({where for where, _ in dependants}) > 40  # every route, the health routes included
+    assert any(getattr(call, "__name__", "") == "get_files_service" for _, call in dependants)
+    sync = sorted({f"{where}: {getattr(call, '__qualname__', call)}" for where, call in dependants if not _runs_on_the_event_loop(call)})
+    assert sync == []
+
+
+def test_the_plain_def_check_sees_a_plain_def() -> None:
+    app = FastAPI()
+
+    @app.get("/x")
+    async def endpoint(n: Annotated[int, Depends(sync_dependency)]) -> Response:
+        return Response()
+
+    assert [call for _, call in all_dependants(app) if not _runs_on_the_event_loop(call)] == [sync_dependency]

@@ -172,3 +172,86 @@ async def test_a_statement_cancelled_by_statement_timeout_is_retryable_and_keeps
         await greenlet_close(borrowed)
     finally:
         await databases.close()
+
+
+# --- the rules fixed statements enforce -------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_a_result_column_the_driver_path_cannot_process_is_refused_when_built(dialect: str) -> None:
+    from sqlalchemy import insert, update
+
+    from app.core.statements import DriverResultTypeError
+
+    fixed = fixed_statements(dialect)
+    for statement, column in (
+        (select(t.c.key, t.c.updated_at), "updated_at"),  # UtcDateTime
+        (insert(t).values(key="k").returning(t.c.created_at), "created_at"),
+        (update(t).values(value="1").returning(t.c.key, t.c.expires_at), "expires_at"),
+    ):
+        with pytest.raises(DriverResultTypeError, match=rf"result column '{column}' .* is UtcDateTime"):
+            fixed(statement)
+    fixed(select(t.c.key, t.c.version))  # text and numbers: fine
+    fixed(update(t).values(value="1").returning(t.c.key))
+
+
+def _request(databases: Databases, method: str = "PUT") -> object:
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from app.core.transactions import SCOPE_KEY
+
+    app = SimpleNamespace(state=SimpleNamespace(databases=databases))
+    return Request({"type": "http", "method": method, "headers": [], "app": app, SCOPE_KEY: RequestConnections()})
+
+
+async def test_a_second_statement_on_a_single_statement_connection_raises_in_strict_mode(backend: Backend) -> None:
+    from app.core import statements
+    from app.core.dependencies import _connection_dependency
+    from app.core.statements import SecondStatementError
+    from app.core.transactions import request_connections
+
+    assert statements.STRICT  # the tests run in strict mode (tests/conftest.py), their servers too
+    databases = Databases.open(settings_for(backend))
+    statement = fixed_statements(databases.dialect(Database.metadata))(SELECT_ONE)
+    try:
+        for single, method in ((True, "PUT"), (True, "GET"), (False, "PUT")):
+            request = _request(databases, method)
+            conn = await _connection_dependency(Database.metadata, single_statement=single, read_only=False)(request)
+            assert tuple(await statement.first(conn, {"ns": "one"})) == ("one",)
+            if single and backend.is_postgres:  # autocommit on the driver path: one statement
+                with pytest.raises(SecondStatementError, match="second statement: 'SELECT"):
+                    await statement.first(conn, {"ns": "two"})
+            else:  # a transaction (SQLite's *Statement, any *Connection): statements atomic together
+                assert tuple(await statement.first(conn, {"ns": "two"})) == ("two",)
+            await request_connections(request.scope).end(commit=False)
+        # Its pooled driver connection is lent again without the mark (vector search borrows so).
+        if backend.is_postgres:
+            again = await databases.borrow_driver_connection(Database.metadata)
+            assert again is not None
+            for n in range(2):
+                assert tuple(await statement.first(again, {"ns": str(n)})) == (str(n),)
+            await greenlet_close(again)
+    finally:
+        await databases.close()
+
+
+async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.core import statements
+    from app.core.dependencies import _connection_dependency
+    from app.core.transactions import request_connections
+
+    monkeypatch.setattr(statements, "STRICT", False)
+    databases = Databases.open(settings_for(backend))
+    statement = fixed_statements(databases.dialect(Database.metadata))(SELECT_ONE)
+    try:
+        request = _request(databases)
+        conn = await _connection_dependency(Database.metadata, single_statement=True, read_only=False)(request)
+        for n in range(2):
+            assert tuple(await statement.first(conn, {"ns": str(n)})) == (str(n),)
+        await request_connections(request.scope).end(commit=False)
+    finally:
+        await databases.close()

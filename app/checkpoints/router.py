@@ -31,6 +31,7 @@ from app.checkpoints.schemas import (
 )
 from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.names import KEY_PATTERN
 from app.core.routing import CapabilityRouter
@@ -47,6 +48,7 @@ _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavaila
 
 @router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def put_checkpoint(
     namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -57,6 +59,7 @@ async def put_checkpoint(
 
 @router.post("/writes", summary="Store pending writes", status_code=204, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def put_writes(
     namespace: NamespacePath, body: WritesCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -86,6 +89,7 @@ async def get_tuple(
 
 @router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
+@served_by_fastapi("a request body model")
 async def search_checkpoints(
     namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadStatement, service: CheckpointsServiceDep
 ) -> Response:
@@ -95,6 +99,7 @@ async def search_checkpoints(
 
 
 @router.delete("/threads", summary="Delete a thread", response_model=Deleted, responses=_ERRORS)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def delete_thread(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
@@ -108,6 +113,7 @@ async def delete_thread(
 
 @router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def delete_runs(
     namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -117,6 +123,7 @@ async def delete_runs(
 
 @router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def copy_thread(
     namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Copied:
@@ -126,6 +133,7 @@ async def copy_thread(
 
 @router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def prune(
     namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -136,6 +144,7 @@ async def prune(
 
 @router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def set_retention(
     namespace: NamespacePath, body: RetentionUpdate, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> RetentionRead:
@@ -145,6 +154,7 @@ async def set_retention(
 
 
 @router.get("/retention", summary="Get retention", response_model=RetentionRead, responses=_ERRORS)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def get_retention(
     namespace: NamespacePath,
     conn: CheckpointsConnection,

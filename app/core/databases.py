@@ -21,7 +21,6 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.util.concurrency import greenlet_spawn
 
 from app.core import metrics
 from app.core.config import Database, Settings
@@ -194,7 +193,7 @@ class Databases:
         For requests that run one statement (``app.core.statements``): on PostgreSQL they skip
         SQLAlchemy's ``Connection`` and BEGIN/COMMIT (autocommit), saving two round trips and
         ~60 us of CPU each. The checkout is the pool's own, events included (the idle ping).
-        Give it back with ``close()`` in a greenlet (``RequestConnections.end`` does). On SQLite
+        Give it back with ``app.core.fences.sqlalchemy_.close_pooled`` (``RequestConnections.end`` does). On SQLite
         transactions are in-process and ``BEGIN IMMEDIATE`` is what the write locking relies
         on, so requests keep their (cheap) transaction there.
         """
@@ -202,7 +201,7 @@ class Databases:
             return None
         engine = self.engines[db].sync_engine
         try:
-            return await greenlet_spawn(engine.raw_connection)
+            return await self.engines[db].raw_connection()
         except engine.dialect.loaded_dbapi.Error as exc:
             # As SQLAlchemy's Connection raises a failed connect: a DBAPIError the app answers 503.
             raise sa_exc.DBAPIError.instance(

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core import statements
 from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
@@ -44,6 +45,8 @@ def _connection_dependency(db: Database, *, single_statement: bool, read_only: b
             borrowed = await databases.borrow_driver_connection(db)
             if borrowed is not None:
                 connections.add(borrowed)
+                if statements.STRICT:
+                    statements.expect_one_statement(borrowed)
                 return borrowed
         conn = await databases.engine(db).connect()
         try:

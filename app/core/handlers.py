@@ -6,54 +6,97 @@ parameter lists are empty. For a kv read that was about a third of the gateway's
 (measured in-process, ``docs/benchmarks.md``). ``compile_handler`` walks a route's dependency
 tree once and returns a handler that does only the per-request part: validate the path, query
 and header parameters as FastAPI's ``request_params_to_args`` does (with each field's own
-validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency once per request, call the endpoint.
+validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency
+once per request, call the endpoint.
 
-Only what the gateway's routes use is planned: async functions (no generators, no threads),
-``Request`` parameters, path/query/header/cookie parameters, no request body, no security scopes,
-and an endpoint that returns a ``Response`` itself. For anything else ``compile_handler`` returns
-None and the route keeps FastAPI's own handler; while ``app.dependency_overrides`` is set, FastAPI's
-handler serves the request too. (FastAPI 0.165's own telemetry hooks around dependency solving
-are not called for planned routes.)
+Planning is an allow-list: a plan supports async functions (no generators, no threads),
+``Request`` parameters, path/query/header/cookie parameters, and an endpoint that returns a
+``Response`` itself; any other ``Dependant`` field in use (a body, security scopes, a field a
+newer FastAPI adds) makes the route unplannable (``unplannable_because`` says why). A
+``PlannedRoute`` that cannot be planned fails when it is declared, at start-up, unless its
+endpoint opts out with ``@served_by_fastapi("why")``; then FastAPI's own handler serves it.
+While ``app.dependency_overrides`` is set, FastAPI's handler serves planned routes too.
+(FastAPI 0.165's own telemetry hooks around dependency solving are not called for planned routes.)
+
+FastAPI's internals used here live in ``app.core.fences.fastapi_``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from copy import deepcopy
 from functools import partial
 from typing import Any, get_type_hints
 
-from fastapi.dependencies import utils as fastapi_utils
-from fastapi.dependencies.models import Dependant
-from fastapi.dependencies.utils import request_params_to_args
 from fastapi.exceptions import RequestValidationError
 from fastapi.security.base import SecurityBase
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.core.fences import fastapi_ as fence
+from app.core.fences.fastapi_ import Dependant, request_params_to_args
+
 Handler = Callable[[Request], Awaitable[Response]]
 Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
 Reader = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Any]]]
+Endpoint = Callable[..., Any]
 _IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple, frozenset)
+_OPT_OUT = "__gateway_served_by_fastapi__"
+
+# What a plan does with each field of FastAPI's ``Dependant`` (``fence.DEPENDANT_FIELDS``, pinned):
+_PLANNED_FIELDS = frozenset({
+    "path_params", "query_params", "header_params", "cookie_params", "dependencies", "name",
+    "call", "request_param_name", "http_connection_param_name", "use_cache",
+})
+# No behaviour for a plain async function: ``path`` is descriptive, ``scope`` ("function" or
+# "request", set on every dependant) only says when a generator dependency's exit code runs.
+_DESCRIPTIVE_FIELDS = frozenset({"path", "scope"})
+# Every other field must be empty (None, False, []): body_params, websocket_param_name,
+# response_param_name, background_tasks_param_name, security_scopes_param_name,
+# own_oauth_scopes, parent_oauth_scopes, concurrency, and any field not listed here.
 
 
-def _plannable(dependant: Dependant) -> bool:
-    """True when ``dependant`` (and everything below it) uses only what a plan supports."""
+def served_by_fastapi(reason: str) -> Callable[[Endpoint], Endpoint]:
+    """Opt the decorated endpoint's route out of planning: FastAPI's own handler serves it.
+
+    ``reason`` says why (it shows in the start-up error of a route that opts out but could be
+    planned, so the mark cannot outlive its cause).
+    """
+    if not reason:
+        raise ValueError("say why the route is served by FastAPI")
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        setattr(endpoint, _OPT_OUT, reason)
+        return endpoint
+
+    return mark
+
+
+def opted_out(endpoint: Endpoint | None) -> str | None:
+    """The reason ``endpoint`` gave with ``@served_by_fastapi``, or None."""
+    return getattr(endpoint, _OPT_OUT, None)
+
+
+def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None:
+    """Why ``dependant`` (its whole tree) cannot be planned, or None when it can."""
     call = dependant.call
+    label = getattr(call, "__qualname__", repr(call))
     if call is None or isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
-        return False  # sync functions, classes, generators and security schemes stay FastAPI's
-    if (
-        dependant.body_params
-        or dependant.websocket_param_name
-        or dependant.background_tasks_param_name
-        or dependant.response_param_name
-        or dependant.security_scopes_param_name
-        or dependant.own_oauth_scopes
-        or dependant.concurrency is not None
-    ):
-        return False
-    return all(_plannable(sub) for sub in dependant.dependencies)
+        return f"{label} is not an async function"  # sync functions, classes, generators, security schemes
+    for name in (f.name for f in dataclasses.fields(dependant)):
+        if name in _PLANNED_FIELDS or name in _DESCRIPTIVE_FIELDS:
+            continue
+        if getattr(dependant, name):
+            return f"{label} uses {name}"
+    if top and not _returns_response(call):
+        return f"{label} does not return a Response (FastAPI serializes its return value)"
+    for sub in dependant.dependencies:
+        reason = unplannable_because(sub, top=False)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _returns_response(call: Callable[..., Any]) -> bool:
@@ -72,20 +115,16 @@ def _scalar_reader(fields: Sequence[Any]) -> Reader:
     validation (``field.validate``) follow ``request_params_to_args`` exactly. Fields of any
     other kind (lists, models, ``Json``) keep ``request_params_to_args`` itself.
     """
-    u = fastapi_utils
-    try:
-        plans = []
-        for field in fields:
-            info = field.field_info
-            if u._get_param_model(field) is not None or u._is_json_field(field) or u.field_annotation_is_sequence(info.annotation):
-                return partial(request_params_to_args, fields)
-            keys = [key for _validation_alias, key in u._get_param_aliases(field)]
-            loc = (info.in_.value, keys[0])
-            plans.append((field, field.name, keys, {key: (info.in_.value, key) for key in keys}, loc,
-                          info.is_required(), field.default, bool(info.validate_default)))
-        missing_error = u.get_missing_field_error
-    except Exception:  # noqa: BLE001 (FastAPI's internals moved: let it do the work itself)
-        return partial(request_params_to_args, fields)
+    plans = []
+    for field in fields:
+        info = field.field_info
+        if fence.param_model(field) is not None or fence.is_json_field(field) or fence.annotation_is_sequence(info.annotation):
+            return partial(request_params_to_args, fields)
+        keys = fence.request_keys(field)
+        loc = (info.in_.value, keys[0])
+        plans.append((field, field.name, keys, {key: (info.in_.value, key) for key in keys}, loc,
+                      info.is_required(), field.default, bool(info.validate_default)))
+    missing_error = fence.missing_field_error
 
     def read(received: Mapping[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         values: dict[str, Any] = {}
@@ -169,7 +208,7 @@ def compile_handler(dependant: Dependant, fastapis: Handler, overrides_provider:
     built at start-up cannot know about.
     """
     endpoint = dependant.call
-    if endpoint is None or not _plannable(dependant) or not _returns_response(endpoint):
+    if endpoint is None or unplannable_because(dependant) is not None:
         return None
     solve = _solver(dependant)
 

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 import migrations
 from app.core.config import Database
 from app.core.databases import Databases
+from app.core.fences.sqlalchemy_ import is_dialect_conditional
 
 # Per-collection tables the vectors capability creates at run time, and the version tables.
 RUNTIME_TABLE_PREFIXES = ("vec_", "fts_", "alembic_version")
@@ -40,7 +41,7 @@ def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: AN
     """Tables created at run time (one per vector collection) are not the migrations' business."""
     if type_ == "table" and reflected and compare_to is None:
         return not name.startswith(RUNTIME_TABLE_PREFIXES)
-    if type_ == "index" and not reflected and compare_to is None and getattr(obj, "_ddl_if", None) is not None:
+    if type_ == "index" and not reflected and compare_to is None and is_dialect_conditional(obj):
         return False  # a one-dialect index (``Index.ddl_if``) is not missing where it does not apply
     return True
 

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException
-from fastapi import routing as fastapi_routing
 from fastapi.routing import APIRoute
-from starlette._utils import get_route_path
 from starlette.datastructures import URLPath
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,9 +33,11 @@ from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
 from app.core.config import LimitsSettings
-from app.core.handlers import compile_handler
-from app.core.state import gateway_state
+from app.core.fences.fastapi_ import included_route
+from app.core.fences.starlette_ import route_path
+from app.core.handlers import compile_handler, opted_out, unplannable_because
 from app.core.jsonvalue import check_json_text
+from app.core.state import gateway_state
 from app.core.limits import (
     Body,
     BodyClock,
@@ -53,27 +53,42 @@ from app.core.limits import (
 )
 from app.core.paths import check_path_utf8
 
-# FastAPI builds the handler of an included route while this names the route as included (with
-# the router's prefix and dependencies); without it (another FastAPI), routes keep FastAPI's.
-_INCLUDED_ROUTE = getattr(fastapi_routing, "_effective_route_context_var", None)
+
+class UnplannedRoute(RuntimeError):
+    """A ``PlannedRoute`` that cannot be planned and does not say it opts out (or opts out needlessly)."""
 
 
 class PlannedRoute(APIRoute):
-    """An ``APIRoute`` whose handler is planned when its dependencies allow (``compile_handler``)."""
+    """An ``APIRoute`` whose handler is planned (``compile_handler``).
+
+    A route that cannot be planned raises ``UnplannedRoute`` when it is declared, unless its
+    endpoint is marked ``@served_by_fastapi("why")``; a marked route that could be planned
+    raises too, so the mark goes when its reason does.
+    """
 
     planned: bool = False
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        route: Any = self
-        included = _INCLUDED_ROUTE.get() if _INCLUDED_ROUTE is not None else None
-        if included is not None and getattr(included, "original_route", None) is self:
-            route = included
-        elif _INCLUDED_ROUTE is None:
-            return super().get_route_handler()
+        # When FastAPI builds an included route's handler, plan that one (its router's prefix
+        # and dependencies included).
+        route: Any = included_route(self) or self
         fastapis = super().get_route_handler()
-        handler = compile_handler(route.dependant, fastapis, route.dependency_overrides_provider)
-        if handler is None:
+        reason = unplannable_because(route.dependant)
+        opt_out = opted_out(self.endpoint)
+        where = f"{sorted(self.methods or ())} {route.path_format}"
+        if reason is None and opt_out is not None:
+            raise UnplannedRoute(
+                f"{where} is marked @served_by_fastapi({opt_out!r}) but can be planned: remove the mark"
+            )
+        if reason is not None:
+            if opt_out is None:
+                raise UnplannedRoute(
+                    f"{where} cannot be planned: {reason}. Make it plannable (app.core.handlers) "
+                    f"or mark {self.endpoint.__qualname__} @served_by_fastapi(\"why\")"
+                )
             return fastapis
+        handler = compile_handler(route.dependant, fastapis, route.dependency_overrides_provider)
+        assert handler is not None
         route.planned = True
         return handler
 
@@ -135,7 +150,7 @@ class GatedRoutes(BaseRoute):
         raise NotImplementedError
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if not self.selects(get_route_path(scope).split("/", 4)):
+        if not self.selects(route_path(scope).split("/", 4)):
             return Match.NONE, {}
         partial: Scope | None = None
         for route in self.routes:

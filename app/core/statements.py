@@ -11,25 +11,38 @@ On SQLite, and in a transaction, the same ``FixedStatement`` runs through SQLAlc
 A statement whose shape depends on the request (which bounds a page has, how many ETags an
 ``If-Match`` lists) is one fixed statement per shape (``StatementShapes``).
 
-Rows come back as the driver returns them, without SQLAlchemy's result processing, so fixed
-statements select text, numbers and keys only (checked when they are built). SQLAlchemy's
-events do not see the driver path; ``observers`` do (the scoping test listens there).
+Two rules, enforced:
+
+- Rows come back as the driver returns them, without SQLAlchemy's result processing, so fixed
+  statements select text, numbers and keys only: a result column whose type needs processing
+  (``UtcDateTime``, a JSON type) is refused when the statement is built, on both backends, with
+  ``DriverResultTypeError`` naming the column.
+- A single-statement connection (the ``*Statement`` dependencies) borrowed for the driver path
+  runs one statement, since it runs in autocommit: in strict mode (``GATEWAY_STRICT_STATEMENTS=1``,
+  which the tests set) a second one raises ``SecondStatementError``. Off, it costs one boolean
+  test per statement. (On SQLite, and in a transaction, the same dependency gives a connection
+  in a transaction, where several statements are atomic together: checkpoints rely on that.)
+
+SQLAlchemy's events do not see the driver path; ``observers`` do (the scoping test listens there).
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
-import asyncpg.exceptions._base as asyncpg_client_errors
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql import ClauseElement
+
+from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
 Row = Sequence[Any]
 StatementConnection = AsyncConnection | PoolProxiedConnection
@@ -38,11 +51,60 @@ StatementConnection = AsyncConnection | PoolProxiedConnection
 observers: list[Callable[[str, Sequence[Any]], None]] = []
 """Called with (SQL, arguments) for every statement sent on the driver path."""
 
+ASYNCPG_DIALECT: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())
+
+STRICT = os.environ.get("GATEWAY_STRICT_STATEMENTS", "") not in ("", "0")
+"""Whether single-statement connections check that they run one statement (the tests' setting)."""
+
+
+class DriverResultTypeError(TypeError):
+    """A fixed statement returns a column whose type the driver path cannot process."""
+
+
+class SecondStatementError(AssertionError):
+    """A single-statement connection was asked to run a second statement (strict mode)."""
+
+
+def check_driver_results(statement: ClauseElement) -> None:
+    """Refuse ``statement`` if a column it returns (selected, or RETURNING) needs SQLAlchemy's
+    result processing, which the driver path skips: PostgreSQL would hand back raw values."""
+    for column in getattr(statement, "exported_columns", ()):
+        if column.type.result_processor(ASYNCPG_DIALECT, None) is not None:
+            raise DriverResultTypeError(
+                f"fixed statements return driver values, but result column {column.key!r} "
+                f"({column}) is {type(column.type).__name__}, which needs result processing; "
+                "return it as a plain type (e.g. type_coerce(column, its impl type)) or run the "
+                "statement through SQLAlchemy"
+            )
+
+
+# Borrowed single-statement connections in strict mode -> whether each has run its statement.
+_single: weakref.WeakKeyDictionary[PoolProxiedConnection, bool] = weakref.WeakKeyDictionary()
+
+
+def expect_one_statement(conn: PoolProxiedConnection) -> None:
+    """From now on (strict mode), a second statement on ``conn`` raises ``SecondStatementError``."""
+    _single[conn] = False
+
+
+def _ran_statement(conn: PoolProxiedConnection, sql: str) -> None:
+    ran = _single.get(conn)
+    if ran is None:
+        return
+    if ran:
+        raise SecondStatementError(
+            "a single-statement connection (a *Statement dependency, in autocommit on PostgreSQL) "
+            f"was asked for a second statement: {sql.strip().splitlines()[0][:200]!r}; a route that "
+            "runs more than one statement takes a *Connection dependency (one transaction)"
+        )
+    _single[conn] = True
+
 
 class FixedStatement:
     """A statement run through SQLAlchemy (SQLite, and any connection inside a transaction)."""
 
     def __init__(self, statement: ClauseElement) -> None:
+        check_driver_results(statement)  # on SQLite too: the rule is the same on both backends
         self.statement = statement
 
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
@@ -58,21 +120,16 @@ class FixedStatement:
 class _AsyncpgStatement(FixedStatement):
     """The statement compiled once for asyncpg; sent with asyncpg on a pooled driver connection."""
 
-    _dialect: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())
-
     def __init__(self, statement: ClauseElement) -> None:
         super().__init__(statement)
-        compiled = statement.compile(dialect=self._dialect)
-        for column in getattr(statement, "selected_columns", None) or getattr(statement, "_returning", ()):
-            if column.type.result_processor(self._dialect, None) is not None:
-                raise TypeError(f"fixed statements return driver values; {column} needs result processing")
+        compiled = statement.compile(dialect=ASYNCPG_DIALECT)
         if "POSTCOMPILE" in compiled.string:  # an expanding IN: its SQL depends on each call's values
             raise TypeError("fixed statements need a fixed number of bound values; use StatementShapes")
         self.sql = compiled.string
         # (name, whether the caller must give it, the value the statement itself carries, the
         # type's bind processor), in $n order
         self._binds: list[tuple[str, bool, Any, Callable[[Any], Any] | None]] = [
-            (b.key, b.required, b.value, b.type.bind_processor(self._dialect))
+            (b.key, b.required, b.value, b.type.bind_processor(ASYNCPG_DIALECT))
             for b in (compiled.binds[name] for name in compiled.positiontup or ())
         ]
 
@@ -85,6 +142,8 @@ class _AsyncpgStatement(FixedStatement):
 
     async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
         args = self._args(params)
+        if STRICT:
+            _ran_statement(conn, self.sql)
         for observe in observers:
             observe(self.sql, args)
         try:
@@ -114,10 +173,11 @@ def _connection_suspect(exc: Exception) -> bool:
     """Whether the connection may be unusable after ``exc``. Not after an error the server
     answered for this statement alone (a constraint, a type) or a value asyncpg refused to
     encode before sending anything; after anything else (a lost socket, a timeout, a protocol
-    state asyncpg gave up on, the server shutting down) it is."""
+    state asyncpg gave up on, the server shutting down) it is. (asyncpg raises a value it cannot
+    encode as ``asyncpg.exceptions.DataError``, SQLSTATE 22000, pinned by tests/test_fences.py.)"""
     if isinstance(exc, asyncpg.PostgresError):
         return (exc.sqlstate or "").startswith(("08", "57P"))
-    return not isinstance(exc, asyncpg_client_errors.DataError)  # (the client-side one, not SQLSTATE 22)
+    return True
 
 
 def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str | None = None) -> Exception:
@@ -130,16 +190,14 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
     connection opened before it is recycled too, as after a restart or a failover.
     """
     adapter = conn.dbapi_connection
-    dialect = _AsyncpgStatement._dialect
+    dialect = ASYNCPG_DIALECT
     try:
-        adapter._handle_exception(exc)  # type: ignore[union-attr]  # raises the DBAPI-level error, or exc
+        raise_as_dbapi_error(conn, exc)
     except dialect.loaded_dbapi.Error as dbapi_error:
         disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))  # type: ignore[arg-type]
         invalidated = disconnect or _connection_suspect(exc)
         if disconnect:
-            pool = getattr(conn, "_pool", None)
-            if pool is not None:
-                pool._invalidate(conn, dbapi_error, _checkin=False)  # what Connection does on a disconnect
+            recycle_pool_generation(conn, dbapi_error)  # what Connection does on a disconnect
         if invalidated:
             conn.invalidate(dbapi_error)
         return sa_exc.DBAPIError.instance(
@@ -149,7 +207,7 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
         if _connection_suspect(other):
             conn.invalidate(other)
         return other
-    return exc  # (not reached: _handle_exception always raises)
+    return exc  # (not reached: raise_as_dbapi_error always raises)
 
 
 def fixed_statements(dialect: str) -> type[FixedStatement]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
 from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.util.concurrency import greenlet_spawn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import app_error_response
+from app.core.fences.sqlalchemy_ import close_pooled
 
 SCOPE_KEY = "gateway.connections"
 
@@ -55,7 +55,7 @@ class RequestConnections:
                 try:
                     if not clean:
                         conn.invalidate()
-                    await greenlet_spawn(conn.close)
+                    await close_pooled(conn)
                 except Exception as exc:  # noqa: BLE001 (kept, raised once every connection is closed)
                     error = error or exc
                 continue

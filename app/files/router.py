@@ -34,6 +34,7 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.names import KEY_PATTERN, key_json_schema, validate_key
 from app.core.routing import CapabilityRouter
@@ -195,6 +196,7 @@ class BlobResponse(StreamingResponse):
 
 
 @router.get("", summary="Files usage of the namespace", response_model=FilesUsage)
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     """Total bytes and number of files stored under this namespace."""
     total, count = await files.usage(namespace)
@@ -286,6 +288,7 @@ async def post_file(
     response_model=FilePage,
     responses=problem_responses(InvalidInput),
 )
+@served_by_fastapi("returns a model for FastAPI to serialize")
 async def list_files(
     namespace: NamespacePath,
     collection: CollectionPath,

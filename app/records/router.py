@@ -21,6 +21,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.records.dependencies import RecordsServiceDep
@@ -69,6 +70,7 @@ async def upsert_record(
     responses=_ERRORS,
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
@@ -90,6 +92,7 @@ async def trim_records(
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,

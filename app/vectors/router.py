@@ -16,6 +16,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.handlers import served_by_fastapi
 from app.core.limits import Body, accepts
 from app.core.routing import CapabilityRouter
 from app.core.state import service_of
@@ -64,6 +65,7 @@ async def list_collections(
     responses={200: {"description": "Already existed with these settings."}, **problem_responses(InvalidInput, Conflict, ServiceUnavailable)},
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
     """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
     info, created = await service.create(collection, body)
@@ -98,6 +100,7 @@ async def reset_collection(collection: CollectionPath, service: VectorServiceDep
     responses=problem_responses(InvalidInput, NotFound, Conflict, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def upsert_points(
     collection: CollectionPath,
     body: PointsUpsert,
@@ -118,6 +121,7 @@ async def upsert_points(
 
 @router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
+@served_by_fastapi("a request body model")
 async def search(collection: CollectionPath, body: SearchRequest, service: VectorReadServiceDep) -> Response:
     """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
     return json_response(await service.search(collection, body))
@@ -125,6 +129,7 @@ async def search(collection: CollectionPath, body: SearchRequest, service: Vecto
 
 @router.post("/{collection}/points/list", summary="List points", response_model=PointPage, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
+@served_by_fastapi("a request body model")
 async def list_points(collection: CollectionPath, body: PointsList, service: VectorReadServiceDep) -> Response:
     """Points matching `filters`, by id, a page at a time."""
     return json_response(await service.list_points(collection, body))
@@ -132,6 +137,7 @@ async def list_points(collection: CollectionPath, body: PointsList, service: Vec
 
 @router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def delete_points(
     collection: CollectionPath, body: PointsDelete, request: Request, service: VectorServiceDep, background: BackgroundTasks
 ) -> Response:
@@ -155,6 +161,7 @@ async def get_point(
 
 @router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
 @accepts(Body.JSON)
+@served_by_fastapi("a request body model")
 async def update_point(
     collection: CollectionPath,
     point_id: PointId,
@@ -170,6 +177,7 @@ async def update_point(
 
 
 @router.delete("/{collection}/points/{point_id:path}", summary="Delete a point", status_code=204, responses=_ERRORS)
+@served_by_fastapi("background tasks")
 async def delete_point(
     collection: CollectionPath, point_id: PointId, request: Request, service: VectorServiceDep, background: BackgroundTasks
 ) -> Response:

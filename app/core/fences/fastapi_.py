@@ -1,0 +1,83 @@
+"""FastAPI internals used to plan route handlers once (``app.core.handlers``, ``app.core.routing``).
+
+FastAPI has no public API to inspect a route's dependency tree or to validate request
+parameters outside its own ``solve_dependencies``; planning needs both. What is relied on:
+
+- ``fastapi.dependencies.models.Dependant``: a dataclass whose fields are exactly
+  ``DEPENDANT_FIELDS`` (a plan only supports the ones in ``app.core.handlers``; a new field
+  makes planning refuse every route, so start-up fails until it is looked at).
+- ``fastapi.dependencies.utils``: ``request_params_to_args(fields, received)``, and the private
+  ``_get_param_model(field)``, ``_is_json_field(field)``, ``_get_param_aliases(field)`` (the
+  request keys a field is read from, in preference order), with ``field_annotation_is_sequence``
+  and ``get_missing_field_error(loc)`` as that module re-exports them.
+- ``ModelField`` (``fastapi._compat``): ``name``, ``default``, ``field_info`` (pydantic's
+  ``FieldInfo`` with FastAPI's ``in_``) and ``validate(value, values, *, loc)``.
+- ``fastapi.routing._effective_route_context_var``: the ContextVar naming the included route
+  (with its router's prefix and dependencies) while ``include_router`` builds its handler.
+  FastAPI 0.16x calls ``APIRoute.get_route_handler()`` with no argument saying which inclusion
+  it builds for (its own TODO says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import routing as _fastapi_routing
+from fastapi.dependencies import utils as _utils
+from fastapi.dependencies.models import Dependant
+from fastapi.dependencies.utils import request_params_to_args
+
+__all__ = [
+    "DEPENDANT_FIELDS",
+    "Dependant",
+    "annotation_is_sequence",
+    "included_route",
+    "is_json_field",
+    "missing_field_error",
+    "param_model",
+    "request_keys",
+    "request_params_to_args",
+]
+
+DEPENDANT_FIELDS = frozenset({
+    "path_params", "query_params", "header_params", "cookie_params", "body_params", "dependencies",
+    "name", "call", "request_param_name", "websocket_param_name", "http_connection_param_name",
+    "response_param_name", "background_tasks_param_name", "security_scopes_param_name",
+    "own_oauth_scopes", "parent_oauth_scopes", "use_cache", "path", "scope", "concurrency",
+})
+"""The fields of ``Dependant`` as of the FastAPI version checked (``tests/test_fences.py``)."""
+
+_EFFECTIVE_ROUTE = _fastapi_routing._effective_route_context_var
+
+
+def included_route(route: Any) -> Any | None:
+    """The effective route (prefix and dependencies of the router it was included with) that
+    FastAPI is building ``route``'s handler for right now, or None outside ``include_router``."""
+    context = _EFFECTIVE_ROUTE.get()
+    if context is not None and getattr(context, "original_route", None) is route:
+        return context
+    return None
+
+
+def param_model(field: Any) -> type | None:
+    """The pydantic model a parameter is read into (``Query()`` of a model), or None."""
+    return _utils._get_param_model(field)
+
+
+def is_json_field(field: Any) -> bool:
+    """Whether the parameter is declared ``Json[...]`` (parsed before validation)."""
+    return _utils._is_json_field(field)
+
+
+def request_keys(field: Any) -> list[str]:
+    """The request keys (query name, header name...) a parameter is read from, in preference order."""
+    return [key for _validation_alias, key in _utils._get_param_aliases(field)]
+
+
+def annotation_is_sequence(annotation: Any) -> bool:
+    return bool(_utils.field_annotation_is_sequence(annotation))
+
+
+def missing_field_error(loc: tuple[int | str, ...]) -> dict[str, Any]:
+    """The error FastAPI reports for a required parameter that is missing at ``loc``."""
+    return _utils.get_missing_field_error(loc=loc)

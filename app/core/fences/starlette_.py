@@ -1,0 +1,25 @@
+"""The path a Starlette router matches a request on.
+
+Starlette's routes match ``get_route_path(scope)`` (``starlette._utils``, private): the ASGI
+``path`` with the app's ``root_path`` taken off when it starts with it. There is no public
+accessor, so the same rule is written here from the ASGI fields themselves (``path``,
+``root_path``: the ASGI spec's, public), and ``tests/test_fences.py`` checks it agrees with
+Starlette's (the private function, and ``Route.matches`` itself) on every case it handles.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Scope
+
+
+def route_path(scope: Scope) -> str:
+    """``scope``'s path as the router sees it: below ``root_path`` when it is mounted there."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path):]
+    return path
