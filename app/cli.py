@@ -18,7 +18,7 @@ from app.core.config import CONFIG_ENV, Database, Settings, describe_settings_er
 EXIT_BAD_SETUP = 2
 
 
-def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def _fail(message: str) -> NoReturn:  # type: ignore[name-defined]  # noqa: F821
     print(f"storage-gateway: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_SETUP)
 
@@ -28,7 +28,7 @@ def load_settings(config: str | None) -> Settings:
         os.environ[CONFIG_ENV] = config
     try:
         return Settings()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any settings error becomes one message and exit 2
         _fail(describe_settings_error(exc))
 
 
@@ -47,7 +47,7 @@ async def _preflight(settings: Settings, migrate_all: bool) -> list[str]:
         for db in Database:
             try:
                 await databases.check(db)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any connect failure becomes one message
                 _fail(describe_connect_error(settings, db, exc))
             if migrate_all or settings.migrates_at_startup(db):
                 await migrations.upgrade(databases, db)

@@ -8,7 +8,7 @@ import asyncio
 from app.core.config import Database, Settings
 
 
-async def _with_metadata(settings: Settings, action):  # noqa: ANN001, ANN202
+async def _with_metadata(settings: Settings, action):
     from app.core.databases import Databases
 
     databases = Databases.open(settings)

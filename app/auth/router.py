@@ -18,7 +18,7 @@ from app.core.pagination import Page, decode_cursor, encode_cursor
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))
 
 
-def _engine(request: Request):  # noqa: ANN202
+def _engine(request: Request):
     return request.app.state.databases.engine(Database.metadata)
 
 

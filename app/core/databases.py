@@ -160,7 +160,7 @@ class Databases:
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, settings: Settings) -> "Databases":
+    def open(cls, settings: Settings) -> Databases:
         dbs = cls(settings)
         for db in Database:
             engine = create_engine(settings, db)

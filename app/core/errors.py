@@ -278,7 +278,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 "a database needed for this request is unreachable; retry later",
                 request=request, headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
             )
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return problem_response(500, "Internal Server Error", "internal_error", None, request=request)
 
     app.add_exception_handler(ProblemError, on_problem)  # type: ignore[arg-type]

@@ -127,7 +127,7 @@ def too_large(spec: BodySpec, limit: int) -> PayloadTooLarge:
 class BodyClock:
     """Times one request body: an idle timeout and a deadline that a minimum rate extends."""
 
-    __slots__ = ("_idle", "_initial", "_rate", "_start", "received", "done")
+    __slots__ = ("_idle", "_initial", "_rate", "_start", "done", "received")
 
     def __init__(self, limits: LimitsSettings) -> None:
         self._idle = limits.body_idle_timeout_seconds

@@ -36,7 +36,7 @@ def version_table(db: Database) -> str:
     return f"alembic_version_{db.value}"
 
 
-def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: ANN001
+def include_object(obj, name, type_, reflected, compare_to) -> bool:
     """Tables created at run time (one per vector collection) are not the migrations' business."""
     if type_ == "table" and reflected and compare_to is None:
         return not name.startswith(RUNTIME_TABLE_PREFIXES)

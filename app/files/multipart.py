@@ -65,7 +65,7 @@ async def read_form(body: AsyncIterator[bytes], content_type: str | None, sink: 
     seen_file = False
     file_done = False
 
-    def on(event: str):  # noqa: ANN202
+    def on(event: str):
         def data_callback(data: bytes, start: int, end: int) -> None:
             events.append((event, data[start:end]))
 

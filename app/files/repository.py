@@ -34,7 +34,7 @@ class FileRow:
     object_key: str | None = None  # None: chunks in the database; else the bucket's key
 
     @classmethod
-    def of(cls, row: Any) -> "FileRow":
+    def of(cls, row: Any) -> FileRow:
         return cls(
             file_id=row.file_id,
             blob_id=row.blob_id,
@@ -67,7 +67,7 @@ class FilesRepository:
 
     # --- files rows --------------------------------------------------------------------
 
-    def _one(self, namespace: str, collection: str, file_id: str):  # noqa: ANN202
+    def _one(self, namespace: str, collection: str, file_id: str):
         return select(*_FILE_COLUMNS).where(in_scope(files, namespace, collection), files.c.file_id == file_id)
 
     async def get(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
@@ -126,7 +126,7 @@ class FilesRepository:
     # --- moving between backends (an operator's command, across every namespace) -----------
 
     @staticmethod
-    def _on(to_s3: bool):  # noqa: ANN205
+    def _on(to_s3: bool):
         """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
         return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
 

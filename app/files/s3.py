@@ -11,7 +11,6 @@ Object keys are derived only from values the gateway controls:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import re
@@ -75,7 +74,7 @@ def translated(action: str) -> Iterator[None]:
             raise ObjectMissing(code) from None
         log.warning("object store refused %s: %s %s", action, code, err.get("Message", ""))
         raise ObjectStoreUnavailable(f"the object store refused to {action} ({code})") from None
-    except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, BotoCoreError, OSError) as exc:
         log.warning("object store unreachable during %s: %s", action, exc.__class__.__name__)
         raise ObjectStoreUnavailable(f"the object store is unreachable ({action}); retry later") from None
     except Exception as exc:
@@ -133,7 +132,7 @@ class S3Objects:
                 self._extra["SSEKMSKeyId"] = settings.kms_key_id
 
     @classmethod
-    async def open(cls, settings: S3Settings) -> "S3Objects":
+    async def open(cls, settings: S3Settings) -> S3Objects:
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session
 

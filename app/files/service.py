@@ -80,7 +80,7 @@ class StoredFile:
 class BlobWriter:
     """Receives an upload's bytes, hashes and counts them, and hands full pieces to its sink."""
 
-    def __init__(self, service: "FilesService", namespace: str) -> None:
+    def __init__(self, service: FilesService, namespace: str) -> None:
         self._service = service
         self._repo = service.repo
         self.blob_id = new_blob_id()
@@ -186,7 +186,7 @@ class BlobWriter:
             if self._pending is not None:
                 try:
                     await self._settle()
-                except BaseException:
+                except BaseException:  # noqa: BLE001 - whatever settling raised, the abort below still runs
                     pass
             try:
                 await self._sink.abort()
@@ -359,7 +359,7 @@ class FilesService:
         return ObjectReader(self.blobs.require_objects(), row)
 
     async def open_range(
-        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], "DownloadPlan"]
+        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan]
     ) -> tuple[BlobReader, DownloadPlan]:
         """``open`` and start reading the range ``plan`` picks, before any header is sent.
 
@@ -387,7 +387,7 @@ class FilesService:
             return StorageStatus(backend="database", reachable=True)
         try:
             await asyncio.wait_for(objects.check(), objects.settings.connect_timeout)
-        except Exception as exc:  # report, never raise
+        except Exception as exc:  # noqa: BLE001 - report, never raise
             error = exc.detail if isinstance(exc, ObjectStoreUnavailable) else exc.__class__.__name__
             return StorageStatus(backend="s3", reachable=False, location=objects.bucket, error=error)
         return StorageStatus(backend="s3", reachable=True, location=objects.bucket)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,7 +20,7 @@ _dumps = json.dumps
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _record_json(key: str, value: str) -> str:

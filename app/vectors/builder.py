@@ -345,7 +345,7 @@ class IndexBuilder:
                     row = await raw.fetchrow(_PROGRESS, pid)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # progress is best effort
+            except Exception:  # noqa: BLE001 - progress is best effort
                 continue
             if row is None:
                 continue

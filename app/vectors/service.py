@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 from array import array
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
@@ -55,7 +55,7 @@ IDEMPOTENCY_KEY_MAX = 255
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _score(distance_name: str, distance: float) -> float:
@@ -158,7 +158,7 @@ class VectorService:
                 "plans": plans,
             },
             "payload_indexes": [
-                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states)
+                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states, strict=True)
             ],
             "count": count,
             "created_at": info.created_at.isoformat(),

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str):
     """``GatewayCheckpointSaver`` is imported on first use: it needs the ``langgraph`` extra."""
     if name == "GatewayCheckpointSaver":
         from ._checkpoints import GatewayCheckpointSaver

@@ -63,7 +63,7 @@ def _jsonable(value: Any) -> Any:
 class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpointer storing graph state in a gateway namespace: ``gw.checkpointer()``."""
 
-    def __init__(self, client: "GatewayClient", *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(self, client: GatewayClient, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self._transport: Transport = client._transport
         self._prefix = f"/v1/{quote(client.namespace, safe='')}/checkpoints"

@@ -67,7 +67,7 @@ class GatewayClient:
         """The seed's VectorStoreProtocol bound to one vector collection."""
         return RemoteVectorStore(self.vectors, collection)
 
-    def checkpointer(self, *, serde: Any = None) -> "GatewayCheckpointSaver":
+    def checkpointer(self, *, serde: Any = None) -> GatewayCheckpointSaver:
         """A LangGraph checkpointer (``BaseCheckpointSaver``) storing graph state in this namespace
         (needs the ``langgraph`` extra); ``serde`` defaults to LangGraph's own serializer."""
         from ._checkpoints import GatewayCheckpointSaver
@@ -80,7 +80,7 @@ class GatewayClient:
 
     aclose = close
 
-    async def __aenter__(self) -> "GatewayClient":
+    async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(

@@ -138,6 +138,6 @@ class Transport:
             raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def stream(self, method: str, url: str, **kwargs: Any):  # noqa: ANN201
+    def stream(self, method: str, url: str, **kwargs: Any):
         """A streaming response context (``async with``); status errors are the caller's to check."""
         return self.client.stream(method, self.url(url), **kwargs)
