@@ -14,6 +14,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -120,7 +121,7 @@ async def create_key(
     return IssuedKey(key_id, secret, pattern, scopes, description, now)
 
 
-async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict]:
+async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict[str, Any]]:
     query = select(api_keys).order_by(api_keys.c.key_id).limit(limit)
     if after:
         query = query.where(api_keys.c.key_id > after)

@@ -5,6 +5,7 @@ Functions take an open ``AsyncConnection`` (or session); the service decides the
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -139,7 +140,7 @@ class FilesRepository:
 
     async def to_move(
         self, conn: Conn, *, to_s3: bool, after: tuple[str, str, str] | None, limit: int
-    ) -> list[tuple[str, str, FileRow]]:
+    ) -> builtins.list[tuple[str, str, FileRow]]:
         """The next ``limit`` rows to move, in key order after ``after``: (namespace, collection, row)."""
         stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._on(to_s3))
         if after is not None:
@@ -181,7 +182,7 @@ class FilesRepository:
             stmt = stmt.where(file_uploads.c.touched_at < touched_before)
         return (await conn.execute(stmt)).rowcount == 1
 
-    async def known_blobs(self, conn: Conn, blob_ids: list[str]) -> set[str]:
+    async def known_blobs(self, conn: Conn, blob_ids: builtins.list[str]) -> set[str]:
         """Those of ``blob_ids`` that a file row points at or an upload in progress holds."""
         if not blob_ids:
             return set()
@@ -191,7 +192,7 @@ class FilesRepository:
         )
         return known
 
-    async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> list[str]:
+    async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> builtins.list[str]:
         rows = await conn.execute(
             select(file_uploads.c.blob_id).where(file_uploads.c.touched_at < touched_before).limit(limit)
         )

@@ -21,6 +21,7 @@ streams a ranged GET.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import email.utils
 import hashlib
 import logging
@@ -461,7 +462,7 @@ class FilesService:
                     swept += 1
         return swept
 
-    async def _known(self, blob_ids: list[str]) -> set[str]:
+    async def _known(self, blob_ids: builtins.list[str]) -> set[str]:
         if not blob_ids:
             return set()
         async with self._engine.connect() as conn:

@@ -9,6 +9,7 @@ Compare-and-swap is a single statement each time: ``UPDATE ... WHERE version IN 
 
 from __future__ import annotations
 
+import builtins
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -118,7 +119,7 @@ class KvRepository:
         }
         return ins.on_conflict_do_update(index_elements=_PK, set_=set_, where=where).returning(t.c.version)
 
-    def _params(self, ns: str, c: str, k: str, value: str, now: datetime, expires: datetime | None) -> dict:
+    def _params(self, ns: str, c: str, k: str, value: str, now: datetime, expires: datetime | None) -> dict[str, Any]:
         return {"ns": ns, "c": c, "k": k, "v": value, "nv": new_version(), "now": now, "exp": expires}
 
     # --- reads ---------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class KvRepository:
 
     async def create_or_replace_unless(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
-        expires: datetime | None, *, any_version: bool, versions: list[int],
+        expires: datetime | None, *, any_version: bool, versions: builtins.list[int],
     ) -> int | None:
         """``If-None-Match``: write unless a live entry exists (``any_version``) or has one of
         ``versions``; the new version, or None when the condition failed."""
@@ -166,7 +167,7 @@ class KvRepository:
 
     async def replace_if(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
-        expires: datetime | None, *, versions: list[int] | None, not_versions: list[int] | None = None,
+        expires: datetime | None, *, versions: builtins.list[int] | None, not_versions: builtins.list[int] | None = None,
     ) -> int | None:
         """``If-Match``: replace a live entry whose version is in ``versions`` (None = any) and
         not in ``not_versions``; the new version, or None when nothing matched."""

@@ -301,7 +301,7 @@ class VectorService:
             raise InvalidInput(where, "must not contain NUL characters")
         return text
 
-    def _point(self, info: CollectionInfo, pid: str | None, vec: array, payload: dict | None, where: str) -> PointIn:
+    def _point(self, info: CollectionInfo, pid: str | None, vec: array[float], payload: dict[str, Any] | None, where: str) -> PointIn:
         if pid is None:
             pid = uuid.uuid4().hex
         else:
@@ -555,7 +555,7 @@ class VectorService:
     async def _hybrid(
         self,
         info: CollectionInfo,
-        vector: array,
+        vector: array[float],
         words: list[str],
         limit: int,
         flt: Node | None,

@@ -91,7 +91,8 @@ class GatewayClient:
     ) -> None:
         await self.close()
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         """``/readyz`` as a dict (does not raise on 503)."""
         response = await self._transport.request("GET", "/readyz", ok=(503,))
-        return response.json()
+        readiness: dict[str, Any] = response.json()
+        return readiness
