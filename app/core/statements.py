@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
 Row = Sequence[Any]
 StatementConnection = AsyncConnection | PoolProxiedConnection
@@ -42,28 +42,36 @@ observers: list[Callable[[str, Sequence[Any]], None]] = []
 class FixedStatement:
     """A statement run through SQLAlchemy (SQLite, and any connection inside a transaction)."""
 
-    def __init__(self, statement: ClauseElement) -> None:
+    def __init__(self, statement: ExecutableReturnsRows) -> None:
         self.statement = statement
 
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
-        return (await conn.execute(self.statement, params)).first()  # type: ignore[union-attr]
+        return (await _sqlalchemy(conn).execute(self.statement, params)).first()
 
     async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
-        return list((await conn.execute(self.statement, params)).all())  # type: ignore[union-attr]
+        return list((await _sqlalchemy(conn).execute(self.statement, params)).all())
 
     async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
-        return (await conn.execute(self.statement, params)).rowcount or 0  # type: ignore[union-attr]
+        return (await _sqlalchemy(conn).execute(self.statement, params)).rowcount or 0
+
+
+def _sqlalchemy(conn: StatementConnection) -> AsyncConnection:
+    """A statement run through SQLAlchemy needs SQLAlchemy's connection, never a driver's."""
+    if not isinstance(conn, AsyncConnection):
+        raise TypeError("a FixedStatement got a driver connection; only _AsyncpgStatement takes one")
+    return conn
 
 
 class _AsyncpgStatement(FixedStatement):
     """The statement compiled once for asyncpg; sent with asyncpg on a pooled driver connection."""
 
-    _dialect: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())
+    # SQLAlchemy's dialect classes carry no annotations on __init__ and import_dbapi.
+    _dialect: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())  # type: ignore[no-untyped-call]
 
-    def __init__(self, statement: ClauseElement) -> None:
+    def __init__(self, statement: ExecutableReturnsRows) -> None:
         super().__init__(statement)
         compiled = statement.compile(dialect=self._dialect)
-        for column in getattr(statement, "selected_columns", None) or getattr(statement, "_returning", ()):
+        for column in getattr(statement, "selected_columns", ()) or getattr(statement, "_returning", ()):
             if column.type.result_processor(self._dialect, None) is not None:
                 raise TypeError(f"fixed statements return driver values; {column} needs result processing")
         if "POSTCOMPILE" in compiled.string:  # an expanding IN: its SQL depends on each call's values
@@ -95,12 +103,14 @@ class _AsyncpgStatement(FixedStatement):
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
         if isinstance(conn, AsyncConnection):
             return await super().first(conn, params)
-        return await self._send(conn, "fetchrow", params)
+        row: Row | None = await self._send(conn, "fetchrow", params)  # an asyncpg Record
+        return row
 
     async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
         if isinstance(conn, AsyncConnection):
             return await super().all(conn, params)
-        return await self._send(conn, "fetch", params)
+        rows: list[Row] = await self._send(conn, "fetch", params)
+        return rows
 
     async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
         if isinstance(conn, AsyncConnection):
@@ -134,7 +144,7 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
     try:
         adapter._handle_exception(exc)  # type: ignore[union-attr]  # raises the DBAPI-level error, or exc
     except dialect.loaded_dbapi.Error as dbapi_error:
-        disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))  # type: ignore[arg-type]
+        disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))
         invalidated = disconnect or _connection_suspect(exc)
         if disconnect:
             pool = getattr(conn, "_pool", None)
@@ -165,7 +175,7 @@ class StatementShapes:
     not kept is built again when it comes back (correct, about 0.3 ms slower).
     """
 
-    def __init__(self, fixed: type[FixedStatement], build: Callable[..., ClauseElement], keep: int = 64) -> None:
+    def __init__(self, fixed: type[FixedStatement], build: Callable[..., ExecutableReturnsRows], keep: int = 64) -> None:
         self._fixed, self._build, self._keep = fixed, build, keep
         self._shapes: OrderedDict[Hashable, FixedStatement] = OrderedDict()
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -68,7 +68,7 @@ class FilesRepository:
 
     # --- files rows --------------------------------------------------------------------
 
-    def _one(self, namespace: str, collection: str, file_id: str):
+    def _one(self, namespace: str, collection: str, file_id: str) -> Select[*tuple[Any, ...]]:
         return select(*_FILE_COLUMNS).where(in_scope(files, namespace, collection), files.c.file_id == file_id)
 
     async def get(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
@@ -127,7 +127,7 @@ class FilesRepository:
     # --- moving between backends (an operator's command, across every namespace) -----------
 
     @staticmethod
-    def _on(to_s3: bool):
+    def _on(to_s3: bool) -> ColumnElement[bool]:
         """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
         return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
 

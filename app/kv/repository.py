@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
+from sqlalchemy import BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -23,7 +23,9 @@ from app.core.statements import FixedStatement, StatementConnection, StatementSh
 from app.core.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
-_NS, _C, _K = bindparam("ns"), bindparam("c"), bindparam("k")
+_NS: BindParameter[str] = bindparam("ns")
+_C: BindParameter[str] = bindparam("c")
+_K: BindParameter[str] = bindparam("k")
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
@@ -146,7 +148,8 @@ class KvRepository:
         """Set unconditionally; the new version."""
         row = await self._upsert.first(conn, self._params(ns, c, k, value, now, expires))
         assert row is not None  # an unconditional upsert always writes
-        return row[0]
+        version: int = row[0]
+        return version
 
     async def create_or_replace_unless(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
