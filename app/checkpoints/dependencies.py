@@ -11,7 +11,8 @@ from app.checkpoints.service import CheckpointsService
 
 async def get_checkpoints_service(request: Request) -> CheckpointsService:
     """The service built once by the checkpoints lifespan for the backend in use."""
-    return request.app.state.checkpoints_service
+    service: CheckpointsService = request.app.state.checkpoints_service
+    return service
 
 
 CheckpointsServiceDep = Annotated[CheckpointsService, Depends(get_checkpoints_service)]

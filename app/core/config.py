@@ -68,7 +68,8 @@ class DatabasesSettings(_Strict):
     checkpoints: DatabaseSettings = DatabaseSettings()
 
     def get(self, db: Database) -> DatabaseSettings:
-        return getattr(self, db.value)
+        settings: DatabaseSettings = getattr(self, db.value)
+        return settings
 
 
 class PostgresDatabases(_Strict):

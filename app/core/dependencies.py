@@ -7,12 +7,13 @@ before the answer is sent, so an acknowledged write is a committed write (``app.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.config import Database
+from app.core.config import Database, LimitsSettings
 from app.core.databases import SQLITE_BEGIN_OPTION, Databases
 from app.core.errors import InvalidInput
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_key
@@ -22,7 +23,9 @@ from app.core.transactions import request_connections
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def _connection_dependency(db: Database, *, single_statement: bool, read_only: bool):
+def _connection_dependency(
+    db: Database, *, single_statement: bool, read_only: bool
+) -> Callable[[Request], Awaitable[StatementConnection]]:
     """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
     Writes run in one transaction that commits when the answer is a success, before it is sent
@@ -128,7 +131,7 @@ async def _page_limit(
     request: Request,
     limit: Annotated[int | None, Query(ge=1, description="Most items to return.")] = None,
 ) -> int:
-    limits = request.app.state.settings.limits
+    limits: LimitsSettings = request.app.state.settings.limits
     if limit is None:
         return limits.default_page_size
     if limit > limits.max_page_size:

@@ -77,13 +77,13 @@ def _scalar_reader(fields: Sequence[Any]) -> Reader:
         plans = []
         for field in fields:
             info = field.field_info
-            if u._get_param_model(field) is not None or u._is_json_field(field) or u.field_annotation_is_sequence(info.annotation):
+            if u._get_param_model(field) is not None or u._is_json_field(field) or u.field_annotation_is_sequence(info.annotation):  # type: ignore[attr-defined]  # not in its __all__ (a fenced internal)
                 return partial(request_params_to_args, fields)
             keys = [key for _validation_alias, key in u._get_param_aliases(field)]
             loc = (info.in_.value, keys[0])
             plans.append((field, field.name, keys, {key: (info.in_.value, key) for key in keys}, loc,
                           info.is_required(), field.default, bool(info.validate_default)))
-        missing_error = u.get_missing_field_error
+        missing_error = u.get_missing_field_error  # type: ignore[attr-defined]  # not in its __all__ (a fenced internal)
     except Exception:  # noqa: BLE001 (FastAPI's internals moved: let it do the work itself)
         return partial(request_params_to_args, fields)
 

@@ -12,7 +12,8 @@ STATE_KEY = "files_service"
 
 
 def get_files_service(request: Request) -> FilesService:
-    return getattr(request.app.state, STATE_KEY)
+    service: FilesService = getattr(request.app.state, STATE_KEY)
+    return service
 
 
 Files = Annotated[FilesService, Depends(get_files_service)]

@@ -11,7 +11,8 @@ from app.kv.service import KvService
 
 async def get_kv_service(request: Request) -> KvService:
     """The service built once by the kv lifespan for the backend in use."""
-    return request.app.state.kv_service
+    service: KvService = request.app.state.kv_service
+    return service
 
 
 KvServiceDep = Annotated[KvService, Depends(get_kv_service)]

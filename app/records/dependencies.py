@@ -11,7 +11,8 @@ from app.records.service import RecordsService
 
 async def get_records_service(request: Request) -> RecordsService:
     """The service built once by the records lifespan for the backend in use."""
-    return request.app.state.records_service
+    service: RecordsService = request.app.state.records_service
+    return service
 
 
 RecordsServiceDep = Annotated[RecordsService, Depends(get_records_service)]
