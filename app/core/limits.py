@@ -89,7 +89,7 @@ def accepts(kind: Body, *, read_only: bool = False, overhead: int = 0) -> Callab
 
 def body_spec(endpoint: Callable[..., Any], methods: set[str], has_body_model: bool, path: str) -> BodySpec:
     """The endpoint's declared body; a route that obviously takes one but says nothing fails here."""
-    spec = getattr(endpoint, _ATTRIBUTE, None)
+    spec: BodySpec | None = getattr(endpoint, _ATTRIBUTE, None)
     if spec is not None:
         return spec
     if has_body_model or methods & WRITE_METHODS:

@@ -735,4 +735,5 @@ async def detect_version(session_or_conn: Any) -> str | None:
     result = await session_or_conn.execute(
         text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
     )
-    return result.scalar_one_or_none()
+    version: str | None = result.scalar_one_or_none()
+    return version

@@ -12,6 +12,7 @@ import json
 import re
 import uuid
 from array import array
+from collections.abc import Sequence
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
@@ -135,7 +136,7 @@ class VectorService:
         info: CollectionInfo,
         state: str,
         count: int | None = None,
-        payload_states: list[str] | None = None,
+        payload_states: Sequence[str] | None = None,
         progress: dict[str, Any] | None = None,
         plans: dict[str, int] | None = None,
     ) -> dict[str, Any]:
@@ -433,7 +434,8 @@ class VectorService:
                 "Idempotency-Key was already used with a different request body",
                 code="idempotency_key_reused",
             )
-        return json.loads(row.response)
+        response: dict[str, Any] = json.loads(row.response)
+        return response
 
     def _point_read(self, p: PointOut, vector_format: str = "json") -> dict[str, Any]:
         out: dict[str, Any] = {"id": p.id, "payload": encoding.raw_json(p.payload_json)}

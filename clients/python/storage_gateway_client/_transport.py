@@ -13,6 +13,7 @@ import asyncio
 import random
 import urllib.request
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -41,7 +42,7 @@ class RetryPolicy:
         self.max_backoff = max_backoff
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        base = min(self.max_backoff, self.backoff * (2**attempt))
+        base = min(self.max_backoff, self.backoff * (2.0**attempt))
         if retry_after is not None:
             base = min(self.max_backoff, max(base, retry_after))
         return base * (0.5 + random.random() / 2)
@@ -138,6 +139,6 @@ class Transport:
             raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def stream(self, method: str, url: str, **kwargs: Any):
+    def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
         """A streaming response context (``async with``); status errors are the caller's to check."""
         return self.client.stream(method, self.url(url), **kwargs)
