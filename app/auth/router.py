@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.auth import service
 from app.auth.dependencies import Admin
@@ -18,8 +19,9 @@ from app.core.pagination import Page, decode_cursor, encode_cursor
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))
 
 
-def _engine(request: Request):
-    return request.app.state.databases.engine(Database.metadata)
+def _engine(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.databases.engine(Database.metadata)
+    return engine
 
 
 @router.post(

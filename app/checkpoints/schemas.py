@@ -17,7 +17,7 @@ from app.core.names import key_problem
 Scalar = str | int | float | bool | None
 
 
-def _text(max_bytes: int, *, allow_empty: bool = False):
+def _text(max_bytes: int, *, allow_empty: bool = False) -> AfterValidator:
     """A validator for identifier text: at most ``max_bytes`` of UTF-8, no control characters."""
 
     def check(value: str) -> str:

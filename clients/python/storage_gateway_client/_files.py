@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterable, AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -325,5 +326,7 @@ class FilesAPI(Resource):
         response = await self._transport.request("GET", self._path())
         return FilesUsage.model_validate_json(response.content)
 
-    def _stream(self, method: str, url: str, headers: dict[str, str]):
+    def _stream(
+        self, method: str, url: str, headers: dict[str, str]
+    ) -> AbstractAsyncContextManager[httpx.Response]:
         return self._transport.stream(method, url, headers={**self._transport._headers, **headers})
