@@ -130,6 +130,7 @@ class BlobWriter:
         await self._sink.finish(tail, self._stored)  # S3: the object is complete before the swap
         now = utcnow()
         old: FileRow | None = None
+        stored: StoredFile  # set before the loop below breaks (mypy cannot see a while True end)
         async with self._service.write() as conn:
             await self._sink.finish_in(conn, tail, self._stored)
             if self._sink.heartbeat.started and not await repo.end_upload(conn, self.blob_id):
