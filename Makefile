@@ -6,11 +6,12 @@ STAMP_RUN  := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 
-.PHONY: run test migrate bench lock clean help
+.PHONY: run test lint migrate bench lock clean help
 
 help:
 	@echo "make run    start the gateway on the embedded SQLite default (http://127.0.0.1:8000/docs)"
-	@echo "make test   set up everything and run the whole suite on SQLite and PostgreSQL"
+	@echo "make test   set up everything, run make lint, then the whole suite on SQLite and PostgreSQL"
+	@echo "make lint   only the static checks: ruff check and mypy --strict over app/ and the client"
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -34,7 +35,12 @@ run: $(STAMP_RUN)
 migrate: $(STAMP_RUN)
 	$(BIN)/storage-gateway migrate
 
-test: $(STAMP_TEST)
+# Static checks first: they take seconds, the suite takes minutes. Both read pyproject.toml.
+lint: $(STAMP_TEST)
+	$(BIN)/ruff check
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP_TEST)
@@ -46,4 +52,4 @@ lock:
 	uv pip compile pyproject.toml --extra test --python-version 3.11 --no-header -o requirements-dev.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

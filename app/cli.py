@@ -12,13 +12,14 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from app.core.config import CONFIG_ENV, Database, Settings, describe_settings_error
 
 EXIT_BAD_SETUP = 2
 
 
-def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def _fail(message: str) -> NoReturn:
     print(f"storage-gateway: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_SETUP)
 
@@ -28,7 +29,7 @@ def load_settings(config: str | None) -> Settings:
         os.environ[CONFIG_ENV] = config
     try:
         return Settings()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any settings error becomes one message and exit 2
         _fail(describe_settings_error(exc))
 
 
@@ -47,7 +48,7 @@ async def _preflight(settings: Settings, migrate_all: bool) -> list[str]:
         for db in Database:
             try:
                 await databases.check(db)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any connect failure becomes one message
                 _fail(describe_connect_error(settings, db, exc))
             if migrate_all or settings.migrates_at_startup(db):
                 await migrations.upgrade(databases, db)
@@ -104,13 +105,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
         log_level=settings.log_level,
         log_config=log_config,
         access_log=False,  # app.access writes one JSON line per request instead
-        timeout_keep_alive=settings.limits.keep_alive_seconds,
+        # uvicorn annotates these two as int; it hands them to call_later and wait_for (floats)
+        timeout_keep_alive=settings.limits.keep_alive_seconds,  # type: ignore[arg-type]
         # Connection limits, head limits and deadlines, problem+json refusals (app.core.server);
         # uvicorn's own limit_concurrency would count idle keep-alive connections and answer in text.
         http=PROTOCOL,
         ws="none",
         timeout_graceful_shutdown=(
-            args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds
+            args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds  # type: ignore[arg-type]
         ),
     )
 

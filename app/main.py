@@ -45,7 +45,7 @@ async def prepare_databases(databases: Databases) -> None:
     for db in Database:
         try:
             await databases.check(db)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any connect failure: a setup error that names the database
             raise DatabaseSetupError(describe_connect_error(settings, db, exc)) from None
         if settings.migrates_at_startup(db):
             await migrations.upgrade(databases, db)

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from app.core.config import Database, Settings
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
-async def _with_metadata(settings: Settings, action):  # noqa: ANN001, ANN202
+T = TypeVar("T")
+
+
+async def _with_metadata(settings: Settings, action: Callable[[AsyncConnection], Awaitable[T]]) -> T:
     from app.core.databases import Databases
 
     databases = Databases.open(settings)
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
         raise SystemExit(f"storage-gateway: {exc.detail}") from None
 
 
-def add_parser(sub: argparse._SubParsersAction, config_help: str) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], config_help: str) -> None:
     keys = sub.add_parser("keys", help="create, list and revoke API keys")
     keys.add_argument("--config", default=None, help=config_help)
     ksub = keys.add_subparsers(dest="keys_command", required=True)

@@ -24,7 +24,7 @@ _PRINCIPAL = "gateway.principal"
 
 async def authenticate(request: Request) -> Principal:
     """The caller's principal, or 401 (once per request). With auth disabled everyone is anonymous."""
-    known = request.scope.get(_PRINCIPAL)
+    known: Principal | None = request.scope.get(_PRINCIPAL)
     if known is not None:
         return known
     state = gateway_state(request.app)

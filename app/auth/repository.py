@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Row, RowMapping, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -43,7 +44,7 @@ async def revocation_state(conn: AsyncConnection) -> tuple[object, ...]:
     return tuple(row)
 
 
-async def key_for_check(conn: AsyncConnection, key_id: str) -> Row | None:
+async def key_for_check(conn: AsyncConnection, key_id: str) -> Row[Any, Any, Any, Any] | None:
     """What checking a presented key needs: its hash, pattern, scopes and revocation."""
     query = select(
         api_keys.c.secret_hash, api_keys.c.namespace_pattern, api_keys.c.scopes, api_keys.c.revoked_at

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from sqlalchemy.ext.asyncio import AsyncEngine
 from fastapi import APIRouter, Path, Query, Request, Response, status
 
 from app.auth import service
@@ -20,7 +21,7 @@ from app.core.state import gateway_state
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))
 
 
-def _engine(request: Request):  # noqa: ANN202
+def _engine(request: Request) -> AsyncEngine:
     return gateway_state(request.app).databases.engine(Database.metadata)
 
 

@@ -13,6 +13,7 @@ import json
 import re
 import secrets
 from collections.abc import Iterable
+from typing import Any
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -117,7 +118,7 @@ async def create_key(
     return IssuedKey(key_id, secret, pattern, scopes, description, now)
 
 
-async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict]:
+async def list_keys(conn: AsyncConnection, after: str | None, limit: int) -> list[dict[str, Any]]:
     rows = await repository.page_of_keys(conn, after, limit)
     return [
         {

@@ -37,7 +37,7 @@ def scalar_terms(metadata: Mapping[str, Any]) -> dict[str, str]:
     """The top-level scalar entries of ``metadata`` as canonical JSON text."""
     return {
         k: canonical_json(v) for k, v in metadata.items()
-        if v is None or isinstance(v, (str, int, float, bool)) and len(k.encode("utf-8")) <= 1024
+        if v is None or (isinstance(v, (str, int, float, bool)) and len(k.encode("utf-8")) <= 1024)
     }
 
 

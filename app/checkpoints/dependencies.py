@@ -13,7 +13,8 @@ from app.checkpoints.service import CheckpointsService
 
 async def get_checkpoints_service(request: Request) -> CheckpointsService:
     """The service built once by the checkpoints lifecycle for the backend in use."""
-    return service_of(request, "checkpoints")
+    service: CheckpointsService = service_of(request, "checkpoints")
+    return service
 
 
 CheckpointsServiceDep = Annotated[CheckpointsService, Depends(get_checkpoints_service)]

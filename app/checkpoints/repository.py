@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import (
+    BindParameter,
     Integer,
     Text,
     bindparam,
@@ -39,7 +40,8 @@ from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
 from app.core.upsert import InsertBuilder
 
-_NS, _TID = bindparam("ns"), bindparam("tid")
+_NS: BindParameter[str] = bindparam("ns")
+_TID: BindParameter[str] = bindparam("tid")
 _PK = bindparam("pk", type_=Integer)
 _CNS = bindparam("cns", type_=Text)
 _CHILD_TABLES = (writes, terms, cp, blobs)
@@ -111,7 +113,8 @@ class CheckpointsRepository:
 
     async def touch_thread(self, conn: AsyncConnection, ns: str, thread_id: str, now: float) -> int:
         """The pk of the thread (created if new), marked as written at ``now``."""
-        return (await conn.execute(self._touch, {"ns": ns, "tid": thread_id, "now": now})).scalar_one()
+        pk: int = (await conn.execute(self._touch, {"ns": ns, "tid": thread_id, "now": now})).scalar_one()
+        return pk
 
     async def lock_thread(self, conn: AsyncConnection, ns: str, thread_id: str) -> int | None:
         """The pk of the thread, its row locked until the end of the transaction; None if it has none."""
@@ -163,7 +166,7 @@ class CheckpointsRepository:
     async def blob_keys(self, conn: AsyncConnection, pk: int) -> set[tuple[str, str, str]]:
         """(checkpoint_ns, channel, version) of every stored value of the thread."""
         stmt = select(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).where(blobs.c.thread_pk == _PK)
-        return {tuple(r) for r in (await conn.execute(stmt, {"pk": pk})).all()}  # type: ignore[misc]
+        return {tuple(r) for r in (await conn.execute(stmt, {"pk": pk})).all()}
 
     # --- deletes -------------------------------------------------------------------------
 
@@ -172,7 +175,7 @@ class CheckpointsRepository:
         any); how many checkpoints went."""
         if not pks:
             return 0
-        keys = bindparam("pks", expanding=True)
+        keys: BindParameter[list[int]] = bindparam("pks", expanding=True)
         deleted = 0
         for table in _CHILD_TABLES:
             result = await conn.execute(delete(table).where(table.c.thread_pk.in_(keys)), {"pks": list(pks)})
@@ -235,7 +238,7 @@ class CheckpointsRepository:
         )
         stmt = stmt.where(*self.backend.metadata_filter_shape(cp, 1))
         params.update(self.backend.metadata_filter_params({"run_id": run_id}))
-        return [tuple(r) for r in (await conn.execute(stmt, params)).all()]  # type: ignore[misc]
+        return [tuple(r) for r in (await conn.execute(stmt, params)).all()]
 
     async def lock_pks(self, conn: AsyncConnection, ns: str, pks: Iterable[int]) -> None:
         pks = sorted(set(pks))

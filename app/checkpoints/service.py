@@ -190,7 +190,7 @@ class CheckpointsService:
         """Delete all but the newest ``keep`` checkpoints per checkpoint_ns of thread ``pk`` (and
         the ancestors delta channels need: ``app.checkpoints.lineage``), with what only they used."""
         lineage = await self.repo.lineage(conn, pk)
-        by_ns: dict[str, list] = defaultdict(list)
+        by_ns: dict[str, list[Any]] = defaultdict(list)
         for row in lineage:
             by_ns[row.checkpoint_ns].append(row)
         if all(len(rows) <= keep for rows in by_ns.values()):

@@ -68,7 +68,8 @@ class DatabasesSettings(_Strict):
     checkpoints: DatabaseSettings = DatabaseSettings()
 
     def get(self, db: Database) -> DatabaseSettings:
-        return getattr(self, db.value)
+        settings: DatabaseSettings = getattr(self, db.value)
+        return settings
 
 
 class PostgresDatabases(_Strict):
@@ -155,7 +156,7 @@ class LimitsSettings(_Strict):
     )
 
     @model_validator(mode="after")
-    def _default_fits(self) -> "LimitsSettings":
+    def _default_fits(self) -> LimitsSettings:
         if self.default_page_size > self.max_page_size:
             raise ValueError("default_page_size must not exceed max_page_size")
         return self
@@ -288,7 +289,7 @@ class FilesSettings(_Strict):
     )
 
     @model_validator(mode="after")
-    def _s3_has_bucket(self) -> "FilesSettings":
+    def _s3_has_bucket(self) -> FilesSettings:
         if self.backend == "s3" and not self.s3.bucket:
             raise ValueError("files.backend is s3 but files.s3.bucket is not set")
         return self
@@ -385,7 +386,7 @@ class Settings(BaseSettings):
         return value.expanduser()
 
     @model_validator(mode="after")
-    def _auth_off_only_on_loopback(self) -> "Settings":
+    def _auth_off_only_on_loopback(self) -> Settings:
         if (
             self.auth.mode == "disabled"
             and not is_loopback(self.host)
@@ -398,7 +399,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _backends_resolve(self) -> "Settings":
+    def _backends_resolve(self) -> Settings:
         if self.persistence.vector_store_backend == "pgvector" and not (
             self.persistence.postgres_base_dsn or self.databases.vectors.url
         ):
@@ -408,7 +409,7 @@ class Settings(BaseSettings):
             )
         for db in Database:
             url = self.database_url(db)
-            if not (url.startswith("sqlite+aiosqlite://") or url.startswith("postgresql+asyncpg://")):
+            if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
                 raise ValueError(f"databases.{db.value}.url: unsupported URL scheme in {url.split('://')[0]!r}")
         return self
 

@@ -46,7 +46,7 @@ def _load_sqlite_vec(dbapi_connection: Any) -> None:
 
     async def load(conn: Any) -> None:
         await conn.enable_load_extension(True)
-        await conn.load_extension(sqlite_vec.loadable_path())
+        await conn.load_extension(sqlite_vec.loadable_path())  # type: ignore[no-untyped-call]  # sqlite-vec is unannotated
         await conn.enable_load_extension(False)
 
     dbapi_connection.run_async(load)
@@ -167,7 +167,7 @@ class Databases:
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, settings: Settings) -> "Databases":
+    def open(cls, settings: Settings) -> Databases:
         dbs = cls(settings)
         for db in Database:
             engine = create_engine(settings, db)

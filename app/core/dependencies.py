@@ -7,6 +7,7 @@ before the answer is sent, so an acknowledged write is a committed write (``app.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
@@ -25,7 +26,9 @@ from app.core.state import gateway_state
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def _connection_dependency(db: Database, *, single_statement: bool, read_only: bool):
+def _connection_dependency(
+    db: Database, *, single_statement: bool, read_only: bool
+) -> Callable[[Request], Awaitable[StatementConnection]]:
     """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
     Writes run in one transaction that commits when the answer is a success, before it is sent

@@ -191,7 +191,7 @@ def _describe_validation(errors: list[dict[str, Any]], total: int) -> str:
     return "; ".join(parts) + more
 
 
-_STATUS_CODES = {
+_STATUS_CODES: dict[int, type[ProblemError]] = {
     400: BadRequest,
     401: Unauthorized,
     403: Forbidden,
@@ -258,7 +258,8 @@ async def app_error_response(scope: Scope, exc: Exception) -> Response | None:
     handlers = getattr(scope.get("app"), "exception_handlers", {})
     for cls in type(exc).__mro__:
         if cls in handlers:
-            return await handlers[cls](Request(scope), exc)
+            response: Response = await handlers[cls](Request(scope), exc)
+            return response
     return None
 
 
@@ -280,7 +281,8 @@ def install_error_handlers(app: FastAPI) -> None:
         cls = _STATUS_CODES.get(exc.status_code)
         title = cls.title if cls else "Error"
         code = cls.code if cls else f"http_{exc.status_code}"
-        detail = exc.detail if isinstance(exc.detail, str) else None
+        raw: object = exc.detail  # typed str, but FastAPI's HTTPException carries any JSON
+        detail = raw if isinstance(raw, str) else None
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route matches {request.method} {request.url.path}"
         if exc.status_code == 405:
@@ -308,7 +310,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 "a database needed for this request is unreachable; retry later",
                 request=request, headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
             )
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return problem_response(500, "Internal Server Error", "internal_error", None, request=request)
 
     app.add_exception_handler(ProblemError, on_problem)  # type: ignore[arg-type]

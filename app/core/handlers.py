@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from copy import deepcopy
 from functools import partial
 from typing import Any, get_type_hints
@@ -38,7 +38,7 @@ from starlette.responses import Response
 from app.core.fences import fastapi_ as fence
 from app.core.fences.fastapi_ import Dependant, request_params_to_args
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]  # as APIRoute.get_route_handler returns
 Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
 Reader = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Any]]]
 Endpoint = Callable[..., Any]
@@ -81,9 +81,9 @@ def opted_out(endpoint: Endpoint | None) -> str | None:
 
 def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None:
     """Why ``dependant`` (its whole tree) cannot be planned, or None when it can."""
-    call = dependant.call
+    call: Any = dependant.call  # None for a parameter-only sub-dependant
     label = getattr(call, "__qualname__", repr(call))
-    if call is None or isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
+    if isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
         return f"{label} is not an async function"  # sync functions, classes, generators, security schemes
     for name in (f.name for f in dataclasses.fields(dependant)):
         if name in _PLANNED_FIELDS or name in _DESCRIPTIVE_FIELDS:
@@ -184,6 +184,7 @@ def _solver(dependant: Dependant) -> Solver:
                 arguments = await solve_sub(request, cache, errors)
                 if len(errors) > failed:
                     continue
+                assert call is not None  # _plannable planned only dependencies with one
                 result = await call(**arguments)
                 cache.setdefault(call, result)
             if name is not None:

@@ -52,7 +52,7 @@ async def _status(databases: Databases, db: Database) -> DatabaseStatus:
     timeout = databases.settings.databases.get(db).connect_timeout
     try:
         revision = await asyncio.wait_for(current_revision(databases, db), timeout)
-    except Exception as exc:  # unreachable for any reason: report, never raise
+    except Exception as exc:  # noqa: BLE001 - unreachable for any reason: report, never raise
         return DatabaseStatus(backend=backend, reachable=False, migrated=False, head=head,
                               error=exc.__class__.__name__)
     return DatabaseStatus(backend=backend, reachable=True, migrated=revision == head,
@@ -84,8 +84,8 @@ async def readyz(request: Request) -> JSONResponse:
         ready=all(s.reachable and s.migrated for s in statuses) and disk_full is None,
         reason=disk_full,
         auth=state.settings.auth.mode,
-        databases={db.value: s for db, s in zip(Database, statuses)},
-        storage=dict(zip(checks, storage)),
+        databases={db.value: s for db, s in zip(Database, statuses, strict=True)},
+        storage=dict(zip(checks, storage, strict=True)),
     )
     status = 200 if result.ready else 503
     headers = {} if result.ready else {"Retry-After": "2"}

@@ -89,7 +89,7 @@ def accepts(kind: Body, *, read_only: bool = False, overhead: int = 0) -> Callab
 
 def body_spec(endpoint: Callable[..., Any], methods: set[str], has_body_model: bool, path: str) -> BodySpec:
     """The endpoint's declared body; a route that obviously takes one but says nothing fails here."""
-    spec = getattr(endpoint, _ATTRIBUTE, None)
+    spec: BodySpec | None = getattr(endpoint, _ATTRIBUTE, None)
     if spec is not None:
         return spec
     if has_body_model or methods & WRITE_METHODS:
@@ -127,7 +127,7 @@ def too_large(spec: BodySpec, limit: int) -> PayloadTooLarge:
 class BodyClock:
     """Times one request body: an idle timeout and a deadline that a minimum rate extends."""
 
-    __slots__ = ("_idle", "_initial", "_rate", "_start", "received", "done")
+    __slots__ = ("_idle", "_initial", "_rate", "_start", "done", "received")
 
     def __init__(self, limits: LimitsSettings) -> None:
         self._idle = limits.body_idle_timeout_seconds

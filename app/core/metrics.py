@@ -8,7 +8,8 @@ per replica and scrape each replica when exact totals matter; see docs/operation
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -94,7 +95,7 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 class PoolCollector(Collector):
     """Connection pool use of each database, read from the engines when scraped."""
 
-    def __init__(self, databases: "Databases") -> None:
+    def __init__(self, databases: Databases) -> None:
         self.databases = databases
 
     def collect(self) -> Iterable[GaugeMetricFamily]:

@@ -10,6 +10,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import SchemaItem
 
 import migrations
 from app.core.config import Database
@@ -37,10 +38,12 @@ def version_table(db: Database) -> str:
     return f"alembic_version_{db.value}"
 
 
-def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: ANN001
+def include_object(
+    obj: SchemaItem, name: str | None, type_: str, reflected: bool, compare_to: SchemaItem | None
+) -> bool:
     """Tables created at run time (one per vector collection) are not the migrations' business."""
     if type_ == "table" and reflected and compare_to is None:
-        return not name.startswith(RUNTIME_TABLE_PREFIXES)
+        return not (name or "").startswith(RUNTIME_TABLE_PREFIXES)
     if type_ == "index" and not reflected and compare_to is None and is_dialect_conditional(obj):
         return False  # a one-dialect index (``Index.ddl_if``) is not missing where it does not apply
     return True

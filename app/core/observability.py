@@ -27,7 +27,8 @@ def route_template(scope: Scope) -> str:
     # path, and the full one (with the /v1/{namespace} prefix) is on the effective context.
     effective = scope.get("fastapi", {}).get("effective_route_context")
     if getattr(effective, "path_format", None):
-        return effective.path_format
+        path: str = effective.path_format
+        return path
     route = scope.get("route")  # FastAPI routes put themselves here
     if route is None and "endpoint" in scope:  # plain Starlette routes (/docs, /openapi.json)
         for candidate in getattr(scope.get("app"), "routes", ()):

@@ -55,7 +55,7 @@ def encode_cursor(position: dict[str, Any]) -> str:
 @lru_cache(maxsize=64)
 def _schema(fields: tuple[tuple[str, Any], ...]) -> type[BaseModel]:
     definitions: dict[str, Any] = {name: (kind, ...) for name, kind in fields}
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         "CursorPosition", __config__=ConfigDict(strict=True, extra="ignore"), v=(StrictInt, ...), **definitions
     )
 

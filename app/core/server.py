@@ -102,10 +102,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _close_an_idle_connection(self) -> bool:
         """Close the connection idle the longest (never one with a request in progress)."""
-        idle = [c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None]
+        idle = [
+            (since, c) for c in self.connections
+            if c is not self and (since := getattr(c, "idle_since", None)) is not None
+        ]
         if not idle:
             return False
-        oldest = min(idle, key=lambda c: c.idle_since)
+        _, oldest = min(idle, key=lambda pair: pair[0])
         self.connections.discard(oldest)
         oldest.transport.close()
         return True
@@ -202,7 +205,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self.transport.is_closing():
             return
-        if self._head_pending and self._head_bytes > 0 and (self.cycle is None or self.cycle.response_complete):
+        # uvicorn annotates cycle as always set; it is None until the first request starts
+        if self._head_pending and self._head_bytes > 0 and (self.cycle is None or self.cycle.response_complete):  # type: ignore[redundant-expr]
             self._refuse(408, "request_timeout", f"the request head did not arrive within {self._head_timeout:g} s")
         else:
             self.transport.close()

@@ -44,7 +44,7 @@ class Slots:
 class Slot:
     """One taken slot; ``release()`` is idempotent."""
 
-    __slots__ = ("_slots", "_namespace")
+    __slots__ = ("_namespace", "_slots")
 
     def __init__(self, slots: Slots, namespace: str) -> None:
         self._slots: Slots | None = slots

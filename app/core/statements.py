@@ -40,7 +40,8 @@ from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
 from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
@@ -51,7 +52,8 @@ StatementConnection = AsyncConnection | PoolProxiedConnection
 observers: list[Callable[[str, Sequence[Any]], None]] = []
 """Called with (SQL, arguments) for every statement sent on the driver path."""
 
-ASYNCPG_DIALECT: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())
+# SQLAlchemy's dialect classes carry no annotations on __init__ and import_dbapi.
+ASYNCPG_DIALECT: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())  # type: ignore[no-untyped-call]
 
 STRICT = os.environ.get("GATEWAY_STRICT_STATEMENTS", "") not in ("", "0")
 """Whether single-statement connections check that they run one statement (the tests' setting)."""
@@ -65,7 +67,7 @@ class SecondStatementError(AssertionError):
     """A single-statement connection was asked to run a second statement (strict mode)."""
 
 
-def check_driver_results(statement: ClauseElement) -> None:
+def check_driver_results(statement: ExecutableReturnsRows) -> None:
     """Refuse ``statement`` if a column it returns (selected, or RETURNING) needs SQLAlchemy's
     result processing, which the driver path skips: PostgreSQL would hand back raw values."""
     for column in getattr(statement, "exported_columns", ()):
@@ -103,26 +105,34 @@ def _ran_statement(conn: PoolProxiedConnection, sql: str) -> None:
 class FixedStatement:
     """A statement run through SQLAlchemy (SQLite, and any connection inside a transaction)."""
 
-    def __init__(self, statement: ClauseElement) -> None:
+    def __init__(self, statement: ExecutableReturnsRows) -> None:
         check_driver_results(statement)  # on SQLite too: the rule is the same on both backends
         self.statement = statement
 
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
-        return (await conn.execute(self.statement, params)).first()  # type: ignore[union-attr]
+        return (await _sqlalchemy(conn).execute(self.statement, params)).first()
 
     async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
-        return list((await conn.execute(self.statement, params)).all())  # type: ignore[union-attr]
+        return list((await _sqlalchemy(conn).execute(self.statement, params)).all())
 
     async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
-        return (await conn.execute(self.statement, params)).rowcount or 0  # type: ignore[union-attr]
+        return (await _sqlalchemy(conn).execute(self.statement, params)).rowcount or 0
+
+
+def _sqlalchemy(conn: StatementConnection) -> AsyncConnection:
+    """A statement run through SQLAlchemy needs SQLAlchemy's connection, never a driver's."""
+    if not isinstance(conn, AsyncConnection):
+        raise TypeError("a FixedStatement got a driver connection; only _AsyncpgStatement takes one")
+    return conn
 
 
 class _AsyncpgStatement(FixedStatement):
     """The statement compiled once for asyncpg; sent with asyncpg on a pooled driver connection."""
 
-    def __init__(self, statement: ClauseElement) -> None:
+    def __init__(self, statement: ExecutableReturnsRows) -> None:
         super().__init__(statement)
         compiled = statement.compile(dialect=ASYNCPG_DIALECT)
+        assert isinstance(compiled, SQLCompiler)  # a Core statement compiles with the SQL compiler
         if "POSTCOMPILE" in compiled.string:  # an expanding IN: its SQL depends on each call's values
             raise TypeError("fixed statements need a fixed number of bound values; use StatementShapes")
         self.sql = compiled.string
@@ -154,12 +164,14 @@ class _AsyncpgStatement(FixedStatement):
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
         if isinstance(conn, AsyncConnection):
             return await super().first(conn, params)
-        return await self._send(conn, "fetchrow", params)
+        row: Row | None = await self._send(conn, "fetchrow", params)  # an asyncpg Record
+        return row
 
     async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
         if isinstance(conn, AsyncConnection):
             return await super().all(conn, params)
-        return await self._send(conn, "fetch", params)
+        rows: list[Row] = await self._send(conn, "fetch", params)
+        return rows
 
     async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
         if isinstance(conn, AsyncConnection):
@@ -194,7 +206,7 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
     try:
         raise_as_dbapi_error(conn, exc)
     except dialect.loaded_dbapi.Error as dbapi_error:
-        disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))  # type: ignore[arg-type]
+        disconnect = bool(dialect.is_disconnect(dbapi_error, adapter, None))
         invalidated = disconnect or _connection_suspect(exc)
         if disconnect:
             recycle_pool_generation(conn, dbapi_error)  # what Connection does on a disconnect
@@ -207,7 +219,6 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
         if _connection_suspect(other):
             conn.invalidate(other)
         return other
-    return exc  # (not reached: raise_as_dbapi_error always raises)
 
 
 def fixed_statements(dialect: str) -> type[FixedStatement]:
@@ -223,7 +234,7 @@ class StatementShapes:
     not kept is built again when it comes back (correct, about 0.3 ms slower).
     """
 
-    def __init__(self, fixed: type[FixedStatement], build: Callable[..., ClauseElement], keep: int = 64) -> None:
+    def __init__(self, fixed: type[FixedStatement], build: Callable[..., ExecutableReturnsRows], keep: int = 64) -> None:
         self._fixed, self._build, self._keep = fixed, build, keep
         self._shapes: OrderedDict[Hashable, FixedStatement] = OrderedDict()
 

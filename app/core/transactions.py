@@ -81,9 +81,10 @@ class RequestConnections:
 
 def request_connections(scope: Scope) -> RequestConnections:
     try:
-        return scope[SCOPE_KEY]
+        connections: RequestConnections = scope[SCOPE_KEY]
     except KeyError:
         raise RuntimeError("TransactionMiddleware is not installed") from None
+    return connections
 
 
 class TransactionMiddleware:

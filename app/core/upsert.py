@@ -7,7 +7,7 @@ the builder once, at start-up, from ``Databases.dialect(db)``, and never looks a
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,6 +17,10 @@ class UpsertInsert(Protocol):
     """What both dialects' ``Insert`` offer (the subset the capabilities use)."""
 
     excluded: Any
+
+    def values(self, *args: Any, **kwargs: Any) -> Self: ...
+
+    def from_select(self, names: Any, select: Any, include_defaults: bool = ...) -> Self: ...
 
     def on_conflict_do_nothing(self, index_elements: Any = ...) -> Any: ...
 

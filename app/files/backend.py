@@ -9,7 +9,7 @@ a read transaction in WAL mode; PostgreSQL: ``REPEATABLE READ``), and the ``ON C
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Select, Table
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,9 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.databases import SQLITE_BEGIN_OPTION
 
+_Select = TypeVar("_Select", bound="Select[*tuple[Any, ...]]")
+
 
 class FilesBackend(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """The dialect it serves (read-only: the backends are frozen dataclasses)."""
 
     def write_options(self) -> dict[str, Any]:
         """Execution options for a connection that is about to write."""
@@ -27,7 +31,7 @@ class FilesBackend(Protocol):
     def snapshot_options(self) -> dict[str, Any]:
         """Execution options for a connection whose transaction must see one snapshot throughout."""
 
-    def locked(self, stmt: Select) -> Select:
+    def locked(self, stmt: _Select) -> _Select:
         """``stmt`` locking the rows it reads until the transaction ends."""
 
     def insert(self, table: Table) -> Any:
@@ -49,7 +53,7 @@ class SqliteFiles:
         # In WAL mode a read transaction sees the database as of its first read until it ends.
         return {SQLITE_BEGIN_OPTION: "DEFERRED"}
 
-    def locked(self, stmt: Select) -> Select:
+    def locked(self, stmt: _Select) -> _Select:
         return stmt  # BEGIN IMMEDIATE already serialises writers.
 
     def insert(self, table: Table) -> Any:
@@ -69,7 +73,7 @@ class PostgresFiles:
     def snapshot_options(self) -> dict[str, Any]:
         return {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
 
-    def locked(self, stmt: Select) -> Select:
+    def locked(self, stmt: _Select) -> _Select:
         return stmt.with_for_update()
 
     def insert(self, table: Table) -> Any:

@@ -14,7 +14,8 @@ from app.files.service import FilesService
 
 async def get_files_service(request: Request) -> FilesService:
     """The service built once by the files lifecycle for the backend in use."""
-    return service_of(request, "files")
+    service: FilesService = service_of(request, "files")
+    return service
 
 
 Files = Annotated[FilesService, Depends(get_files_service)]

@@ -7,7 +7,7 @@ and ``file_id`` (optional, before or after the file). Anything else is a 422 nam
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,7 +65,7 @@ async def read_form(body: AsyncIterator[bytes], content_type: str | None, sink: 
     seen_file = False
     file_done = False
 
-    def on(event: str):  # noqa: ANN202
+    def on(event: str) -> Callable[[bytes, int, int], None]:
         def data_callback(data: bytes, start: int, end: int) -> None:
             events.append((event, data[start:end]))
 

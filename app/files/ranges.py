@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from app.core.errors import RangeNotSatisfiable
 
 MAX_DIGITS = 19  # 2**63 - 1 has 19 digits: no file is larger
-BEYOND = 10**MAX_DIGITS  # stands for any position past every possible file
+BEYOND: int = 10**MAX_DIGITS  # stands for any position past every possible file
 
 
 @dataclass(frozen=True)

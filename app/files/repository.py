@@ -5,11 +5,12 @@ Functions take an open ``AsyncConnection`` (or session); the service decides the
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -34,7 +35,7 @@ class FileRow:
     object_key: str | None = None  # None: chunks in the database; else the bucket's key
 
     @classmethod
-    def of(cls, row: Any) -> "FileRow":
+    def of(cls, row: Any) -> FileRow:
         return cls(
             file_id=row.file_id,
             blob_id=row.blob_id,
@@ -67,7 +68,7 @@ class FilesRepository:
 
     # --- files rows --------------------------------------------------------------------
 
-    def _one(self, namespace: str, collection: str, file_id: str):  # noqa: ANN202
+    def _one(self, namespace: str, collection: str, file_id: str) -> Select[*tuple[Any, ...]]:
         return select(*_FILE_COLUMNS).where(in_scope(files, namespace, collection), files.c.file_id == file_id)
 
     async def get(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
@@ -126,7 +127,7 @@ class FilesRepository:
     # --- moving between backends (an operator's command, across every namespace) -----------
 
     @staticmethod
-    def _on(to_s3: bool):  # noqa: ANN205
+    def _on(to_s3: bool) -> ColumnElement[bool]:
         """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
         return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
 
@@ -139,7 +140,7 @@ class FilesRepository:
 
     async def to_move(
         self, conn: Conn, *, to_s3: bool, after: tuple[str, str, str] | None, limit: int
-    ) -> list[tuple[str, str, FileRow]]:
+    ) -> builtins.list[tuple[str, str, FileRow]]:
         """The next ``limit`` rows to move, in key order after ``after``: (namespace, collection, row)."""
         stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._on(to_s3))
         if after is not None:
@@ -181,7 +182,7 @@ class FilesRepository:
             stmt = stmt.where(file_uploads.c.touched_at < touched_before)
         return (await conn.execute(stmt)).rowcount == 1
 
-    async def known_blobs(self, conn: Conn, blob_ids: list[str]) -> set[str]:
+    async def known_blobs(self, conn: Conn, blob_ids: builtins.list[str]) -> set[str]:
         """Those of ``blob_ids`` that a file row points at or an upload in progress holds."""
         if not blob_ids:
             return set()
@@ -191,7 +192,7 @@ class FilesRepository:
         )
         return known
 
-    async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> list[str]:
+    async def stale_uploads(self, conn: Conn, touched_before: datetime, limit: int = 100) -> builtins.list[str]:
         rows = await conn.execute(
             select(file_uploads.c.blob_id).where(file_uploads.c.touched_at < touched_before).limit(limit)
         )

@@ -158,7 +158,7 @@ class BlobResponse(StreamingResponse):
     within ``send_timeout``, so a stuck reader gives its connection and download slot back)."""
 
     def __init__(
-        self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict,
+        self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict[str, str],
         send_timeout: float,
     ) -> None:
         super().__init__(content, status_code=status_code, headers=headers)

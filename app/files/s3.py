@@ -11,7 +11,6 @@ Object keys are derived only from values the gateway controls:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import re
@@ -19,10 +18,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app.core.config import S3Settings
 from app.core.errors import ServiceUnavailable
+
+if TYPE_CHECKING:  # types-aiobotocore[s3], a test extra; nothing is imported at run time
+    from types_aiobotocore_s3.client import S3Client
+    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
+
+    from aiobotocore.response import StreamingBody
 
 log = logging.getLogger("app.files")
 
@@ -38,6 +43,13 @@ class ObjectStoreUnavailable(ServiceUnavailable):
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+class _Encryption(TypedDict, total=False):
+    """The server-side-encryption arguments every write carries (empty without them)."""
+
+    ServerSideEncryption: Literal["AES256", "aws:kms"]
+    SSEKMSKeyId: str
 
 
 class ObjectMissing(Exception):
@@ -62,7 +74,7 @@ def translated(action: str) -> Iterator[None]:
             raise ObjectMissing(code) from None
         log.warning("object store refused %s: %s %s", action, code, err.get("Message", ""))
         raise ObjectStoreUnavailable(f"the object store refused to {action} ({code})") from None
-    except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, BotoCoreError, OSError) as exc:
         log.warning("object store unreachable during %s: %s", action, exc.__class__.__name__)
         raise ObjectStoreUnavailable(f"the object store is unreachable ({action}); retry later") from None
     except Exception as exc:
@@ -92,7 +104,7 @@ class ListedUpload:
 class ObjectBody:
     """A streamed GET: iterate ``chunks()``, and always ``close()``."""
 
-    def __init__(self, body: Any) -> None:
+    def __init__(self, body: StreamingBody) -> None:
         self._body = body
 
     async def chunks(self, size: int = 256 * 1024) -> AsyncIterator[bytes]:
@@ -107,20 +119,20 @@ class ObjectBody:
 class S3Objects:
     """One aiobotocore client (one connection pool) for the process, owned by the files lifespan."""
 
-    def __init__(self, settings: S3Settings, client: Any, stack: AsyncExitStack) -> None:
+    def __init__(self, settings: S3Settings, client: S3Client, stack: AsyncExitStack) -> None:
         self.settings = settings
         self.bucket: str = settings.bucket or ""
         self.prefix = settings.prefix
         self._client = client
         self._stack = stack
-        self._extra: dict[str, str] = {}
+        self._extra: _Encryption = {}
         if settings.server_side_encryption:
             self._extra["ServerSideEncryption"] = settings.server_side_encryption
             if settings.kms_key_id:
                 self._extra["SSEKMSKeyId"] = settings.kms_key_id
 
     @classmethod
-    async def open(cls, settings: S3Settings) -> "S3Objects":
+    async def open(cls, settings: S3Settings) -> S3Objects:
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session
 
@@ -177,7 +189,7 @@ class S3Objects:
         return answer["ETag"]
 
     async def complete_upload(self, key: str, upload_id: str, etags: list[str]) -> None:
-        parts = [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]
+        parts: list[CompletedPartTypeDef] = [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]
         with translated("complete a multipart upload"):
             await self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}

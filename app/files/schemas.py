@@ -20,7 +20,7 @@ class FileRead(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def of(cls, row: FileRow) -> "FileRead":
+    def of(cls, row: FileRow) -> FileRead:
         return cls(
             id=row.file_id,
             size=row.size,

@@ -21,6 +21,7 @@ streams a ranged GET.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import email.utils
 import hashlib
 import logging
@@ -80,7 +81,7 @@ class StoredFile:
 class BlobWriter:
     """Receives an upload's bytes, hashes and counts them, and hands full pieces to its sink."""
 
-    def __init__(self, service: "FilesService", namespace: str) -> None:
+    def __init__(self, service: FilesService, namespace: str) -> None:
         self._service = service
         self._repo = service.repo
         self.blob_id = new_blob_id()
@@ -129,6 +130,7 @@ class BlobWriter:
         await self._sink.finish(tail, self._stored)  # S3: the object is complete before the swap
         now = utcnow()
         old: FileRow | None = None
+        stored: StoredFile  # set before the loop below breaks (mypy cannot see a while True end)
         async with self._service.write() as conn:
             await self._sink.finish_in(conn, tail, self._stored)
             if self._sink.heartbeat.started and not await repo.end_upload(conn, self.blob_id):
@@ -186,7 +188,7 @@ class BlobWriter:
             if self._pending is not None:
                 try:
                     await self._settle()
-                except BaseException:
+                except BaseException:  # noqa: BLE001 - whatever settling raised, the abort below still runs
                     pass
             try:
                 await self._sink.abort()
@@ -360,7 +362,7 @@ class FilesService:
         return ObjectReader(self.blobs.require_objects(), row)
 
     async def open_range(
-        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], "DownloadPlan"]
+        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan]
     ) -> tuple[BlobReader, DownloadPlan]:
         """``open`` and start reading the range ``plan`` picks, before any header is sent.
 
@@ -388,7 +390,7 @@ class FilesService:
             return StorageStatus(backend="database", reachable=True)
         try:
             await asyncio.wait_for(objects.check(), objects.settings.connect_timeout)
-        except Exception as exc:  # report, never raise
+        except Exception as exc:  # noqa: BLE001 - report, never raise
             error = exc.detail if isinstance(exc, ObjectStoreUnavailable) else exc.__class__.__name__
             return StorageStatus(backend="s3", reachable=False, location=objects.bucket, error=error)
         return StorageStatus(backend="s3", reachable=True, location=objects.bucket)
@@ -462,7 +464,7 @@ class FilesService:
                     swept += 1
         return swept
 
-    async def _known(self, blob_ids: list[str]) -> set[str]:
+    async def _known(self, blob_ids: builtins.list[str]) -> set[str]:
         if not blob_ids:
             return set()
         async with self._engine.connect() as conn:

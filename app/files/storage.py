@@ -263,7 +263,7 @@ class ObjectReader:
                 if pending:
                     await queue.put(b"".join(pending))
                 await queue.put(None)
-            except Exception as exc:  # handed to the response, which is cut off
+            except Exception as exc:  # noqa: BLE001 - handed to the response, which is cut off
                 await queue.put(exc)
 
         task = asyncio.create_task(read_ahead())

@@ -13,7 +13,8 @@ from app.kv.service import KvService
 
 async def get_kv_service(request: Request) -> KvService:
     """The service built once by the kv lifecycle for the backend in use."""
-    return service_of(request, "kv")
+    service: KvService = service_of(request, "kv")
+    return service
 
 
 KvServiceDep = Annotated[KvService, Depends(get_kv_service)]

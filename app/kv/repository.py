@@ -9,12 +9,13 @@ Compare-and-swap is a single statement each time: ``UPDATE ... WHERE version IN 
 
 from __future__ import annotations
 
+import builtins
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
+from sqlalchemy import BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -22,7 +23,9 @@ from app.core.statements import FixedStatement, StatementConnection, StatementSh
 from app.core.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
-_NS, _C, _K = bindparam("ns"), bindparam("c"), bindparam("k")
+_NS: BindParameter[str] = bindparam("ns")
+_C: BindParameter[str] = bindparam("c")
+_K: BindParameter[str] = bindparam("k")
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
@@ -118,7 +121,7 @@ class KvRepository:
         }
         return ins.on_conflict_do_update(index_elements=_PK, set_=set_, where=where).returning(t.c.version)
 
-    def _params(self, ns: str, c: str, k: str, value: str, now: datetime, expires: datetime | None) -> dict:
+    def _params(self, ns: str, c: str, k: str, value: str, now: datetime, expires: datetime | None) -> dict[str, Any]:
         return {"ns": ns, "c": c, "k": k, "v": value, "nv": new_version(), "now": now, "exp": expires}
 
     # --- reads ---------------------------------------------------------------------------
@@ -145,11 +148,12 @@ class KvRepository:
         """Set unconditionally; the new version."""
         row = await self._upsert.first(conn, self._params(ns, c, k, value, now, expires))
         assert row is not None  # an unconditional upsert always writes
-        return row[0]
+        version: int = row[0]
+        return version
 
     async def create_or_replace_unless(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
-        expires: datetime | None, *, any_version: bool, versions: list[int],
+        expires: datetime | None, *, any_version: bool, versions: builtins.list[int],
     ) -> int | None:
         """``If-None-Match``: write unless a live entry exists (``any_version``) or has one of
         ``versions``; the new version, or None when the condition failed."""
@@ -166,7 +170,7 @@ class KvRepository:
 
     async def replace_if(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
-        expires: datetime | None, *, versions: list[int] | None, not_versions: list[int] | None = None,
+        expires: datetime | None, *, versions: builtins.list[int] | None, not_versions: builtins.list[int] | None = None,
     ) -> int | None:
         """``If-Match``: replace a live entry whose version is in ``versions`` (None = any) and
         not in ``not_versions``; the new version, or None when nothing matched."""

@@ -13,7 +13,8 @@ from app.records.service import RecordsService
 
 async def get_records_service(request: Request) -> RecordsService:
     """The service built once by the records lifecycle for the backend in use."""
-    return service_of(request, "records")
+    service: RecordsService = service_of(request, "records")
+    return service
 
 
 RecordsServiceDep = Annotated[RecordsService, Depends(get_records_service)]

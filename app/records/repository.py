@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, bindparam, delete, select
+from sqlalchemy import BigInteger, BindParameter, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.scoping import in_scope
@@ -19,7 +19,9 @@ from app.core.statements import FixedStatement, StatementConnection, StatementSh
 from app.core.upsert import InsertBuilder
 from app.records.models import records as t
 
-_NS, _C, _K = bindparam("ns"), bindparam("c"), bindparam("k")
+_NS: BindParameter[str] = bindparam("ns")
+_C: BindParameter[str] = bindparam("c")
+_K: BindParameter[str] = bindparam("k")
 _MAX_BIGINT = 2**63 - 1
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 

@@ -79,7 +79,7 @@ class TrimRequest(BaseModel):
     keep_last: StrictInt | None = Field(default=None, ge=0, examples=[100])
 
     @model_validator(mode="after")
-    def _one_needed(self) -> "TrimRequest":
+    def _one_needed(self) -> TrimRequest:
         if self.before is None and self.keep_last is None:
             raise ValueError("give `before`, `keep_last` or both")
         return self

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,7 +21,7 @@ _dumps = json.dumps
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _record_json(key: str, value: str) -> str:
@@ -52,7 +52,7 @@ class RecordsService:
         if isinstance(literal, dict) and isinstance(literal.get("records"), list) and len(literal["records"]) == len(values):
             values = [item["value"] for item in literal["records"]]
         items = []
-        for i, (record, value) in enumerate(zip(records, values)):
+        for i, (record, value) in enumerate(zip(records, values, strict=True)):
             key = validate_key(f"records.{i}.key", record.key)
             items.append((key, encode_value(f"records.{i}.value", value, self.limits.max_value_bytes)))
         await self.repo.upsert_many(conn, ns, c, items, _utcnow())

@@ -8,6 +8,7 @@ integer id only (``vec_<id>``, ``fts_<id>``).
 
 from __future__ import annotations
 
+import builtins
 from array import array
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,7 +61,7 @@ class PointIn:
     """A checked point to store: float32 vector, payload as compact JSON, and its hybrid text."""
 
     id: str
-    vector: array
+    vector: array[float]
     payload_json: str
     text: str | None = None
     norm: float = 0.0
@@ -70,7 +71,7 @@ class PointIn:
 class PointOut:
     id: str
     payload_json: str
-    vector: array | None = None
+    vector: array[float] | None = None
 
 
 @dataclass
@@ -182,24 +183,24 @@ class VectorIndex(Protocol):
         self,
         session: AsyncConnection,
         coll: CollectionInfo,
-        vector: array,
+        vector: array[float],
         limit: int,
         flt: Node | None,
         ef_search: int | None,
-    ) -> tuple[list[Hit], Plan]:
+    ) -> tuple[builtins.list[Hit], Plan]:
         """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first, and the
         plan that found them (``ef_search`` None: chosen by the planner); ``MissingTable`` when
         the collection's table no longer exists."""
         ...
 
     async def text_search(
-        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
-    ) -> list[str]:
+        self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
+    ) -> builtins.list[str]:
         """Ids of the best full-text matches of ``words`` (any of them), best first."""
         ...
 
     async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
-    ) -> list[Hit]:
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
+    ) -> builtins.list[Hit]:
         """The distance of each stored point in ``ids`` to ``vector``."""
         ...

@@ -205,6 +205,7 @@ class IndexBuilder:
         (or that have been written to for ``MAX_BUSY_SWEEPS`` sweeps); how many."""
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
+            assert raw is not None  # a checked-out connection has its asyncpg connection
             rows = await raw.fetch(_SWEEP, int(self.min_rows))
         now = time.monotonic()
         scheduled = 0
@@ -342,10 +343,11 @@ class IndexBuilder:
             try:
                 async with self.engine.connect() as conn:
                     raw = (await conn.get_raw_connection()).driver_connection
+                    assert raw is not None  # a checked-out connection has its asyncpg connection
                     row = await raw.fetchrow(_PROGRESS, pid)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # progress is best effort
+            except Exception:  # noqa: BLE001 - progress is best effort
                 continue
             if row is None:
                 continue

@@ -22,7 +22,7 @@ from app.core.errors import InvalidInput
 _LITTLE = sys.byteorder == "little"
 
 
-def _checked(vec: array, dim: int, where: str, nonzero: bool) -> array:
+def _checked(vec: array[float], dim: int, where: str, nonzero: bool) -> array[float]:
     if len(vec) != dim:
         raise InvalidInput(where, f"has {len(vec)} dimensions; the collection's vectors have {dim}")
     if not math.isfinite(sum(vec)):
@@ -32,7 +32,7 @@ def _checked(vec: array, dim: int, where: str, nonzero: bool) -> array:
     return vec
 
 
-def from_numbers(values: list[float], dim: int, where: str, *, nonzero: bool = False) -> array:
+def from_numbers(values: list[float], dim: int, where: str, *, nonzero: bool = False) -> array[float]:
     try:
         vec = array("f", values)
     except OverflowError:
@@ -40,7 +40,7 @@ def from_numbers(values: list[float], dim: int, where: str, *, nonzero: bool = F
     return _checked(vec, dim, where, nonzero)
 
 
-def _decode_b64(data: str, where: str) -> array:
+def _decode_b64(data: str, where: str) -> array[float]:
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -54,18 +54,18 @@ def _decode_b64(data: str, where: str) -> array:
     return vec
 
 
-def from_b64(data: str, dim: int, where: str, *, nonzero: bool = False) -> array:
+def from_b64(data: str, dim: int, where: str, *, nonzero: bool = False) -> array[float]:
     return _checked(_decode_b64(data, where), dim, where, nonzero)
 
 
-def to_b64(vec: array) -> str:
+def to_b64(vec: array[float]) -> str:
     if not _LITTLE:  # pragma: no cover
         vec = array("f", vec)
         vec.byteswap()
     return base64.b64encode(vec.tobytes()).decode("ascii")
 
 
-def norm(vec: array) -> float:
+def norm(vec: array[float]) -> float:
     return math.hypot(*vec)
 
 

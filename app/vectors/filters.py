@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from app.core.errors import InvalidInput
 
-Scalar = Union[str, int, float, bool, None]
+Scalar = str | int | float | bool | None
 CompareOp = Literal["gt", "gte", "lt", "lte"]
 
 
@@ -44,20 +44,20 @@ class Exists:
 
 @dataclass(frozen=True)
 class Not:
-    node: "Node"
+    node: Node
 
 
 @dataclass(frozen=True)
 class And:
-    nodes: tuple["Node", ...]
+    nodes: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Or:
-    nodes: tuple["Node", ...]
+    nodes: tuple[Node, ...]
 
 
-Node = Union[Eq, Compare, Exists, Not, And, Or]
+Node = Eq | Compare | Exists | Not | And | Or
 
 _COMPARE = {"$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 _OPERATORS = {"$eq", "$ne", "$in", "$nin", "$exists", *_COMPARE}

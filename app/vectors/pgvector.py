@@ -27,6 +27,7 @@ uses HNSW. Dropping or resetting a collection cancels a build running on its tab
 
 from __future__ import annotations
 
+import builtins
 import json
 import struct
 import sys
@@ -134,7 +135,7 @@ def parse_version(value: str | None) -> tuple[int, ...]:
 _LITTLE = sys.byteorder == "little"
 
 
-def encode_vector(vec: array | bytes) -> bytes:
+def encode_vector(vec: array[float] | bytes) -> bytes:
     """pgvector's binary form: dimensions (int16), unused (int16), big-endian float32 values."""
     if isinstance(vec, bytes):
         return vec
@@ -144,7 +145,7 @@ def encode_vector(vec: array | bytes) -> bytes:
     return struct.pack(">HH", len(data), 0) + data.tobytes()
 
 
-def decode_vector(data: bytes) -> array:
+def decode_vector(data: bytes) -> array[float]:
     out = array("f")
     out.frombytes(data[4:])
     if _LITTLE:
@@ -575,18 +576,18 @@ class PgVectorIndex:
         self,
         session: AsyncConnection,
         coll: CollectionInfo,
-        vector: array,
+        vector: array[float],
         limit: int,
         flt: Node | None,
         ef_search: int | None,
-    ) -> tuple[list[Hit], Plan]:
+    ) -> tuple[builtins.list[Hit], Plan]:
         q = encode_vector(vector)
         async with self._driver(session) as conn:
             return await self._search(conn, coll, q, int(limit), flt, ef_search)
 
     async def _search(
         self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None, ef_search: int | None
-    ) -> tuple[list[Hit], Plan]:
+    ) -> tuple[builtins.list[Hit], Plan]:
         hnsw = coll.index.get("kind") in HNSW_KINDS
         rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
         sql = _Positional(2)
@@ -626,7 +627,7 @@ class PgVectorIndex:
         self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
         return rows, ready
 
-    async def _selectivity(self, conn: Any, coll: CollectionInfo, where: str, args: list[Any], rows: int) -> float:
+    async def _selectivity(self, conn: Any, coll: CollectionInfo, where: str, args: builtins.list[Any], rows: int) -> float:
         """The share of points matching ``where``, from a block sample of about ``SAMPLE_ROWS``
         points (``TABLESAMPLE SYSTEM``: reads only the sampled pages, never the whole table),
         cached for ``SELECTIVITY_TTL`` seconds per collection and filter."""
@@ -651,8 +652,8 @@ class PgVectorIndex:
         return selectivity
 
     async def _indexed(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any], candidates: int
-    ) -> list[Hit]:
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any], candidates: int
+    ) -> builtins.list[Hit]:
         """A graph search. With a filter and ``candidates`` > 0: the ``candidates`` nearest from the
         graph, then the filter on them (what pgvector before 0.8 does with a WHERE anyway, but
         spelled out so that PostgreSQL cannot pick a payload index and sort every match instead).
@@ -684,8 +685,8 @@ class PgVectorIndex:
         return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
 
     async def _exact(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: list[Any]
-    ) -> list[Hit]:
+        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any]
+    ) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
         # indexes still narrow the rows of a filter; only the k answers' payloads become text.
         rows = await conn.fetch(
@@ -698,8 +699,8 @@ class PgVectorIndex:
         return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
 
     async def text_search(
-        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
-    ) -> list[str]:
+        self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
+    ) -> builtins.list[str]:
         if coll.text_field is None or not words:
             return []
         sql = SqlBuilder()
@@ -717,8 +718,8 @@ class PgVectorIndex:
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
-    ) -> list[Hit]:
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
+    ) -> builtins.list[Hit]:
         if not ids:
             return []
         rows = await session.execute(
@@ -736,4 +737,5 @@ async def detect_version(session_or_conn: Any) -> str | None:
     result = await session_or_conn.execute(
         text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
     )
-    return result.scalar_one_or_none()
+    version: str | None = result.scalar_one_or_none()
+    return version

@@ -12,7 +12,8 @@ import json
 import re
 import uuid
 from array import array
-from datetime import datetime, timedelta, timezone
+from collections.abc import Sequence
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
@@ -56,7 +57,7 @@ IDEMPOTENCY_KEY_MAX = 255
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _score(distance_name: str, distance: float) -> float:
@@ -136,7 +137,7 @@ class VectorService:
         info: CollectionInfo,
         state: str,
         count: int | None = None,
-        payload_states: list[str] | None = None,
+        payload_states: Sequence[str] | None = None,
         progress: dict[str, Any] | None = None,
         plans: dict[str, int] | None = None,
     ) -> dict[str, Any]:
@@ -159,7 +160,7 @@ class VectorService:
                 "plans": plans,
             },
             "payload_indexes": [
-                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states)
+                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states, strict=True)
             ],
             "count": count,
             "created_at": info.created_at.isoformat(),
@@ -304,7 +305,7 @@ class VectorService:
             raise InvalidInput(where, f"must be at most {self.settings.limits.max_value_bytes} bytes of JSON")
         return text
 
-    def _point(self, info: CollectionInfo, pid: str | None, vec: array, payload: dict | None, where: str) -> PointIn:
+    def _point(self, info: CollectionInfo, pid: str | None, vec: array[float], payload: dict[str, Any] | None, where: str) -> PointIn:
         if pid is None:
             pid = uuid.uuid4().hex
         else:
@@ -436,7 +437,8 @@ class VectorService:
                 "Idempotency-Key was already used with a different request body",
                 code="idempotency_key_reused",
             )
-        return json.loads(row.response)
+        response: dict[str, Any] = json.loads(row.response)
+        return response
 
     def _point_read(self, p: PointOut, vector_format: str = "json") -> dict[str, Any]:
         out: dict[str, Any] = {"id": p.id, "payload": encoding.raw_json(p.payload_json)}
@@ -558,7 +560,7 @@ class VectorService:
     async def _hybrid(
         self,
         info: CollectionInfo,
-        vector: array,
+        vector: array[float],
         words: list[str],
         limit: int,
         flt: Node | None,

@@ -9,6 +9,7 @@ collection with a ``text_field`` gets an FTS5 table (``fts_<id>``) keyed by the 
 
 from __future__ import annotations
 
+import builtins
 from array import array
 from collections.abc import Mapping
 from typing import Any
@@ -110,11 +111,11 @@ def served(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
     return False
 
 
-def _blob(vec: array) -> bytes:
+def _blob(vec: array[float]) -> bytes:
     return vec.tobytes()
 
 
-def _unblob(data: bytes) -> array:
+def _unblob(data: bytes) -> array[float]:
     out = array("f")
     out.frombytes(data)
     return out
@@ -139,7 +140,7 @@ class SqliteVecIndex:
             "ELSE -((1.0 - vec_distance_cosine(embedding, :q)) * norm * :qn) END)"
         )
 
-    def _qparams(self, vector: array) -> dict[str, Any]:
+    def _qparams(self, vector: array[float]) -> dict[str, Any]:
         import math
 
         return {"q": _blob(vector), "qn": math.hypot(*vector)}
@@ -302,11 +303,11 @@ class SqliteVecIndex:
         self,
         session: AsyncConnection,
         coll: CollectionInfo,
-        vector: array,
+        vector: array[float],
         limit: int,
         flt: Node | None,
         ef_search: int | None,
-    ) -> tuple[list[Hit], Plan]:
+    ) -> tuple[builtins.list[Hit], Plan]:
         sql = SqlBuilder()
         where = compile_filter(flt, sql, coll.declared)
         sql.params.update(self._qparams(vector), limit=limit)
@@ -329,8 +330,8 @@ class SqliteVecIndex:
         return [Hit(r[0], float(r[2]), r[1]) for r in rows], plan
 
     async def text_search(
-        self, session: AsyncConnection, coll: CollectionInfo, words: list[str], limit: int, flt: Node | None
-    ) -> list[str]:
+        self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
+    ) -> builtins.list[str]:
         if coll.text_field is None or not words:
             return []
         sql = SqlBuilder()
@@ -347,8 +348,8 @@ class SqliteVecIndex:
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array, ids: list[str]
-    ) -> list[Hit]:
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
+    ) -> builtins.list[Hit]:
         if not ids:
             return []
         params = {**self._qparams(vector), "ids": orjson.dumps(ids).decode()}

@@ -1,5 +1,7 @@
 """Async client for storage-gateway."""
 
+from typing import TYPE_CHECKING
+
 from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
 from ._models import KvEntry, PayloadIndex, Record, SortOrder
@@ -20,6 +22,9 @@ from ._exceptions import (
     Unauthorized,
     Unavailable,
 )
+
+if TYPE_CHECKING:
+    from ._checkpoints import GatewayCheckpointSaver
 
 __all__ = [
     "AsyncPersistStore",
@@ -57,7 +62,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str) -> type["GatewayCheckpointSaver"]:
     """``GatewayCheckpointSaver`` is imported on first use: it needs the ``langgraph`` extra."""
     if name == "GatewayCheckpointSaver":
         from ._checkpoints import GatewayCheckpointSaver

@@ -63,7 +63,7 @@ def _jsonable(value: Any) -> Any:
 class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpointer storing graph state in a gateway namespace: ``gw.checkpointer()``."""
 
-    def __init__(self, client: "GatewayClient", *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(self, client: GatewayClient, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self._transport: Transport = client._transport
         self._prefix = f"/v1/{quote(client.namespace, safe='')}/checkpoints"
@@ -246,7 +246,7 @@ class GatewayCheckpointSaver(BaseCheckpointSaver[str]):
         for i in range(0, len(ids), BATCH):
             await self._post("/prune", {"thread_ids": ids[i:i + BATCH], "strategy": strategy})
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
         """``<32-digit counter>.<random>``, the scheme of LangGraph's own savers."""
         if current is None:
             current_v = 0

@@ -77,7 +77,7 @@ class GatewayClient:
         """The seed's VectorStoreProtocol bound to one vector collection."""
         return RemoteVectorStore(self.vectors, collection)
 
-    def checkpointer(self, *, serde: Any = None) -> "GatewayCheckpointSaver":
+    def checkpointer(self, *, serde: Any = None) -> GatewayCheckpointSaver:
         """A LangGraph checkpointer (``BaseCheckpointSaver``) storing graph state in this namespace
         (needs the ``langgraph`` extra); ``serde`` defaults to LangGraph's own serializer."""
         from ._checkpoints import GatewayCheckpointSaver
@@ -90,7 +90,7 @@ class GatewayClient:
 
     aclose = close
 
-    async def __aenter__(self) -> "GatewayClient":
+    async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(
@@ -101,7 +101,8 @@ class GatewayClient:
     ) -> None:
         await self.close()
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         """``/readyz`` as a dict (does not raise on 503)."""
         response = await self._transport.request("GET", "/readyz", ok=(503,))
-        return response.json()
+        readiness: dict[str, Any] = response.json()
+        return readiness

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterable, AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -59,7 +60,7 @@ class FileHead(BaseModel):
         return f'"{self.sha256}"'
 
     @classmethod
-    def of(cls, response: httpx.Response) -> "FileHead":
+    def of(cls, response: httpx.Response) -> FileHead:
         h = response.headers
         length = int(h.get("content-length", "0"))
         size = length
@@ -96,7 +97,7 @@ class IntegrityError(GatewayError):
 
 
 def _etag(value: str | None) -> str | None:
-    if value is None or value == "*" or value.startswith('"') or value.startswith("W/"):
+    if value is None or value == "*" or value.startswith(('"', "W/")):
         return value
     return f'"{value}"'
 
@@ -123,7 +124,7 @@ class FileDownload:
     Either way the response is closed when done, on error, or when iteration stops early.
     """
 
-    def __init__(self, api: "FilesAPI", url: str, headers: dict[str, str], chunk_bytes: int) -> None:
+    def __init__(self, api: FilesAPI, url: str, headers: dict[str, str], chunk_bytes: int) -> None:
         self._api = api
         self._url = url
         self._headers = headers
@@ -132,7 +133,7 @@ class FileDownload:
         self.response: httpx.Response | None = None
         self.head: FileHead | None = None
 
-    async def __aenter__(self) -> "FileDownload":
+    async def __aenter__(self) -> FileDownload:
         self._cm = self._api._stream("GET", self._url, headers=self._headers)
         try:
             response = await self._cm.__aenter__()
@@ -228,7 +229,7 @@ class FilesAPI(Resource):
             content = bytes(source)
         elif isinstance(source, (str, os.PathLike)):
             path = Path(source)
-            headers["Content-Length"] = str(path.stat().st_size)
+            headers["Content-Length"] = str((await asyncio.to_thread(path.stat)).st_size)
             content = _PathSource(path, chunk_bytes)
         elif isinstance(source, AsyncIterable):
             content = source
@@ -325,5 +326,7 @@ class FilesAPI(Resource):
         response = await self._transport.request("GET", self._path())
         return FilesUsage.model_validate_json(response.content)
 
-    def _stream(self, method: str, url: str, headers: dict[str, str]):  # noqa: ANN202
+    def _stream(
+        self, method: str, url: str, headers: dict[str, str]
+    ) -> AbstractAsyncContextManager[httpx.Response]:
         return self._transport.stream(method, url, headers={**self._transport._headers, **headers})

@@ -42,8 +42,8 @@ import select
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import Any, SupportsIndex, TypeVar
 
 import httpx
 
@@ -67,7 +67,7 @@ class _Reader(asyncio.StreamReader):
     received = False  # some byte of the current answer arrived
     lost: BaseException | None = None
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:  # bytes, as asyncio feeds it
         if self.idle:
             self.stale = True
         self.received = True
@@ -451,7 +451,10 @@ async def _write_request(
         return
     await _send(conn, head, timeout)
     conn.body_taken = True
-    async for chunk in request.stream:
+    stream = request.stream
+    if not isinstance(stream, httpx.AsyncByteStream):  # an AsyncClient builds only these
+        raise TypeError("an async transport needs an async request body")
+    async for chunk in stream:
         if chunk:
             await _send(conn, _frame(chunk) if chunked else chunk, timeout)
     if chunked:

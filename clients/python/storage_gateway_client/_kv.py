@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,7 +101,7 @@ class KeyValueAPI(Resource):
             if cursor is None:
                 return
 
-    async def keys(self, collection: str, *, prefix: str | None = None) -> list[str]:
+    async def keys(self, collection: str, *, prefix: str | None = None) -> builtins.list[str]:
         """Every key of the collection (optionally under ``prefix``) in key order."""
         return [e.key async for e in self.iter_entries(collection, prefix=prefix, keys_only=True)]
 

@@ -37,7 +37,7 @@ class RemotePersistStore:
     closes the ``GatewayClient`` only when this store created it (``create_persist_store``).
     """
 
-    def __init__(self, kv: "KeyValueAPI", namespace: str = "default", *, owner: "GatewayClient | None" = None) -> None:
+    def __init__(self, kv: KeyValueAPI, namespace: str = "default", *, owner: GatewayClient | None = None) -> None:
         self._kv = kv
         self._namespace = namespace
         self._owner = owner  # a GatewayClient this store created and must close
@@ -79,7 +79,7 @@ class RemotePersistStore:
         if self._owner is not None:
             await self._owner.close()
 
-    async def __aenter__(self) -> "RemotePersistStore":
+    async def __aenter__(self) -> RemotePersistStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -22,6 +22,7 @@ import random
 import ssl
 import urllib.request
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, TypeAlias
 
 import httpx
@@ -54,7 +55,7 @@ class RetryPolicy:
         self.max_backoff = max_backoff
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        base = min(self.max_backoff, self.backoff * (2**attempt))
+        base = min(self.max_backoff, self.backoff * (2.0**attempt))
         if retry_after is not None:
             base = min(self.max_backoff, max(base, retry_after))
         return base * (0.5 + random.random() / 2)
@@ -171,6 +172,6 @@ class Transport:
             raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def stream(self, method: str, url: str, **kwargs: Any):  # noqa: ANN201
+    def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
         """A streaming response context (``async with``); status errors are the caller's to check."""
         return self.client.stream(method, self.url(url), **kwargs)

@@ -121,10 +121,12 @@ class VectorsAPI(Resource):
                 p.model_dump() if isinstance(p, PayloadIndex) else dict(p) for p in payload_indexes
             ]
         response = await self._transport.request("PUT", self._path(collection), json=body)
-        return response.json()
+        created: dict[str, Any] = response.json()
+        return created
 
     async def describe_collection(self, collection: str) -> dict[str, Any]:
-        return (await self._transport.request("GET", self._path(collection))).json()
+        described: dict[str, Any] = (await self._transport.request("GET", self._path(collection))).json()
+        return described
 
     async def list_collections(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -132,7 +134,8 @@ class VectorsAPI(Resource):
             params["limit"] = limit
         if cursor is not None:
             params["cursor"] = cursor
-        return (await self._transport.request("GET", self._path(), params=params)).json()
+        page: dict[str, Any] = (await self._transport.request("GET", self._path(), params=params)).json()
+        return page
 
     async def drop_collection(self, collection: str) -> None:
         await self._transport.request("DELETE", self._path(collection))
@@ -193,7 +196,8 @@ class VectorsAPI(Resource):
         response = await self._transport.request(
             "POST", self._path(collection, "points"), json=body, headers=headers, idempotent=True
         )
-        return response.json()["ids"]
+        stored: list[str] = response.json()["ids"]
+        return stored
 
     async def search(
         self,
@@ -207,12 +211,13 @@ class VectorsAPI(Resource):
         ef_search: int | None = None,
     ) -> list[dict[str, Any]]:
         """Results ``{id, score, distance, payload}`` by descending score."""
-        return (
+        results: list[dict[str, Any]] = (
             await self.search_explained(
                 collection, vector, limit, query=query, filters=filters, score_threshold=score_threshold,
                 ef_search=ef_search, explain=False,
             )
         )["results"]
+        return results
 
     async def search_explained(
         self,
@@ -247,7 +252,8 @@ class VectorsAPI(Resource):
         response = await self._transport.request(
             "POST", self._path(collection, "search"), json=body, idempotent=True
         )
-        return response.json()
+        explained: dict[str, Any] = response.json()
+        return explained
 
     async def get_point(self, collection: str, point_id: str, *, with_vector: bool = True) -> dict[str, Any] | None:
         """``{id, payload, vector}``, or None when the point does not exist (``NotFound`` for a
@@ -262,7 +268,7 @@ class VectorsAPI(Resource):
             if exc.code == "point_not_found":
                 return None
             raise
-        point = response.json()
+        point: dict[str, Any] = response.json()
         if "vector_b64" in point:
             point["vector"] = unpack_vector(point.pop("vector_b64"))
         return point
@@ -287,7 +293,8 @@ class VectorsAPI(Resource):
         response = await self._transport.request(
             "PATCH", self._path(collection, "points", point_id), json=body, idempotent=True
         )
-        return response.json()
+        updated: dict[str, Any] = response.json()
+        return updated
 
     async def delete_point(self, collection: str, point_id: str) -> None:
         await self._transport.request("DELETE", self._path(collection, "points", point_id))
@@ -329,7 +336,7 @@ class VectorsAPI(Resource):
         response = await self._transport.request(
             "POST", self._path(collection, "points", "list"), json=body, idempotent=True
         )
-        page = response.json()
+        page: dict[str, Any] = response.json()
         for item in page["items"]:
             if "vector_b64" in item:
                 item["vector"] = unpack_vector(item.pop("vector_b64"))
