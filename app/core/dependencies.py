@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
+from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import statements
@@ -18,7 +19,7 @@ from app.core.config import Database
 from app.core.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
 from app.core.names import KEY_MAX_BYTES, KEY_PATTERN, NAME_MAX_LENGTH, NAME_PATTERN, validate_key
-from app.core.numbers import QueryInt
+from app.core.numbers import PageSize
 from app.core.statements import StatementConnection
 from app.core.transactions import request_connections
 from app.core.state import gateway_state
@@ -134,7 +135,7 @@ PointId = Annotated[str, Depends(_point_id_path)]
 
 async def _page_limit(
     request: Request,
-    limit: Annotated[QueryInt | None, Query(ge=1, description="Most items to return.")] = None,
+    limit: Annotated[PageSize | None, Query(description="Most items to return.")] = None,
 ) -> int:
     limits = gateway_state(request.app).settings.limits
     if limit is None:

@@ -10,9 +10,21 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, Strict, StrictBool, StrictInt
+from pydantic import BeforeValidator, Field, Strict, StrictBool
 
 __all__ = ["FiniteFloat", "QueryInt", "StrictBool", "StrictInt"]
+
+
+def _json_integer(value: Any) -> Any:
+    # JSON has one number type: ``1.0`` is the integer 1 (as JSON Schema's "integer" says, and so
+    # the OpenAPI document); ``1.5``, ``true`` and ``"1"`` are not integers.
+    if type(value) is float and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+StrictInt = Annotated[int, BeforeValidator(_json_integer), Strict()]
+"""A JSON integer: a number with no fraction (``1`` or ``1.0``), never a bool or a string."""
 
 FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 """A JSON number (an integer is taken as a float; a bool is not), finite."""
@@ -29,4 +41,6 @@ def _integer_text(value: Any) -> Any:
 
 
 QueryInt = Annotated[int, BeforeValidator(_integer_text), Strict()]
+PageSize = Annotated[int, Strict(), Field(ge=1), BeforeValidator(_integer_text)]
+"""A page size in a query: a ``QueryInt`` of at least 1 (constraint first, so the schema says so)."""
 """An integer query parameter: ``-?[0-9]+`` only (``1.0``, `` 1``, ``1_0``, ``+1`` are refused)."""

@@ -137,10 +137,30 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     _page_limits(schema, gateway_state(app).settings.limits.max_page_size)
     _query_maximum(schema, "ttl_seconds", gateway_state(app).settings.kv.max_ttl_seconds)
     _filters(schema)
+    _standard_bounds(schema)
     _document_scopes(app, schema)
     _scope_names(schema, gateway_state(app).capability_names)
     app.openapi_schema = schema
     return schema
+
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _standard_bounds(node: Any) -> None:
+    """JSON Schema's names for numeric bounds. Pydantic writes its own (``ge``, ``lt``) where a
+    bound sits outside a before-validator (``app.core.numbers.StrictInt`` with ``Field(ge=...)``);
+    the validation is the same, the document must say it in JSON Schema."""
+    if isinstance(node, dict):
+        if node.get("type") in ("integer", "number"):
+            for ours, standard in _BOUNDS.items():
+                if ours in node and not isinstance(node[ours], (dict, list)):
+                    node[standard] = node.pop(ours)
+        for value in node.values():
+            _standard_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _standard_bounds(value)
 
 
 def _scope_names(schema: dict[str, Any], names: tuple[str, ...]) -> None:
