@@ -35,8 +35,8 @@ def load_settings(config: str | None) -> Settings:
 
 async def _preflight(settings: Settings, migrate_all: bool) -> list[str]:
     """Open every database once: check it answers, migrate what should be, report what ran."""
-    from app.core import migrations
-    from app.core.databases import Databases, DatabaseSetupError
+    from app.core.db import migrations
+    from app.core.db.databases import Databases, DatabaseSetupError
     from app.main import describe_connect_error
 
     try:
@@ -65,7 +65,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from app.core.server import PROTOCOL
+    from app.core.http.server import PROTOCOL
 
     # The address is part of the settings (auth may only be off on loopback), and workers
     # re-read settings from the environment.
@@ -76,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
     host, port = settings.host, settings.port
     # Logging is configured once, here, and handed to uvicorn so that every worker logs the same way.
-    from app.core.logs import configure_logging
+    from app.core.ops.logs import configure_logging
 
     log_config = configure_logging(settings.log_level, settings.log_format)
     migrated = asyncio.run(_preflight(settings, migrate_all=False))
@@ -107,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         access_log=False,  # app.access writes one JSON line per request instead
         # uvicorn annotates these two as int; it hands them to call_later and wait_for (floats)
         timeout_keep_alive=settings.limits.keep_alive_seconds,  # type: ignore[arg-type]
-        # Connection limits, head limits and deadlines, problem+json refusals (app.core.server);
+        # Connection limits, head limits and deadlines, problem+json refusals (app.core.http.server);
         # uvicorn's own limit_concurrency would count idle keep-alive connections and answer in text.
         http=PROTOCOL,
         ws="none",

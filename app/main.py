@@ -15,20 +15,21 @@ from app.auth.cache import KeyCache
 from app.auth.dependencies import admin_guard, capability_guard
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
-from app.core import migrations, observability
+from app.core.db import migrations
+from app.core.ops import telemetry as observability
 from app.core.config import Database, Settings, get_settings
-from app.core.databases import Databases, DatabaseSetupError
-from app.core.diskspace import keep_disk_space
+from app.core.db.databases import Databases, DatabaseSetupError
+from app.core.db.diskspace import keep_disk_space
 from app.core.errors import install_error_handlers
-from app.core.health import router as health_router
-from app.core.docs import install_docs
-from app.core.openapi import install_openapi
+from app.core.ops.health import router as health_router
+from app.core.http.docs import install_docs
+from app.core.http.openapi import install_openapi
 from app import capabilities
 from app.core.capability import running
-from app.core.routing import include_capability, include_guarded
-from app.core.runtime import tune_garbage_collector
+from app.core.http.routing import include_capability, include_guarded
+from app.core.ops.gc_tuning import tune_garbage_collector
 from app.core.state import GatewayState
-from app.core.transactions import TransactionMiddleware
+from app.core.db.transactions import TransactionMiddleware
 
 log = logging.getLogger("app")
 
@@ -111,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         root_path=settings.root_path,
         openapi_tags=[{"name": c.name, "description": c.summary} for c in state.capabilities],
-        docs_url=None,  # app.core.docs serves /docs from the gateway itself (and no ReDoc)
+        docs_url=None,  # app.core.http.docs serves /docs from the gateway itself (and no ReDoc)
         redoc_url=None,
     )
     app.state.gateway = state
@@ -120,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     app.add_middleware(TransactionMiddleware)  # innermost: ends connections as the answer starts
     observability.install(app)  # last: request ids and telemetry wrap everything above
-    # Capabilities first, each behind a gate on its name (app.core.routing): every request pays
+    # Capabilities first, each behind a gate on its name (app.core.http.routing): every request pays
     # for the routes tried before its own. The gates authorize before any body is read.
     for capability in state.capabilities:
         include_capability(app, capability.router, "/v1/{namespace}", capability_guard)

@@ -17,9 +17,9 @@ from sqlalchemy.engine import Connection
 import app  # noqa: F401  (selects a sqlite3 that can load extensions)
 import app.models  # noqa: F401  (registers every table)
 from app.core.config import Database, Settings
-from app.core.databases import create_engine
-from app.core.migrations import include_object, version_table
-from app.core.schema import METADATA
+from app.core.db.databases import create_engine
+from app.core.db.migrations import include_object, version_table
+from app.core.db.tables import METADATA
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("connection"):

@@ -21,14 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import Capability
 from app.core.config import Database
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.dependencies import NamespacePath, PageLimit
 from app.core.errors import NotFound
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
-from app.core.routing import CapabilityRouter
-from app.core.scoping import in_scope
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter
+from app.core.db.scoping import in_scope
 from app.core.state import GatewayState, service_of
-from app.core.upsert import insert_builder
+from app.core.db.upsert import insert_builder
 
 notes = Table(
     "test_notes",
@@ -122,7 +123,9 @@ async def delete_note(request: Request, namespace: NamespacePath, note_id: NoteI
 @asynccontextmanager
 async def lifecycle(state: GatewayState) -> AsyncIterator[NotesService]:
     engine = state.databases.engine(Database.metadata)
-    async with engine.begin() as conn:
+    # IMMEDIATE: another gateway on the same SQLite files may be writing (a deferred transaction
+    # that read the schema could not then take the write lock: SQLITE_BUSY without waiting)
+    async with engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}).begin() as conn:
         await conn.run_sync(notes.metadata.create_all)
     yield NotesService(engine, state.databases.dialect(Database.metadata))
 

@@ -166,8 +166,8 @@ def test_postgres_disk_full_sqlstate_is_507() -> None:
 def test_the_reserve_goes_only_beside_sqlite_files(tmp_path: Path) -> None:
     """PostgreSQL databases get no reserve file (their URL's database name is not a path)."""
     from app.core.config import Database, Settings
-    from app.core.databases import Databases
-    from app.core.diskspace import DiskSpace
+    from app.core.db.databases import Databases
+    from app.core.db.diskspace import DiskSpace
 
     pg = "postgresql+asyncpg://gw@127.0.0.1/gw_metadata"
     settings = Settings.model_validate({"data_dir": tmp_path, "databases": {"metadata": {"url": pg}}})

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.docs import CSP
+from app.core.http.docs import CSP
 from tests.conftest import Server
 from tests.test_ops_proxy import ROOT_PATH, Proxied, proxied  # noqa: F401  (the nginx fixture)
 

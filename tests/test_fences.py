@@ -3,7 +3,7 @@
 Each test names the internal and checks the shape the fence uses (signature, dataclass fields,
 attribute names, the behaviour where a shape says too little), so a release that changes one
 fails here, not in production. ``pyproject.toml`` bounds each library below its next untested
-release. uvicorn's fence is ``app.core.server``, pinned by ``tests/test_server_protocol.py``.
+release. uvicorn's fence is ``app.core.http.server``, pinned by ``tests/test_server_protocol.py``.
 The last tests scan ``app/`` (and the client) for internals used anywhere else.
 """
 
@@ -36,7 +36,7 @@ def parameters(function: Any) -> list[str]:
 
 
 def test_fastapi_dependant_has_exactly_the_fields_planning_knows() -> None:
-    """``app.core.handlers`` plans an allow-list of these; a new one must be looked at."""
+    """``app.core.http.planning`` plans an allow-list of these; a new one must be looked at."""
     from fastapi.dependencies.models import Dependant
 
     assert dataclasses.is_dataclass(Dependant)
@@ -184,7 +184,7 @@ async def test_sqlalchemy_asyncpg_adapter_raises_the_dbapi_error_for_an_asyncpg_
     import asyncpg
 
     from app.core.config import Database
-    from app.core.databases import Databases
+    from app.core.db.databases import Databases
     from app.core.fences.sqlalchemy_ import close_pooled, raise_as_dbapi_error
     from tests.test_migrations import settings_for
 
@@ -218,7 +218,7 @@ def test_sqlalchemy_pool_invalidate_keeps_its_signature_and_state() -> None:
 async def test_sqlalchemy_pool_invalidate_recycles_older_connections(backend: Backend) -> None:
     """``recycle_pool_generation``: a connection opened before it is not lent out again."""
     from app.core.config import Database
-    from app.core.databases import Databases
+    from app.core.db.databases import Databases
     from app.core.fences.sqlalchemy_ import close_pooled, recycle_pool_generation
     from tests.test_migrations import settings_for
 
@@ -256,15 +256,15 @@ def test_sqlalchemy_ddl_if_is_stored_where_the_fence_reads_it() -> None:
 
 @pytest.mark.postgres_only  # SQLite has no driver path
 async def test_asyncpg_refuses_a_value_it_cannot_encode_with_a_public_sqlstate_22_error(backend: Backend) -> None:
-    """What ``app.core.statements`` once told apart with the private ``asyncpg.exceptions._base
+    """What ``app.core.db.statements`` once told apart with the private ``asyncpg.exceptions._base
     .DataError``: asyncpg raises the public ``asyncpg.exceptions.DataError`` (a PostgresError,
     SQLSTATE 22000) before sending anything, so the connection is not suspect and stays usable."""
     import asyncpg
 
     from app.core.config import Database
-    from app.core.databases import Databases
+    from app.core.db.databases import Databases
     from app.core.fences.sqlalchemy_ import close_pooled
-    from app.core.statements import _connection_suspect
+    from app.core.db.statements import _connection_suspect
     from tests.test_migrations import settings_for
 
     databases = Databases.open(settings_for(backend))
@@ -283,7 +283,7 @@ async def test_asyncpg_refuses_a_value_it_cannot_encode_with_a_public_sqlstate_2
 
 # --- no internals outside the fence --------------------------------------------------------
 
-FENCES = {"app/core/fences", "app/core/server.py"}
+FENCES = {"app/core/fences", "app/core/http/server.py"}
 # Not a framework: the standard library's type of ``add_subparsers()``, used as an annotation.
 ALLOWED = {("app/auth/cli.py", "argparse._SubParsersAction")}
 

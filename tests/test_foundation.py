@@ -194,7 +194,7 @@ def test_sqlite_without_extension_loading_is_handled(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from app.core.sqlite import SQLITE
+    from app.core.db.sqlite import SQLITE
 
     probe = subprocess.run(
         [sys.executable, "-c", "import sqlite3; c = sqlite3.connect(':memory:'); c.enable_load_extension(True)"],

@@ -1,4 +1,4 @@
-"""Planned route handlers (``app.core.handlers``) answer exactly as FastAPI's own would.
+"""Planned route handlers (``app.core.http.planning``) answer exactly as FastAPI's own would.
 
 The same endpoints are served twice, by a router of ``PlannedRoute``s and by a plain FastAPI
 router, and every answer (values, 422 problem details, headers) must be identical; then the
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from app.core.errors import InvalidInput, install_error_handlers
-from app.core.handlers import served_by_fastapi
-from app.core.routing import CapabilityRouter, PlannedRoute, UnplannedRoute
+from app.core.http.planning import served_by_fastapi
+from app.core.http.routing import CapabilityRouter, PlannedRoute, UnplannedRoute
 from app.main import create_app
 
 CALLS: list[str] = []
@@ -199,7 +199,7 @@ def test_planning_is_an_allow_list_of_dependant_fields() -> None:
     import dataclasses
 
     from app.core.fences.fastapi_ import Dependant
-    from app.core.handlers import unplannable_because
+    from app.core.http.planning import unplannable_because
 
     assert unplannable_because(Dependant(call=plain)) is None
     Newer = dataclasses.make_dataclass("Newer", [("extra", list, dataclasses.field(default_factory=list))], bases=(Dependant,))
@@ -209,8 +209,8 @@ def test_planning_is_an_allow_list_of_dependant_fields() -> None:
 
 def test_every_gateway_route_is_planned_or_opts_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """create_app() succeeding is the check; here, which ones opt out (each says why)."""
-    from app.core.handlers import opted_out
-    from app.core.routing import api_routes
+    from app.core.http.planning import opted_out
+    from app.core.http.routing import api_routes
 
     monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
     routes = [r for r in api_routes(create_app().router.routes) if isinstance(r, PlannedRoute)]
@@ -285,7 +285,7 @@ def all_dependants(app: FastAPI) -> list[tuple[str, object]]:
     """(route, callable) for every endpoint and dependency (at any depth) of every route of ``app``."""
     from fastapi.routing import APIRoute
 
-    from app.core.routing import api_routes
+    from app.core.http.routing import api_routes
 
     found: list[tuple[str, object]] = []
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from app.capabilities import BUILTIN
 from app.core.capability import Capability
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from tests.conftest import Backend, Server
 from tests.test_migrations import settings_for
 

@@ -13,9 +13,9 @@ from alembic.runtime.migration import MigrationContext
 
 import app.models  # noqa: F401
 from app.core.config import Database, Settings
-from app.core.databases import Databases
-from app.core.migrations import current_revision, head_revision, include_object
-from app.core.schema import METADATA
+from app.core.db.databases import Databases
+from app.core.db.migrations import current_revision, head_revision, include_object
+from app.core.db.tables import METADATA
 from tests.conftest import ROOT, Backend, gateway_env, start_server, stop_server
 
 

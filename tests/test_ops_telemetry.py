@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sqlalchemy import text
 
-from app.core import metrics
+from app.core.ops import metrics
 from app.core.config import Database
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from tests.conftest import ADMIN_KEY, ROOT, Backend, Server
 from tests.test_migrations import settings_for
 
@@ -184,7 +184,7 @@ async def test_sixteen_connections_at_a_time_are_reused_not_reopened(backend: Ba
 
 
 async def test_request_garbage_does_not_keep_the_cycle_collector_busy(http: httpx.AsyncClient, namespace: str) -> None:
-    """Objects alive at start-up are frozen and the young generation has room (app/core/runtime.py).
+    """Objects alive at start-up are frozen and the young generation has room (app/core/ops/gc_tuning.py).
 
     With CPython's defaults, 400 kv reads at concurrency 16 ran about 55 young-generation
     passes (and full ones every few thousand requests): a fifth of a read's CPU.
@@ -238,8 +238,8 @@ def test_log_format_is_json_for_machines_and_text_on_a_terminal() -> None:
     import io
     import logging
 
-    from app.core.logs import JsonFormatter, RequestIdFilter, TextFormatter, logging_config, wants_json
-    from app.core.requestid import _current
+    from app.core.ops.logs import JsonFormatter, RequestIdFilter, TextFormatter, logging_config, wants_json
+    from app.core.http.requestid import _current
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from app.core.settings_doc import rows
+from app.core.ops.settings_doc import rows
 from tests.conftest import ROOT, Backend, start_server, stop_server
 
 README = (ROOT / "README.md").read_text()

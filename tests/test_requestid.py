@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from app.core.requestid import accept_or_generate
+from app.core.http.requestid import accept_or_generate
 
 
 def test_generated_ids_are_unique_hex_of_uuid_length() -> None:

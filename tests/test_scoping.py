@@ -19,9 +19,9 @@ from sqlalchemy import event
 
 import app.models  # noqa: F401
 from app.capabilities import BUILTIN
-from app.core import statements
+from app.core.db import statements
 from app.core.config import Settings
-from app.core.schema import METADATA
+from app.core.db.tables import METADATA
 from app.core.state import gateway_state
 from app.main import create_app
 from tests.conftest import Backend, Server
@@ -100,7 +100,7 @@ async def capture_statements(
     settings: Settings, run: Callable[[httpx.AsyncClient], Awaitable[None]]
 ) -> tuple[list[tuple[str, Any]], list[str]]:
     """Every statement the app sends while ``run`` drives it in-process: (statement, parameters),
-    and the statements sent on the driver path (``app.core.statements``)."""
+    and the statements sent on the driver path (``app.core.db.statements``)."""
     app = create_app(settings)
     captured: list[tuple[str, Any]] = []
 
@@ -161,6 +161,6 @@ async def test_every_statement_on_a_namespaced_table_is_scoped(
     captured, driver_path = await capture_statements(
         in_process_settings(backend, tmp_path), lambda client: workload(client, namespace)
     )
-    # kv and records statements run on the driver on PostgreSQL (app.core.statements): all are seen.
+    # kv and records statements run on the driver on PostgreSQL (app.core.db.statements): all are seen.
     assert (len(driver_path) >= 12) == (backend.name == "postgres"), driver_path
     assert_scoped(captured, NAMESPACED, namespace, at_least=30)

@@ -1,4 +1,4 @@
-"""Pins what ``app.core.server`` relies on in uvicorn's httptools protocol (its one fence).
+"""Pins what ``app.core.http.server`` relies on in uvicorn's httptools protocol (its one fence).
 
 ``GatewayHttpProtocol`` overrides parser callbacks and ``send_400_response`` and reads a few
 attributes; if an uvicorn upgrade renames or re-signs any of them, this fails before the server
@@ -12,7 +12,7 @@ import inspect
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.core.server import GatewayHttpProtocol
+from app.core.http.server import GatewayHttpProtocol
 
 OVERRIDDEN = {
     "connection_made": ["self", "transport"],

@@ -15,10 +15,10 @@ from sqlalchemy import Float, String, bindparam, func, select, text
 from sqlalchemy import exc as sa_exc
 
 from app.core.config import Database
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from app.core.errors import is_database_unavailable
-from app.core.statements import StatementShapes, fixed_statements
-from app.core.transactions import RequestConnections
+from app.core.db.statements import StatementShapes, fixed_statements
+from app.core.db.transactions import RequestConnections
 from app.kv.models import kv_entries as t
 from tests.conftest import Backend
 from tests.test_migrations import settings_for
@@ -181,7 +181,7 @@ async def test_a_statement_cancelled_by_statement_timeout_is_retryable_and_keeps
 def test_a_result_column_the_driver_path_cannot_process_is_refused_when_built(dialect: str) -> None:
     from sqlalchemy import insert, update
 
-    from app.core.statements import DriverResultTypeError
+    from app.core.db.statements import DriverResultTypeError
 
     fixed = fixed_statements(dialect)
     for statement, column in (
@@ -200,17 +200,22 @@ def _request(databases: Databases, method: str = "PUT") -> object:
 
     from starlette.requests import Request
 
-    from app.core.transactions import SCOPE_KEY
+    from app.core.db.transactions import SCOPE_KEY
 
-    app = SimpleNamespace(state=SimpleNamespace(databases=databases))
+    from app.auth.ratelimit import RateLimiter
+    from app.core.state import GatewayState
+
+    gateway = GatewayState(settings=databases.settings, capabilities=(), rate_limiter=RateLimiter(0, 1))
+    gateway.databases = databases
+    app = SimpleNamespace(state=SimpleNamespace(gateway=gateway))
     return Request({"type": "http", "method": method, "headers": [], "app": app, SCOPE_KEY: RequestConnections()})
 
 
 async def test_a_second_statement_on_a_single_statement_connection_raises_in_strict_mode(backend: Backend) -> None:
-    from app.core import statements
+    from app.core.db import statements
     from app.core.dependencies import _connection_dependency
-    from app.core.statements import SecondStatementError
-    from app.core.transactions import request_connections
+    from app.core.db.statements import SecondStatementError
+    from app.core.db.transactions import request_connections
 
     assert statements.STRICT  # the tests run in strict mode (tests/conftest.py), their servers too
     databases = Databases.open(settings_for(backend))
@@ -240,9 +245,9 @@ async def test_a_second_statement_on_a_single_statement_connection_raises_in_str
 async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core import statements
+    from app.core.db import statements
     from app.core.dependencies import _connection_dependency
-    from app.core.transactions import request_connections
+    from app.core.db.transactions import request_connections
 
     monkeypatch.setattr(statements, "STRICT", False)
     databases = Databases.open(settings_for(backend))

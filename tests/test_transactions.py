@@ -20,11 +20,11 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from app.auth.ratelimit import RateLimiter
 from app.core.config import Database
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from app.core.dependencies import CheckpointsConnection, CheckpointsStatement
 from app.core.errors import InvalidInput, install_error_handlers
 from app.core.state import GatewayState
-from app.core.transactions import TransactionMiddleware
+from app.core.db.transactions import TransactionMiddleware
 from tests.conftest import Backend
 from tests.test_migrations import settings_for
 

@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 
 async def _with_metadata(settings: Settings, action: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    from app.core.databases import Databases
+    from app.core.db.databases import Databases
 
     databases = Databases.open(settings)
     try:

@@ -1,6 +1,6 @@
 """Who may call what: the one check in front of every ``/v1`` route.
 
-The capability is the gate's (``app.core.routing``: ``/v1/{namespace}/<capability>/...``) and the
+The capability is the gate's (``app.core.http.routing``: ``/v1/{namespace}/<capability>/...``) and the
 action the route's: reads are GET/HEAD and the POSTs declared read-only (``@accepts(...,
 read_only=True)``). The check runs from the headers alone, before any byte of the body is read
 and before any handler touches data, so a refusal says nothing about what exists.
@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
-from app.core.diskspace import disk_space_of
+from app.core.db.diskspace import disk_space_of
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 from app.core.state import gateway_state
 

@@ -2,7 +2,7 @@
 
 from sqlalchemy import Column, String, Table, Text
 
-from app.core.schema import UtcDateTime, metadata_db
+from app.core.db.tables import UtcDateTime, metadata_db
 
 api_keys = Table(
     "api_keys",

@@ -13,9 +13,9 @@ from app.auth.schemas import KeyCreate, KeyCreated, KeyRead
 from app.core.config import Database
 from app.core.dependencies import PageLimit
 from app.core.errors import Forbidden, InvalidInput, Unauthorized, problem_responses
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
-from app.core.pagination import Page, decode_cursor, encode_cursor
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
+from app.core.http.pagination import Page, decode_cursor, encode_cursor
 from app.core.state import gateway_state
 
 router = APIRouter(prefix="/v1/admin/keys", tags=["admin"], responses=problem_responses(Unauthorized, Forbidden))

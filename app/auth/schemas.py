@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.core.names import NAME_PATTERN
 
 # What app.auth.service.validate_pattern and validate_scopes accept, for the OpenAPI document.
-# The capability names are the registry's: app.core.openapi writes them into this pattern.
+# The capability names are the registry's: app.core.http.openapi writes them into this pattern.
 SCOPE_PATTERN = r"^(CAPABILITY|\*):(read|write|\*)$"
 NAMESPACE_GRANT_PATTERN = rf"^(\*|{NAME_PATTERN[1:-1]}|[A-Za-z0-9][A-Za-z0-9_.-]{{0,126}}\*)$"
 

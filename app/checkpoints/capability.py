@@ -14,10 +14,10 @@ from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
 from app.core.capability import Capability, Periodic
 from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.state import GatewayState
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
+from app.core.db.statements import fixed_statements
+from app.core.db.upsert import insert_builder
 
 
 @asynccontextmanager

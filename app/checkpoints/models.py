@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from app.core.schema import KeyColumn, NameColumn, byte_ordered, checkpoints_db
+from app.core.db.tables import KeyColumn, NameColumn, byte_ordered, checkpoints_db
 
 ThreadPk = BigInteger().with_variant(Integer(), "sqlite")  # SQLite: the rowid alias
 JsonDocument = Text().with_variant(postgresql.JSONB(), "postgresql")

@@ -38,7 +38,7 @@ from app.checkpoints.models import checkpoint_retention as retention
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
-from app.core.upsert import InsertBuilder
+from app.core.db.upsert import InsertBuilder
 
 _NS: BindParameter[str] = bindparam("ns")
 _TID: BindParameter[str] = bindparam("tid")

@@ -31,10 +31,10 @@ from app.checkpoints.schemas import (
 )
 from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
-from app.core.routing import CapabilityRouter
+from app.core.http.routing import CapabilityRouter
 
 log = logging.getLogger("app.checkpoints")
 

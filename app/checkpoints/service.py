@@ -18,8 +18,8 @@ from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
-from app.core.pagination import CursorBigint, decode_cursor, encode_cursor
-from app.core.statements import StatementConnection
+from app.core.http.pagination import CursorBigint, decode_cursor, encode_cursor
+from app.core.db.statements import StatementConnection
 
 _b64 = base64.b64encode
 

@@ -3,7 +3,7 @@
 Each write also registers (or touches) the thread. On PostgreSQL that is one statement with
 CTEs (the thread upsert, the values or writes from ``unnest`` of arrays, the checkpoint), which
 is atomic by itself and so runs without BEGIN/COMMIT on a pooled driver connection
-(``app.core.statements``): one round trip, as ``AsyncPostgresSaver``'s pipeline. On SQLite the
+(``app.core.db.statements``): one round trip, as ``AsyncPostgresSaver``'s pipeline. On SQLite the
 same steps are separate statements in the request's (in-process) transaction.
 """
 
@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.repository import CheckpointsRepository
-from app.core.statements import FixedStatement, StatementConnection
+from app.core.db.statements import FixedStatement, StatementConnection
 
 NewValue = tuple[str, str, str, bytes]  # channel, version, type, bytes
 NewWrite = tuple[int, str, str, bytes]  # idx, channel, type, bytes

@@ -3,7 +3,7 @@
 A capability is one package under ``app/`` (``kv``, ``records``, ...) whose ``__init__`` exports a
 ``Capability``, and one line in ``app.capabilities``. From the descriptor:
 
-- the app factory includes its router behind a gate on its name (``app.core.routing``), runs its
+- the app factory includes its router behind a gate on its name (``app.core.http.routing``), runs its
   lifecycle in the app's lifespan and its periodic tasks while the app runs (``app.main``);
 - auth accepts ``<name>:read`` / ``<name>:write`` scopes for it (``app.auth.service``);
 - the gate applies each route's body class and limit (``@accepts`` on the endpoint) and its
@@ -34,7 +34,7 @@ from sqlalchemy import Table
 from app.core.config import Database
 
 if TYPE_CHECKING:
-    from app.core.routing import CapabilityRouter
+    from app.core.http.routing import CapabilityRouter
     from app.core.state import GatewayState
 
 log = logging.getLogger("app")

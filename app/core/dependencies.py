@@ -2,7 +2,7 @@
 
 A connection to the wrong database is a type error: each capability asks for the alias of the
 database it lives in. Writes commit when the answer is a success and roll back otherwise,
-before the answer is sent, so an acknowledged write is a committed write (``app.core.transactions``).
+before the answer is sent, so an acknowledged write is a committed write (``app.core.db.transactions``).
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query, Request
-from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core import statements
+from app.core.db import statements
 from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import InvalidInput
 from app.core.names import KEY_MAX_BYTES, KEY_PATTERN, NAME_MAX_LENGTH, NAME_PATTERN, validate_key
 from app.core.numbers import PageSize
-from app.core.statements import StatementConnection
-from app.core.transactions import request_connections
+from app.core.db.statements import StatementConnection
+from app.core.db.transactions import request_connections
 from app.core.state import gateway_state
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -35,7 +34,7 @@ def _connection_dependency(
     Writes run in one transaction that commits when the answer is a success, before it is sent
     (SQLite takes its write lock up front). A route whose every request runs exactly one
     statement (``single_statement``) gets, on PostgreSQL, a pooled driver connection for
-    ``app.core.statements`` instead: no BEGIN/COMMIT, since one statement is atomic by itself
+    ``app.core.db.statements`` instead: no BEGIN/COMMIT, since one statement is atomic by itself
     and it is the last thing such a route does, so what it acknowledges is committed and what
     it refuses was never written. Reads run in a transaction too, unless single-statement.
     ``read_only`` marks POST routes that only read.

@@ -18,8 +18,8 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from app.core.metrics import count_problem
-from app.core.requestid import current_request_id
+from app.core.ops.metrics import count_problem
+from app.core.http.requestid import current_request_id
 from app.core.state import gateway_state
 
 log = logging.getLogger("app.errors")

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from app.auth.ratelimit import RateLimiter
     from app.core.capability import Capability
     from app.core.config import Settings
-    from app.core.databases import Databases
-    from app.core.diskspace import DiskSpace
-    from app.core.health import StorageStatus
+    from app.core.db.databases import Databases
+    from app.core.db.diskspace import DiskSpace
+    from app.core.ops.health import StorageStatus
 
 StorageCheck = Callable[[], Awaitable["StorageStatus"]]
 
@@ -41,7 +41,7 @@ class GatewayState:
     storage_checks: dict[str, StorageCheck] = field(default_factory=dict)
     """Storage besides the databases that ``/readyz`` reports (the files bucket), by capability."""
     disk_space: DiskSpace | None = None
-    """While the lifespan runs: what ``app.core.diskspace`` knows about a full disk."""
+    """While the lifespan runs: what ``app.core.db.diskspace`` knows about a full disk."""
     _databases: Databases | None = None
     _key_cache: KeyCache | None = None
 

@@ -15,7 +15,7 @@ from sqlalchemy import Select, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.databases import SQLITE_BEGIN_OPTION
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 
 _Select = TypeVar("_Select", bound="Select[*tuple[Any, ...]]")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal, TextIO
 
 from app.core.config import Database, Settings
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from app.files.backend import backend_for
 from app.files.s3 import S3Objects
 from app.files.service import FilesService

@@ -10,7 +10,7 @@ Invariant: every chunk's blob is either pointed at by exactly one ``files`` row 
 
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, String, Table
 
-from app.core.schema import KeyColumn, NameColumn, UtcDateTime, metadata_db
+from app.core.db.tables import KeyColumn, NameColumn, UtcDateTime, metadata_db
 
 BLOB_ID_LENGTH = 32
 

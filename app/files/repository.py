@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.scoping import in_scope
+from app.core.db.scoping import in_scope
 from app.files.backend import FilesBackend
 from app.files.models import file_chunks, file_uploads, files
 

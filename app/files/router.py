@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from app.core.conditions import Conditions, quote_etag
+from app.core.http.conditions import Conditions, quote_etag
 from app.core.dependencies import CollectionPath, FileId, NamespacePath, PageLimit
 from app.core.errors import (
     BadRequest,
@@ -34,10 +34,10 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN, key_json_schema, validate_key
-from app.core.routing import CapabilityRouter
+from app.core.http.routing import CapabilityRouter
 from app.files.dependencies import Files
 from app.files.multipart import read_form
 from app.files.s3 import ObjectStoreUnavailable

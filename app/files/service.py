@@ -34,13 +34,13 @@ from datetime import UTC, timedelta
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.conditions import WriteConditions, parse_etags, quote_etag
+from app.core.http.conditions import WriteConditions, parse_etags, quote_etag
 from app.core.config import Settings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable
-from app.core.health import StorageStatus
+from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
-from app.core.pagination import decode_cursor, encode_cursor
-from app.core.slots import Slots
+from app.core.http.pagination import decode_cursor, encode_cursor
+from app.core.db.slots import Slots
 from app.files.backend import FilesBackend
 from app.files.ranges import ByteRange, parse_range, whole
 from app.files.repository import FileRow, FilesRepository

@@ -28,7 +28,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import Conflict
-from app.core.slots import Slot
+from app.core.db.slots import Slot
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
 from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
@@ -126,7 +126,7 @@ class ChunkSink:
 
 class ChunkReader:
     """A file row and its chunks, read in one snapshot transaction on a connection of its own,
-    holding a download slot (``app.core.slots``) until closed."""
+    holding a download slot (``app.core.db.slots``) until closed."""
 
     def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot) -> None:
         self._conn = conn

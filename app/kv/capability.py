@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Periodic
 from app.core.config import Database
-from app.core.databases import SQLITE_BEGIN_OPTION
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.state import GatewayState
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
+from app.core.db.statements import fixed_statements
+from app.core.db.upsert import insert_builder
 from app.kv.models import kv_entries
 from app.kv.repository import KvRepository
 from app.kv.router import router

@@ -2,7 +2,7 @@
 
 from sqlalchemy import BigInteger, Column, Table
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, metadata_db
+from app.core.db.tables import JsonText, KeyColumn, NameColumn, UtcDateTime, metadata_db
 
 # value: compact JSON text returned verbatim; version: the ETag (random start, +1 per write).
 kv_entries = Table(

@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy import BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.scoping import in_scope
-from app.core.statements import FixedStatement, StatementConnection, StatementShapes
-from app.core.upsert import InsertBuilder
+from app.core.db.scoping import in_scope
+from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.db.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
 _NS: BindParameter[str] = bindparam("ns")
@@ -89,7 +89,7 @@ class StoredEntry:
 
 class KvRepository:
     """The kv statements, with the ``INSERT ... ON CONFLICT`` builder and the fixed-statement
-    runner of the backend in use (``app.core.statements``)."""
+    runner of the backend in use (``app.core.db.statements``)."""
 
     def __init__(self, insert: InsertBuilder, fixed: type[FixedStatement] = FixedStatement) -> None:
         self._insert = insert

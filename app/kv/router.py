@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Query, Request, Response
 
-from app.core.conditions import Conditions
+from app.core.http.conditions import Conditions
 from app.core.dependencies import CollectionPath, Key, MetadataStatement, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
@@ -17,8 +17,8 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
-from app.core.limits import Body, accepts
-from app.core.routing import CapabilityRouter
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter
 from app.kv.dependencies import KvServiceDep
 from app.kv.schemas import VALUE_REQUEST_BODY, VALUE_RESPONSE, KvPage
 

@@ -8,12 +8,12 @@ from datetime import datetime, timedelta, UTC
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.conditions import WriteConditions, quote_etag
+from app.core.http.conditions import WriteConditions, quote_etag
 from app.core.config import KvSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PreconditionFailed
 from app.core.jsonvalue import parse_value
-from app.core.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
-from app.core.statements import StatementConnection
+from app.core.http.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
+from app.core.db.statements import StatementConnection
 from app.kv.repository import KvRepository
 
 

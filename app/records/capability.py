@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 from app.core.capability import Capability
 from app.core.config import Database
 from app.core.state import GatewayState
-from app.core.statements import fixed_statements
-from app.core.upsert import insert_builder
+from app.core.db.statements import fixed_statements
+from app.core.db.upsert import insert_builder
 from app.records.models import records
 from app.records.repository import RecordsRepository
 from app.records.router import router

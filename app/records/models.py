@@ -2,7 +2,7 @@
 
 from sqlalchemy import Column, Table
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, checkpoints_db
+from app.core.db.tables import JsonText, KeyColumn, NameColumn, UtcDateTime, checkpoints_db
 
 # key: ordered by UTF-8 bytes on both backends; value: compact JSON text returned verbatim.
 records = Table(

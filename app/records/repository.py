@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import BigInteger, BindParameter, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.scoping import in_scope
-from app.core.statements import FixedStatement, StatementConnection, StatementShapes
-from app.core.upsert import InsertBuilder
+from app.core.db.scoping import in_scope
+from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.db.upsert import InsertBuilder
 from app.records.models import records as t
 
 _NS: BindParameter[str] = bindparam("ns")

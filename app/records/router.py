@@ -21,9 +21,9 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
-from app.core.routing import CapabilityRouter
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter
 from app.records.dependencies import RecordsServiceDep
 from app.records.schemas import (
     VALUE_REQUEST_BODY,

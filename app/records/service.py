@@ -12,8 +12,8 @@ from app.core.config import LimitsSettings
 from app.core.errors import NotFound, PayloadTooLarge
 from app.core.jsonvalue import encode_value, literal_numbers, parse_value
 from app.core.names import validate_key
-from app.core.pagination import decode_cursor, encode_cursor, invalid_cursor
-from app.core.statements import StatementConnection
+from app.core.http.pagination import decode_cursor, encode_cursor, invalid_cursor
+from app.core.db.statements import StatementConnection
 from app.records.repository import RecordsRepository
 from app.records.schemas import RecordCreate, SortOrder
 

@@ -15,7 +15,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from app.core.schema import JsonText, KeyColumn, NameColumn, UtcDateTime, vectors_db
+from app.core.db.tables import JsonText, KeyColumn, NameColumn, UtcDateTime, vectors_db
 
 vector_collections = Table(
     "vector_collections",

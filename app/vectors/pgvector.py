@@ -43,7 +43,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.statements import translate_driver_error
+from app.core.db.statements import translate_driver_error
 from app.vectors.backend import (
     CollectionInfo,
     Hit,

@@ -16,9 +16,9 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
-from app.core.handlers import served_by_fastapi
-from app.core.limits import Body, accepts
-from app.core.routing import CapabilityRouter
+from app.core.http.planning import served_by_fastapi
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter
 from app.core.state import service_of
 from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
 from app.vectors.encoding import json_response

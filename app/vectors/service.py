@@ -24,8 +24,8 @@ from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
 from app.core.jsonvalue import LONE_SURROGATE, find_invalid
 from app.core.names import key_problem
-from app.core.pagination import decode_cursor, encode_cursor
-from app.core.scoping import in_scope
+from app.core.http.pagination import decode_cursor, encode_cursor
+from app.core.db.scoping import in_scope
 from app.vectors import encoding, telemetry
 from app.vectors.backend import (
     CollectionInfo,

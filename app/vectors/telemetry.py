@@ -6,7 +6,7 @@ from collections import Counter as Tally
 
 from prometheus_client import Counter, Gauge
 
-from app.core.metrics import REGISTRY
+from app.core.ops.metrics import REGISTRY
 from app.vectors.planner import Plan
 
 SEARCH_PLANS = Counter(

@@ -7,12 +7,12 @@ changes one fails a test instead of the gateway, and ``pyproject.toml`` bounds e
 below the next release nobody has checked. ``tests/test_fences.py`` also scans ``app/`` so no
 internal is used outside this package.
 
-- ``fastapi_``: dependency planning (``app.core.handlers``) and included routes (``app.core.routing``).
+- ``fastapi_``: dependency planning (``app.core.http.planning``) and included routes (``app.core.http.routing``).
 - ``starlette_``: the route path of a request, as Starlette's router matches it.
 - ``sqlalchemy_``: closing a pooled connection from async code; asyncpg errors translated and
-  a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.statements``).
+  a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.db.statements``).
 - asyncpg: none. (``asyncpg.exceptions._base.DataError`` was used to recognise a value asyncpg
   could not encode; asyncpg raises the public SQLSTATE 22000 ``DataError`` for that instead.)
-- uvicorn's fence is ``app.core.server`` (its protocol subclass), pinned by
+- uvicorn's fence is ``app.core.http.server`` (its protocol subclass), pinned by
   ``tests/test_server_protocol.py``.
 """

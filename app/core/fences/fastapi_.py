@@ -1,10 +1,10 @@
-"""FastAPI internals used to plan route handlers once (``app.core.handlers``, ``app.core.routing``).
+"""FastAPI internals used to plan route handlers once (``app.core.http.planning``, ``app.core.http.routing``).
 
 FastAPI has no public API to inspect a route's dependency tree or to validate request
 parameters outside its own ``solve_dependencies``; planning needs both. What is relied on:
 
 - ``fastapi.dependencies.models.Dependant``: a dataclass whose fields are exactly
-  ``DEPENDANT_FIELDS`` (a plan only supports the ones in ``app.core.handlers``; a new field
+  ``DEPENDANT_FIELDS`` (a plan only supports the ones in ``app.core.http.planning``; a new field
   makes planning refuse every route, so start-up fails until it is looked at).
 - ``fastapi.dependencies.utils``: ``request_params_to_args(fields, received)``, and the private
   ``_get_param_model(field)``, ``_is_json_field(field)``, ``_get_param_aliases(field)`` (the

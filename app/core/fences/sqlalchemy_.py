@@ -1,4 +1,4 @@
-"""SQLAlchemy internals for the driver-level statements of ``app.core.statements``.
+"""SQLAlchemy internals for the driver-level statements of ``app.core.db.statements``.
 
 Single-statement requests send asyncpg statements on a connection borrowed from SQLAlchemy's
 pool (``AsyncEngine.raw_connection()``, public) without a ``Connection`` around it. What a
@@ -17,7 +17,7 @@ pool (``AsyncEngine.raw_connection()``, public) without a ``Connection`` around 
   but replaces the whole pool, and connections lent out at that moment are no longer counted
   against its size, so it is not the same thing.
 - ``is_dialect_conditional``: ``SchemaItem.ddl_if()`` (public) stores its condition in
-  ``_ddl_if``, which has no public reader; Alembic's autogenerate (``app.core.migrations``)
+  ``_ddl_if``, which has no public reader; Alembic's autogenerate (``app.core.db.migrations``)
   needs to know an index is created on one dialect only.
 """
 

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from app.core.state import gateway_state
 
 if TYPE_CHECKING:
-    from app.core.databases import Databases
+    from app.core.db.databases import Databases
 
 UNMATCHED_ROUTE = "unmatched"
 

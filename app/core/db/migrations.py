@@ -14,7 +14,7 @@ from sqlalchemy.schema import SchemaItem
 
 import migrations
 from app.core.config import Database
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from app.core.fences.sqlalchemy_ import is_dialect_conditional
 
 # Per-collection tables the vectors capability creates at run time, and the version tables.

@@ -29,7 +29,7 @@ class RequestConnections:
     """The database connections one request opened, in opening order.
 
     Each is a SQLAlchemy connection (with its transaction, if it began one) or a connection
-    borrowed from a pool for one driver-level statement (``app.core.statements``).
+    borrowed from a pool for one driver-level statement (``app.core.db.statements``).
     """
 
     def __init__(self) -> None:

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from app.core.config import Database
-from app.core.databases import Databases
-from app.core.migrations import current_revision, head_revision
+from app.core.db.databases import Databases
+from app.core.db.migrations import current_revision, head_revision
 from app.core.state import gateway_state
 
 router = APIRouter(tags=["health"])

@@ -2,7 +2,7 @@
 
 ``Databases.open`` is called once by the lifespan and ``close`` at shutdown; nothing here
 connects at import time. SQLite connections get WAL, a busy timeout, foreign keys and the
-settings that let deletes run on a full disk (``app.core.diskspace``); the vectors
+settings that let deletes run on a full disk (``app.core.db.diskspace``); the vectors
 database also loads sqlite-vec on every new connection. SQLite write transactions start with
 ``BEGIN IMMEDIATE`` so that concurrent writers queue on the busy timeout instead of failing.
 """
@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from app.core import metrics
+from app.core.ops import metrics
 from app.core.config import Database, Settings
 
 log = logging.getLogger("app.databases")
@@ -61,7 +61,7 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         # A new database keeps its free pages apart, so that after a full disk they can be given
-        # back (app.core.diskspace runs `PRAGMA incremental_vacuum`); no effect on an existing one.
+        # back (app.core.db.diskspace runs `PRAGMA incremental_vacuum`); no effect on an existing one.
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
@@ -190,7 +190,7 @@ class Databases:
     async def borrow_driver_connection(self, db: Database) -> PoolProxiedConnection | None:
         """A connection from ``db``'s pool for driver-level statements, or None on SQLite.
 
-        For requests that run one statement (``app.core.statements``): on PostgreSQL they skip
+        For requests that run one statement (``app.core.db.statements``): on PostgreSQL they skip
         SQLAlchemy's ``Connection`` and BEGIN/COMMIT (autocommit), saving two round trips and
         ~60 us of CPU each. The checkout is the pool's own, events included (the idle ping).
         Give it back with ``app.core.fences.sqlalchemy_.close_pooled`` (``RequestConnections.end`` does). On SQLite

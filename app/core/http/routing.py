@@ -9,12 +9,12 @@ did before 0.16x), not included as a nested router. FastAPI 0.165 matches a requ
 nested router twice and keeps per-router bookkeeping in the scope: about 20 us of a kv read's
 ~185 us of CPU (measured in-process).
 
-Every route solves its dependencies from a plan built once (``app.core.handlers``).
+Every route solves its dependencies from a plan built once (``app.core.http.planning``).
 
 The gate is also where a request's pipeline runs, in this order and the same for every route:
 the route is matched; the caller is authenticated and authorized from the headers alone (the
 gate's ``guard``); only then is the body read, within the matched route's declared limit and
-deadlines (``app.core.limits``); only then does the route run, so its database connection and
+deadlines (``app.core.http.limits``); only then does the route run, so its database connection and
 locks are taken once the body is complete.
 """
 
@@ -35,10 +35,10 @@ from starlette.types import Receive, Scope, Send
 from app.core.config import LimitsSettings
 from app.core.fences.fastapi_ import included_route
 from app.core.fences.starlette_ import route_path
-from app.core.handlers import compile_handler, opted_out, unplannable_because
+from app.core.http.planning import compile_handler, opted_out, unplannable_because
 from app.core.jsonvalue import check_json_text
 from app.core.state import gateway_state
-from app.core.limits import (
+from app.core.http.limits import (
     Body,
     BodyClock,
     BodySpec,
@@ -51,7 +51,7 @@ from app.core.limits import (
     streamed,
     too_large,
 )
-from app.core.paths import check_path_utf8
+from app.core.http.paths import check_path_utf8
 
 
 class UnplannedRoute(RuntimeError):
@@ -83,7 +83,7 @@ class PlannedRoute(APIRoute):
         if reason is not None:
             if opt_out is None:
                 raise UnplannedRoute(
-                    f"{where} cannot be planned: {reason}. Make it plannable (app.core.handlers) "
+                    f"{where} cannot be planned: {reason}. Make it plannable (app.core.http.planning) "
                     f"or mark {self.endpoint.__qualname__} @served_by_fastapi(\"why\")"
                 )
             return fastapis

@@ -32,9 +32,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.core.config import LimitsSettings, get_settings
 from app.core.errors import PROBLEM_JSON
-from app.core.metrics import count_problem
+from app.core.ops.metrics import count_problem
 
-PROTOCOL = "app.core.server:GatewayHttpProtocol"
+PROTOCOL = "app.core.http.server:GatewayHttpProtocol"
 LINGER_SECONDS = 2.0
 
 

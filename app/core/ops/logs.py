@@ -3,7 +3,7 @@
 ``logging_config(settings)`` is the dict the CLI applies before anything else runs and hands to
 uvicorn as ``log_config`` (so every worker process gets the same). Every record carries the
 request id of the request being served (or ``-`` outside requests). uvicorn's own access log is
-off; ``app.access`` writes one line per request instead (see ``app.core.observability``).
+off; ``app.access`` writes one line per request instead (see ``app.core.ops.telemetry``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from datetime import datetime, UTC
 from typing import Any
 
-from app.core.requestid import current_request_id
+from app.core.http.requestid import current_request_id
 
 # Attributes every LogRecord has; anything else on a record was passed through ``extra=``.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
@@ -83,10 +83,10 @@ def logging_config(level: str = "info", log_format: str = "auto") -> dict[str, A
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": "app.core.logs.RequestIdFilter"}},
+        "filters": {"request_id": {"()": "app.core.ops.logs.RequestIdFilter"}},
         "formatters": {
-            "json": {"()": "app.core.logs.JsonFormatter"},
-            "text": {"()": "app.core.logs.TextFormatter"},
+            "json": {"()": "app.core.ops.logs.JsonFormatter"},
+            "text": {"()": "app.core.ops.logs.TextFormatter"},
         },
         "handlers": {
             "stderr": {

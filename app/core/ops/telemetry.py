@@ -13,9 +13,9 @@ import time
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core import metrics
+from app.core.ops import metrics
 from app.core.errors import app_error_response
-from app.core.requestid import RequestIdMiddleware
+from app.core.http.requestid import RequestIdMiddleware
 
 access_log = logging.getLogger("app.access")
 log = logging.getLogger("app.errors")

@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 
 from app.auth.schemas import SCOPE_PATTERN
 from app.core.errors import PROBLEM_JSON, Problem
-from app.core.routing import CapabilityRoutes, api_routes
+from app.core.http.routing import CapabilityRoutes, api_routes
 from app.core.state import gateway_state
 
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}

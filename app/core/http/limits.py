@@ -2,7 +2,7 @@
 
 Every route declares its body with ``@accepts(...)`` on its endpoint (``Body.JSON``, ``Body.VALUE``,
 ``Body.STREAM``); a route that declares nothing takes no body, and a route with a body model or a
-writing method that declares nothing fails at start-up (``body_spec``). ``app.core.routing``
+writing method that declares nothing fails at start-up (``body_spec``). ``app.core.http.routing``
 reads the declaration of the *matched* route, after authentication, and only then:
 
 - ``NONE``: any body byte is a 413 (nothing is buffered).

@@ -8,7 +8,7 @@ Why deletes failed on a full disk (measured with SQLite 3.40 on a small tmpfs):
    No PRAGMA avoids that short of leaving WAL, so the gateway keeps room aside: a reserve file.
 2. Debian builds SQLite with ``SQLITE_SECURE_DELETE``: every freed page is overwritten, so a
    DELETE writes as much WAL as it frees (deleting 12.5 MB wrote 15 MB). ``PRAGMA
-   secure_delete=FAST`` (``app.core.databases``) stops that: the same delete then writes ~0.2 MB.
+   secure_delete=FAST`` (``app.core.db.databases``) stops that: the same delete then writes ~0.2 MB.
 3. Freed pages stay inside the file (no auto-vacuum), so deleting never gave the filesystem
    space back. New databases are created with ``auto_vacuum=INCREMENTAL``; after a full disk the
    free pages are returned a megabyte at a time (``PRAGMA incremental_vacuum`` then a checkpoint,
@@ -52,7 +52,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import Database
-from app.core.databases import Databases
+from app.core.db.databases import Databases
 from app.core.errors import InsufficientStorage
 from app.core.state import GatewayState, gateway_state
 

@@ -1,0 +1,1 @@
+"""Databases: engines, tables, statements, transactions, scoping, migrations."""

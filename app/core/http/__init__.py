@@ -1,0 +1,1 @@
+"""HTTP: the connection layer, routing and gates, bodies, planning, conditions, OpenAPI."""

@@ -1,0 +1,1 @@
+"""Operations: logs, metrics and telemetry, health, process tuning, the settings table."""
