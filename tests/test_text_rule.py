@@ -449,3 +449,23 @@ def test_both_backends_answer_the_same(server: Server, backend: Backend) -> None
     for key, by_backend in shared.items():
         # JSON values; payload numbers equal by value (JSONB numerics, see test_numbers_in_payloads)
         assert same_json(by_backend["sqlite"], by_backend["postgres"], exact=False), key
+
+
+async def test_a_trim_bound_follows_the_key_rule(http: httpx.AsyncClient, namespace: str) -> None:
+    """A NUL in ``before`` was a 500 on PostgreSQL (schemathesis): a bound is a key, refused alike."""
+    await http.put(rec(namespace, "c", "k1"), json=1)
+    assert_422(await http.post(rec(namespace, "c", "trim"), json={"before": "k\u0000"}), "before")
+    assert len((await http.get(rec(namespace, "c"))).json()["items"]) == 1
+
+
+async def test_checkpoint_metadata_keeps_integers_beyond_64_bits(http: httpx.AsyncClient, namespace: str) -> None:
+    """orjson cannot write them; they are JSON all the same (schemathesis found the 422)."""
+    big = 408086939299357471562889428992
+    body = {
+        "thread_id": "t", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="},
+        "metadata": {"n": big, "step": 1},
+    }
+    r = await http.post(f"/v1/{namespace}/checkpoints/put", json=body)
+    assert r.is_success, r.text
+    got = (await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "t"})).json()
+    assert got["metadata"]["n"] == big

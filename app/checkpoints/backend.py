@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
 
 from app.checkpoints.models import checkpoint_blobs as blobs
+from app.core.jsonvalue import dumps_text
 from app.checkpoints.models import checkpoint_metadata_terms as terms
 
 Scalar = str | int | float | bool | None
@@ -30,7 +31,7 @@ def canonical_json(value: Scalar) -> str:
     """One text per JSON value, so equal values compare equal as text (``1.0`` is ``1``)."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    return orjson.dumps(value).decode()
+    return dumps_text(value)
 
 
 def scalar_terms(metadata: Mapping[str, Any]) -> dict[str, str]:

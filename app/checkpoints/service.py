@@ -18,6 +18,7 @@ from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
+from app.core.jsonvalue import dumps_text
 from app.core.http.pagination import CursorBigint, decode_cursor, encode_cursor
 from app.core.db.statements import StatementConnection
 
@@ -53,8 +54,8 @@ class CheckpointsService:
 
     def _json(self, field: str, value: Any, limit: int) -> str:
         try:
-            text = orjson.dumps(value).decode()
-        except TypeError as exc:
+            text = dumps_text(value)
+        except (TypeError, ValueError) as exc:
             raise InvalidInput(field, f"is not JSON: {exc}") from None
         if "\\u0000" in text:
             raise InvalidInput(field, "must not contain NUL characters (\\u0000)")

@@ -168,3 +168,14 @@ def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
     if text[end:].strip():
         raise InvalidInput(field, f"is not valid JSON: extra data at character {end}")
     return encode_value(field, value, max_bytes)
+
+
+def dumps_text(value: Any) -> str:
+    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included: orjson cannot
+    write those, and they are JSON all the same (Python's json writes them the same way)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

@@ -75,7 +75,10 @@ class TrimRequest(BaseModel):
         ]},
     )
 
-    before: str | None = Field(default=None, min_length=1, examples=["00000000001700000000"])
+    before: DocumentedKey | None = Field(
+        default=None, min_length=1, examples=["00000000001700000000"],
+        description="A key: records whose keys sort strictly below it go.",
+    )
     keep_last: StrictInt | None = Field(default=None, ge=0, examples=[100])
 
     @model_validator(mode="after")

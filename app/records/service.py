@@ -97,4 +97,6 @@ class RecordsService:
     async def trim(
         self, conn: StatementConnection, ns: str, c: str, *, before: str | None, keep_last: int | None
     ) -> int:
+        if before is not None:  # a bound is a key: the same text rule (no control characters)
+            before = validate_key("before", before)
         return await self.repo.trim(conn, ns, c, before=before, keep_last=keep_last)
