@@ -235,14 +235,15 @@ ALLOWED = "https://app.example"
 
 
 @pytest.fixture
-def keyless(server: Server, tmp_path: Path) -> Iterator[Server]:
+def keyless(server: Server, tmp_path: Path, namespace: str) -> Iterator[Server]:
     """A keyless gateway on the test server's (migrated) databases, with an allowed origin,
-    text/html served inline, and room for a 1 MB Range header."""
+    text/html served inline (and SVG too in one namespace), and room for a 1 MB Range header."""
     srv = start_server(
         server.backend, tmp_path / "keyless.log",
         GATEWAY_AUTH__MODE="disabled",
         GATEWAY_AUTH__ALLOWED_ORIGINS=json.dumps([ALLOWED.upper() + "/"]),
         GATEWAY_FILES__INLINE_TYPES=json.dumps(["text/html"]),
+        GATEWAY_FILES__INLINE_TYPES_BY_NAMESPACE=json.dumps({namespace + "site": ["image/svg+xml"]}),
         GATEWAY_LIMITS__MAX_HEADER_BYTES=str(1024 * 1024),
     )
     yield srv
@@ -296,5 +297,13 @@ async def test_inline_types_setting_and_a_1mb_range_over_http(keyless: Server, n
         assert r.headers["content-security-policy"] == "default-src 'none'; sandbox"
         r = await client.get(url(namespace, "c", "pic"))
         assert r.headers["content-disposition"] == "attachment"
+        # files.inline_types_by_namespace: SVG inline in that one namespace, still sandboxed
+        site = namespace + "site"
+        r = await client.put(url(site, "c", "pic"), content=b"<svg/>", headers={"Content-Type": "image/svg+xml"})
+        assert r.status_code in (200, 201), r.text
+        for method in ("GET", "HEAD"):
+            r = await client.request(method, url(site, "c", "pic"))
+            assert "content-disposition" not in r.headers, method
+            assert r.headers["content-security-policy"] == "default-src 'none'; sandbox"
     # limits.max_header_bytes is 1 MiB on this server: a 1 MB Range header goes through whole.
     await _range_while_healthz(keyless, url(namespace, "c", "page"), "bytes=0-" + " " * MB + "x", {})

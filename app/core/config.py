@@ -287,6 +287,11 @@ class FilesSettings(_Strict):
         description="Media types served inline besides images, audio, video, text/plain and JSON (e.g. `text/html`): "
         "all others are downloads (`Content-Disposition: attachment`), since they could run as pages of the gateway.",
     )
+    inline_types_by_namespace: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="More media types served inline in one namespace only, by namespace (e.g. "
+        "`{\"site\": [\"text/html\"]}` for a plugin that serves pages on purpose).",
+    )
 
     @model_validator(mode="after")
     def _s3_has_bucket(self) -> FilesSettings:

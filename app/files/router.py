@@ -337,7 +337,7 @@ async def get_file(
         if presigned is not None:
             await reader.close()
             return Response(status_code=307, headers={**headers, "Location": presigned})
-        headers.update(download_headers(row.content_type, files.inline_types))
+        headers.update(download_headers(row.content_type, files.inline_types(namespace)))
         headers["Content-Length"] = str(max(plan.byte_range.length, 0))
         if plan.status == 206:
             r = plan.byte_range
@@ -375,7 +375,7 @@ async def head_file(
     headers = file_headers(row)
     if plan.status == 304:
         return Response(status_code=304, headers=headers)
-    headers.update(download_headers(row.content_type, files.inline_types))
+    headers.update(download_headers(row.content_type, files.inline_types(namespace)))
     headers["Content-Length"] = str(row.size)
     return Response(status_code=200, headers=headers)
 

@@ -254,9 +254,17 @@ class FilesService:
         total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
         self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
         self.send_timeout = settings.limits.send_idle_timeout_seconds
-        self.inline_types = frozenset(t.strip().lower() for t in settings.files.inline_types)
+        self._inline = frozenset(t.strip().lower() for t in settings.files.inline_types)
+        self._inline_by_namespace = {
+            ns: self._inline | {t.strip().lower() for t in types}
+            for ns, types in settings.files.inline_types_by_namespace.items()
+        }
         self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files.backend)
         self.presign_seconds = settings.files.s3.presign_seconds if settings.files.s3.presign_downloads else 0
+
+    def inline_types(self, namespace: str) -> frozenset[str]:
+        """What ``namespace`` serves inline besides the safe types (``files.inline_types*``)."""
+        return self._inline_by_namespace.get(namespace, self._inline)
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
