@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
@@ -25,7 +23,6 @@ from app.core.errors import Conflict, InvalidInput, NotFound
 from app.core.jsonvalue import LONE_SURROGATE, find_invalid
 from app.core.names import key_problem
 from app.core.http.pagination import decode_cursor, encode_cursor
-from app.core.db.scoping import in_scope
 from app.vectors import encoding, telemetry
 from app.vectors.backend import (
     CollectionInfo,
@@ -38,8 +35,7 @@ from app.vectors.backend import (
 )
 from app.vectors.filters import Node, parse_filter
 from app.vectors.planner import Plan
-from app.vectors.models import vector_collections as vc
-from app.vectors.models import vector_idempotency as vi
+from app.vectors import repository
 from app.vectors.schemas import (
     CollectionCreate,
     PointsDelete,
@@ -112,10 +108,7 @@ class VectorService:
         )
 
     async def find(self, collection: str, *, lock: bool = False) -> CollectionInfo | None:
-        stmt = select(vc).where(in_scope(vc, self.namespace, collection))
-        if lock:
-            stmt = stmt.with_for_update(read=True)
-        row = (await self.session.execute(stmt)).first()
+        row = await repository.find_collection(self.session, self.namespace, collection, lock=lock)
         return self._info(row) if row is not None else None
 
     async def get(self, collection: str, *, lock: bool = False) -> CollectionInfo:
@@ -194,24 +187,17 @@ class VectorService:
             ) or vs.hnsw_ef_construction
         if declared:
             options["payload_indexes"] = declared
-        try:
-            async with self.session.begin_nested():
-                new_id = (
-                    await self.session.execute(
-                        insert(vc)
-                        .values(
-                            namespace=self.namespace,
-                            collection=collection,
-                            vector_size=body.vector_size,
-                            distance=body.distance,
-                            index_options=json.dumps(options, sort_keys=True),
-                            text_field=body.text_field,
-                            created_at=_now(),
-                        )
-                        .returning(vc.c.id)
-                    )
-                ).scalar_one()
-        except IntegrityError:
+        new_id = await repository.insert_collection(
+            self.session,
+            namespace=self.namespace,
+            collection=collection,
+            vector_size=body.vector_size,
+            distance=body.distance,
+            index_options=json.dumps(options, sort_keys=True),
+            text_field=body.text_field,
+            created_at=_now(),
+        )
+        if new_id is None:
             # Created concurrently: the same rules apply to the winner's settings.
             existing = await self.get(collection)
             self._check_same(existing, body)
@@ -242,11 +228,8 @@ class VectorService:
             )
 
     async def list_collections(self, limit: int, cursor: str | None) -> dict[str, Any]:
-        stmt = select(vc).where(in_scope(vc, self.namespace)).order_by(vc.c.collection).limit(limit + 1)
-        if cursor:
-            after = decode_cursor(cursor, "after")["after"]
-            stmt = stmt.where(vc.c.collection > after)
-        rows = (await self.session.execute(stmt)).all()
+        after = decode_cursor(cursor, "after")["after"] if cursor else None
+        rows = await repository.page_of_collections(self.session, self.namespace, after, limit + 1)
         infos = [self._info(r) for r in rows[:limit]]
         states = await self.index.index_states(self.session, infos)
         payload_states = await self.index.payload_index_states(self.session, infos)
@@ -279,8 +262,7 @@ class VectorService:
             return
         self.registry.forget(self.namespace, collection)
         await self.index.drop(self.session, info)
-        await self.session.execute(delete(vc).where(in_scope(vc, self.namespace, collection)))
-        await self.session.execute(delete(vi).where(in_scope(vi, self.namespace, collection)))
+        await repository.delete_collection(self.session, self.namespace, collection)
 
     async def reset(self, collection: str) -> None:
         info = await self.get(collection, lock=True)
@@ -393,10 +375,8 @@ class VectorService:
         self.written = info
         answer = {"ids": [p.id for p in points]}
         if idempotency_key is not None:
-            await self.session.execute(
-                update(vi)
-                .where(in_scope(vi, self.namespace, collection), vi.c.idempotency_key == idempotency_key)
-                .values(response=json.dumps(answer))
+            await repository.record_answer(
+                self.session, self.namespace, collection, idempotency_key, json.dumps(answer)
             )
         return answer
 
@@ -407,31 +387,10 @@ class VectorService:
         digest = hashlib.sha256(raw_body).hexdigest()
         now = _now()
         ttl = timedelta(seconds=self.settings.vectors.idempotency_ttl_seconds)
-        await self.session.execute(
-            delete(vi).where(in_scope(vi, self.namespace, collection), vi.c.created_at < now - ttl)
-        )
-        try:
-            async with self.session.begin_nested():
-                await self.session.execute(
-                    insert(vi).values(
-                        namespace=self.namespace,
-                        collection=collection,
-                        idempotency_key=key,
-                        request_hash=digest,
-                        response=None,
-                        created_at=now,
-                    )
-                )
+        await repository.forget_keys_before(self.session, self.namespace, collection, now - ttl)
+        if await repository.claim_key(self.session, self.namespace, collection, key, digest, now):
             return None
-        except IntegrityError:
-            pass
-        row = (
-            await self.session.execute(
-                select(vi.c.request_hash, vi.c.response).where(
-                    in_scope(vi, self.namespace, collection), vi.c.idempotency_key == key
-                )
-            )
-        ).first()
+        row = await repository.claimed_key(self.session, self.namespace, collection, key)
         if row is None or row.response is None or row.request_hash != digest:
             raise Conflict(
                 "Idempotency-Key was already used with a different request body",
