@@ -395,7 +395,7 @@ async def test_nan_and_infinity_are_refused_in_numeric_fields(
     [
         ("search", {"vector": [1, 0], "limit": True}, "limit"),
         ("search", {"vector": [1, 0], "limit": "3"}, "limit"),
-        ("search", {"vector": [1, 0], "limit": 3.0}, "limit"),
+        ("search", {"vector": [1, 0], "limit": 3.5}, "limit"),
         ("search", {"vector": [1, 0], "ef_search": False}, "ef_search"),
         ("search", {"vector": [1, 0], "score_threshold": True}, "score_threshold"),
         ("search", {"vector": [1, 0], "with_vectors": 1}, "with_vectors"),
@@ -410,7 +410,7 @@ async def test_booleans_are_not_integers(http: httpx.AsyncClient, namespace: str
 
 async def test_booleans_are_not_integers_when_creating_a_collection(http: httpx.AsyncClient, namespace: str) -> None:
     assert_422(await http.put(vec(namespace, "c"), json={"vector_size": True}), "vector_size")
-    assert_422(await http.put(vec(namespace, "c"), json={"vector_size": 2, "index": {"m": 16.0}}), "index.m")
+    assert_422(await http.put(vec(namespace, "c"), json={"vector_size": 2, "index": {"m": 16.5}}), "index.m")
     assert (await http.get(vec(namespace, "c"))).status_code == 404
 
 
