@@ -12,9 +12,8 @@ from app.checkpoints.repository import CheckpointsRepository
 from app.checkpoints.router import router
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
-from app.core.capability import Capability, Periodic
+from app.core.capability import Capability, Periodic, in_batches
 from app.core.config import Database
-from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.state import GatewayState
 from app.core.db.statements import fixed_statements
 from app.core.db.upsert import insert_builder
@@ -35,15 +34,11 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[CheckpointsService]:
 
 
 def periodic(service: CheckpointsService, state: GatewayState) -> Iterator[Periodic]:
-    engine = state.databases.engine(Database.checkpoints).execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    engine = state.databases.engine(Database.checkpoints)
 
     async def sweep() -> None:
         """Apply retention in bounded batches."""
-        while True:
-            async with engine.begin() as conn:
-                handled = await service.sweep(conn)
-            if handled < service.settings.sweep_batch:
-                return
+        await in_batches(engine, service.sweep, service.settings.sweep_batch)
 
     yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, sweep)
 

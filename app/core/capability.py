@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlalchemy import Table
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.config import Database
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 
 if TYPE_CHECKING:
     from app.core.http.routing import CapabilityRouter
@@ -111,6 +113,17 @@ async def _forever(job: Periodic) -> None:
 
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of CAP:ACTION scopes
+
+
+async def in_batches(engine: AsyncEngine, step: Callable[[AsyncConnection], Awaitable[int]], batch: int) -> None:
+    """A periodic job's round: ``step`` in its own write transaction (SQLite: ``BEGIN IMMEDIATE``),
+    again while a step handled a whole ``batch``, so one round never holds the lock for long."""
+    writer = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    while True:
+        async with writer.begin() as conn:
+            handled = await step(conn)
+        if handled < batch:
+            return
 
 
 def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[Any], ...]:

@@ -6,9 +6,10 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from app.core.capability import Capability, Periodic
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.capability import Capability, Periodic, in_batches
 from app.core.config import Database
-from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.state import GatewayState
 from app.core.db.statements import fixed_statements
 from app.core.db.upsert import insert_builder
@@ -29,17 +30,17 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[KvService]:
 
 
 def periodic(service: KvService, state: GatewayState) -> Iterator[Periodic]:
-    engine = state.databases.engine(Database.metadata).execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+    engine = state.databases.engine(Database.metadata)
+
+    async def step(conn: AsyncConnection) -> int:
+        deleted = await service.sweep(conn)
+        if deleted:
+            log.info("kv sweep deleted %d expired entries", deleted)
+        return deleted
 
     async def sweep() -> None:
         """Delete expired entries in bounded batches."""
-        while True:
-            async with engine.begin() as conn:
-                deleted = await service.sweep(conn)
-            if deleted:
-                log.info("kv sweep deleted %d expired entries", deleted)
-            if deleted < service.settings.sweep_batch:
-                return
+        await in_batches(engine, step, service.settings.sweep_batch)
 
     yield Periodic("kv-sweep", service.settings.sweep_interval_seconds, sweep)
 
