@@ -14,9 +14,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
-from app.core.db.diskspace import disk_space_of
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
-from app.core.state import gateway_state
+from app.core.state import disk_space_of, gateway_state
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="storage-gateway"'}
 _PRINCIPAL = "gateway.principal"

@@ -20,6 +20,7 @@ from starlette.types import Scope
 
 from app.core.ops.metrics import count_problem
 from app.core.http.requestid import current_request_id
+from app.core.state import disk_space_of
 
 log = logging.getLogger("app.errors")
 
@@ -293,8 +294,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         kind = disk_full_kind(exc)
         if kind is not None:  # before "unavailable": a full disk is not worth a retry in 2 s
-            state = getattr(request.app.state, "gateway", None)  # None: an app not made by create_app
-            space = state.disk_space if state is not None else None
+            space = disk_space_of(request)
             if space is not None:
                 space.on_disk_full(sqlite=kind != "postgresql")
             return render(InsufficientStorage("the database's disk is full; delete data or free disk space"), request)

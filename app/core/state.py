@@ -80,6 +80,13 @@ def service_of(request: Request, capability: str) -> Any:
     return request.app.state.gateway.services[capability]
 
 
+def disk_space_of(request: Request) -> DiskSpace | None:
+    """What ``app.core.db.diskspace`` knows of a full disk; ``None`` outside a running gateway
+    (and for an app not made by ``create_app``)."""
+    state: GatewayState | None = getattr(request.app.state, "gateway", None)
+    return state.disk_space if state is not None else None
+
+
 def gateway_state(app: Starlette) -> GatewayState:
     state: GatewayState = app.state.gateway
     return state

@@ -54,7 +54,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.core.errors import InsufficientStorage
-from app.core.state import GatewayState, gateway_state
+from app.core.state import GatewayState
 
 log = logging.getLogger("app.databases")
 
@@ -228,6 +228,3 @@ async def keep_disk_space(state: GatewayState, databases: Databases) -> AsyncIte
         state.disk_space = None
         await space.close()
 
-
-def disk_space_of(request: Request) -> DiskSpace | None:
-    return gateway_state(request.app).disk_space
