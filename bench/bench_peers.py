@@ -413,12 +413,14 @@ def best(a: Cell | None, b: Cell) -> Cell:
     return b if a is None or b[0] > a[0] else a
 
 
-async def run_rounds(gw: tuple[str, int, str, int], pb: PocketBase, seconds: float, rounds: int) -> dict:
+async def run_rounds(
+    gw: tuple[str, int, str, int], pb: PocketBase, seconds: float, rounds: int, operations: tuple[str, ...]
+) -> dict:
     results: dict[tuple[str, str, int], Cell] = {}
     host, port, key, gw_pid = gw
     for round_no in range(rounds):
         g_ops, p_ops = gateway_ops(), pocketbase_ops(pb)
-        for name in OPERATIONS:
+        for name in operations:
             for concurrency in (1, 16):
                 # gateway then PocketBase, cell by cell, so that the two sides see the same machine
                 for side, h, p, k, op, pid in (("gateway", host, port, key, g_ops[name], gw_pid),
@@ -429,7 +431,7 @@ async def run_rounds(gw: tuple[str, int, str, int], pb: PocketBase, seconds: flo
     return results
 
 
-def print_table(results: dict, seconds: float, rounds: int, elapsed: float) -> None:
+def print_table(results: dict, seconds: float, rounds: int, elapsed: float, operations: tuple[str, ...]) -> None:
     print(f"\nembedded default next to PocketBase: best of {rounds} alternating rounds of {seconds:g} s per cell, "
           f"gateway workers: 1, {os.cpu_count()} CPUs, run {elapsed:.0f} s, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     header = (f"{'operation':<19} {'conc':>4} | {'gateway ops/s':>13} {'p50 ms':>7} {'srv µs/op':>9} | "
@@ -438,7 +440,7 @@ def print_table(results: dict, seconds: float, rounds: int, elapsed: float) -> N
     print(header)
     print("-" * len(header))
     misses = []
-    for name in OPERATIONS:
+    for name in operations:
         for conc in (1, 16):
             g, p = results[("gateway", name, conc)], results[("pocketbase", name, conc)]
             ratio, target = g[0] / p[0], (0.7 if conc == 1 else 1.0)
@@ -457,7 +459,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 0.25 s per cell (about a minute and a half on a busy 2-core machine)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per cell and round (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds, best kept (default 2)")
+    parser.add_argument("--ops", default=",".join(OPERATIONS), help="comma-separated operations (default: all)")
     args = parser.parse_args()
+    operations = tuple(op.strip() for op in args.ops.split(","))
+    if unknown := set(operations) - set(OPERATIONS):
+        parser.error(f"unknown operations {sorted(unknown)}; choose from {', '.join(OPERATIONS)}")
     seconds = 0.25 if args.quick else args.seconds
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -480,7 +486,7 @@ def main() -> None:
             t = time.perf_counter()
             await pocketbase_setup(pb)
             print(f"PocketBase preloaded in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            return await run_rounds((host, int(port), key, server.process.pid), pb, seconds, args.rounds)
+            return await run_rounds((host, int(port), key, server.process.pid), pb, seconds, args.rounds, operations)
 
         results = asyncio.run(go())
     finally:
@@ -491,7 +497,7 @@ def main() -> None:
             pb.process.wait(timeout=30)
         if os.environ.get("BENCH_KEEP") is None:
             shutil.rmtree(work, ignore_errors=True)
-    print_table(results, seconds, args.rounds, time.perf_counter() - started)
+    print_table(results, seconds, args.rounds, time.perf_counter() - started, operations)
 
 
 if __name__ == "__main__":

@@ -313,14 +313,18 @@ def pytest_configure(config) -> None:  # noqa: ANN001
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     """Drop the SQLite variants of ``postgres_only`` tests (HNSW builds, pgvector plans): they
-    test what SQLite does not have, so they are not collected rather than skipped. Likewise the
-    ``httpx`` client transport variants on backends other than ``HTTPX_TRANSPORT_BACKEND``."""
+    test what SQLite does not have, so they are not collected rather than skipped; likewise the
+    other variants of ``sqlite_only`` tests (SQLite's lock waits), and the ``httpx`` client
+    transport variants on backends other than ``HTTPX_TRANSPORT_BACKEND``."""
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params or {}
-        on_sqlite = params.get("backend") == "sqlite"
-        httpx_elsewhere = params.get("client_transport") == "httpx" and params.get("backend") != HTTPX_TRANSPORT_BACKEND
-        (drop if on_sqlite and item.get_closest_marker("postgres_only") or httpx_elsewhere else keep).append(item)
+        backend = params.get("backend")
+        other_backend = (backend == "sqlite" and item.get_closest_marker("postgres_only")) or (
+            backend not in (None, "sqlite") and item.get_closest_marker("sqlite_only")
+        )
+        httpx_elsewhere = params.get("client_transport") == "httpx" and backend != HTTPX_TRANSPORT_BACKEND
+        (drop if other_backend or httpx_elsewhere else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -1,17 +1,19 @@
-"""Fixed statements on a borrowed driver connection (PostgreSQL's path for kv and records).
+"""Fixed statements on a borrowed driver connection (the path of kv and records, both backends).
 
 What SQLAlchemy would otherwise do for these connections is done by the gateway itself, so it
 is tested here: a connection the server dropped surfaces as SQLAlchemy's DBAPIError (answered
 503) and is never pooled again; a request that stopped midway discards its connection; one
-that ended normally returns it; SQLite has no driver path at all.
+that ended normally returns it; on SQLite a lock wait that times out is the same 503, and a
+connection given back inside a transaction is rolled back.
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
-from sqlalchemy import Float, String, bindparam, func, select, text
+from sqlalchemy import Float, String, bindparam, column, func, insert, select, table, text
 from sqlalchemy import exc as sa_exc
 
 from app.core.config import Database
@@ -26,20 +28,76 @@ from tests.test_migrations import settings_for
 SELECT_ONE = select(bindparam("ns", type_=String()).label("echo"))  # needs no table
 
 
-async def test_sqlite_has_no_driver_path_and_postgresql_borrows_one(backend: Backend) -> None:
+async def test_both_backends_borrow_a_driver_connection_that_runs_in_autocommit(backend: Backend) -> None:
     databases = Databases.open(settings_for(backend))
     try:
         borrowed = await databases.borrow_driver_connection(Database.metadata)
-        assert (borrowed is not None) == backend.is_postgres
-        if borrowed is not None:
-            connections = RequestConnections()
-            connections.add(borrowed)
-            statement = fixed_statements("postgresql")(SELECT_ONE)
-            echo = f"ns-{uuid.uuid4().hex}"
-            assert tuple(await statement.first(borrowed, {"ns": echo})) == (echo,)
-            assert not borrowed.driver_connection.is_in_transaction()  # autocommit: no BEGIN was sent
-            await connections.end(commit=True)
-            assert databases.engine(Database.metadata).sync_engine.pool.checkedout() == 0
+        assert borrowed is not None
+        connections = RequestConnections()
+        connections.add(borrowed)
+        statement = fixed_statements("postgresql" if backend.is_postgres else "sqlite")(SELECT_ONE)
+        echo = f"ns-{uuid.uuid4().hex}"
+        assert tuple(await statement.first(borrowed, {"ns": echo})) == (echo,)
+        driver = borrowed.driver_connection
+        in_transaction = driver.is_in_transaction() if backend.is_postgres else driver.in_transaction
+        assert not in_transaction  # autocommit: no BEGIN was sent
+        await connections.end(commit=True)
+        assert databases.engine(Database.metadata).sync_engine.pool.checkedout() == 0
+        # A route that runs several statements on SQLite is lent no driver connection there.
+        several = await databases.borrow_driver_connection(Database.metadata, sqlite=False)
+        assert (several is not None) == backend.is_postgres
+        if several is not None:
+            await greenlet_close(several)
+    finally:
+        await databases.close()
+
+
+def _scratch_table() -> Any:
+    return table(f"scratch_{uuid.uuid4().hex[:12]}", column("k", String()))
+
+
+@pytest.mark.sqlite_only
+async def test_a_sqlite_lock_wait_that_times_out_is_a_503_and_the_connection_stays_usable(backend: Backend) -> None:
+    settings = settings_for(backend)
+    settings.databases.metadata.connect_timeout = 0.2  # the busy timeout
+    databases = Databases.open(settings)
+    scratch = _scratch_table()
+    write = fixed_statements("sqlite")(insert(scratch).values(k=bindparam("k")))
+    try:
+        async with databases.engine(Database.metadata).begin() as conn:
+            await conn.execute(text(f"CREATE TABLE {scratch.name} (k TEXT PRIMARY KEY)"))
+        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        assert borrowed is not None
+        async with databases.engine(Database.metadata).connect() as holder:
+            await holder.execution_options(sqlite_begin="IMMEDIATE")
+            await holder.begin()  # another writer holds SQLite's write lock
+            with pytest.raises(sa_exc.OperationalError) as raised:
+                await write.rowcount(borrowed, {"k": "locked"})
+            assert is_database_unavailable(raised.value) and not raised.value.connection_invalidated
+            await holder.rollback()
+        assert await write.rowcount(borrowed, {"k": "free"}) == 1  # the same connection, free now
+        await greenlet_close(borrowed)
+    finally:
+        await databases.close()
+
+
+@pytest.mark.sqlite_only
+async def test_a_sqlite_connection_given_back_inside_a_transaction_is_rolled_back(backend: Backend) -> None:
+    """The pool resets a connection only when it is inside a transaction (the reset hook)."""
+    databases = Databases.open(settings_for(backend))
+    scratch = _scratch_table()
+    try:
+        async with databases.engine(Database.metadata).begin() as conn:
+            await conn.execute(text(f"CREATE TABLE {scratch.name} (k TEXT PRIMARY KEY)"))
+        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        assert borrowed is not None
+        driver = borrowed.driver_connection
+        await driver.execute("BEGIN IMMEDIATE")
+        await driver.execute(f"INSERT INTO {scratch.name} (k) VALUES ('k')")
+        await greenlet_close(borrowed)  # handed back mid-transaction
+        assert not driver.in_transaction
+        async with databases.engine(Database.metadata).connect() as conn:
+            assert (await conn.execute(select(func.count()).select_from(scratch))).scalar_one() == 0
     finally:
         await databases.close()
 
@@ -223,21 +281,22 @@ async def test_a_second_statement_on_a_single_statement_connection_raises_in_str
     try:
         for single, method in ((True, "PUT"), (True, "GET"), (False, "PUT")):
             request = _request(databases, method)
-            conn = await _connection_dependency(Database.metadata, single_statement=single, read_only=False)(request)
+            conn = await _connection_dependency(
+                Database.metadata, single_statement=single, on_sqlite=True, read_only=False
+            )(request)
             assert tuple(await statement.first(conn, {"ns": "one"})) == ("one",)
-            if single and backend.is_postgres:  # autocommit on the driver path: one statement
+            if single:  # autocommit on the driver path: one statement
                 with pytest.raises(SecondStatementError, match="second statement: 'SELECT"):
                     await statement.first(conn, {"ns": "two"})
-            else:  # a transaction (SQLite's *Statement, any *Connection): statements atomic together
+            else:  # a transaction (any *Connection): statements atomic together
                 assert tuple(await statement.first(conn, {"ns": "two"})) == ("two",)
             await request_connections(request.scope).end(commit=False)
         # Its pooled driver connection is lent again without the mark (vector search borrows so).
-        if backend.is_postgres:
-            again = await databases.borrow_driver_connection(Database.metadata)
-            assert again is not None
-            for n in range(2):
-                assert tuple(await statement.first(again, {"ns": str(n)})) == (str(n),)
-            await greenlet_close(again)
+        again = await databases.borrow_driver_connection(Database.metadata)
+        assert again is not None
+        for n in range(2):
+            assert tuple(await statement.first(again, {"ns": str(n)})) == (str(n),)
+        await greenlet_close(again)
     finally:
         await databases.close()
 
@@ -254,7 +313,9 @@ async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
     statement = fixed_statements(databases.dialect(Database.metadata))(SELECT_ONE)
     try:
         request = _request(databases)
-        conn = await _connection_dependency(Database.metadata, single_statement=True, read_only=False)(request)
+        conn = await _connection_dependency(
+            Database.metadata, single_statement=True, on_sqlite=True, read_only=False
+        )(request)
         for n in range(2):
             assert tuple(await statement.first(conn, {"ns": str(n)})) == (str(n),)
         await request_connections(request.scope).end(commit=False)

@@ -29,7 +29,7 @@ from app.checkpoints.schemas import (
     ThreadsPrune,
     WritesCreate,
 )
-from app.core.dependencies import CheckpointsConnection, CheckpointsReadStatement, CheckpointsStatement, NamespacePath
+from app.core.dependencies import CheckpointsConnection, CheckpointsPgReadStatement, CheckpointsPgStatement, NamespacePath
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
@@ -50,7 +50,7 @@ _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavaila
 @accepts(Body.JSON)
 @served_by_fastapi("a request body model")
 async def put_checkpoint(
-    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
     their version are kept once. Storing the same id again replaces the checkpoint."""
@@ -61,7 +61,7 @@ async def put_checkpoint(
 @accepts(Body.JSON)
 @served_by_fastapi("a request body model")
 async def put_writes(
-    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Store one task's writes against a checkpoint (`aput_writes`)."""
     await service.put_writes(conn, namespace, body)
@@ -75,7 +75,7 @@ async def put_writes(
 async def get_tuple(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
-    conn: CheckpointsReadStatement,
+    conn: CheckpointsPgReadStatement,
     service: CheckpointsServiceDep,
     checkpoint_ns: Annotated[str, Query(max_length=1024, json_schema_extra=_KEY_TEXT, description="`\"\"` for the root graph.")] = "",
     checkpoint_id: Annotated[str | None, Query(max_length=128, json_schema_extra=_KEY_TEXT, description="Omit: the newest.")] = None,
@@ -91,7 +91,7 @@ async def get_tuple(
 @accepts(Body.JSON, read_only=True)
 @served_by_fastapi("a request body model")
 async def search_checkpoints(
-    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsReadStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsPgReadStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`."""

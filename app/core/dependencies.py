@@ -27,17 +27,17 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _connection_dependency(
-    db: Database, *, single_statement: bool, read_only: bool
+    db: Database, *, single_statement: bool, on_sqlite: bool, read_only: bool
 ) -> Callable[[Request], Awaitable[StatementConnection]]:
     """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
     Writes run in one transaction that commits when the answer is a success, before it is sent
     (SQLite takes its write lock up front). A route whose every request runs exactly one
-    statement (``single_statement``) gets, on PostgreSQL, a pooled driver connection for
-    ``app.core.db.statements`` instead: no BEGIN/COMMIT, since one statement is atomic by itself
-    and it is the last thing such a route does, so what it acknowledges is committed and what
-    it refuses was never written. Reads run in a transaction too, unless single-statement.
-    ``read_only`` marks POST routes that only read.
+    statement (``single_statement``; on SQLite too only if ``on_sqlite``) gets a pooled driver
+    connection for ``app.core.db.statements`` instead: no BEGIN/COMMIT, since one statement is
+    atomic by itself and it is the last thing such a route does, so what it acknowledges is
+    committed and what it refuses was never written. Reads run in a transaction too, unless
+    single-statement. ``read_only`` marks POST routes that only read.
     """
 
     async def connection(request: Request) -> StatementConnection:
@@ -45,7 +45,7 @@ def _connection_dependency(
         connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
         if single_statement:
-            borrowed = await databases.borrow_driver_connection(db)
+            borrowed = await databases.borrow_driver_connection(db, sqlite=on_sqlite)
             if borrowed is not None:
                 connections.add(borrowed)
                 if statements.STRICT:
@@ -66,19 +66,26 @@ def _connection_dependency(
     return connection
 
 
-def _connection(db: Database, *, single_statement: bool = False, read_only: bool = False) -> Any:
-    return Depends(_connection_dependency(db, single_statement=single_statement, read_only=read_only))
+def _connection(
+    db: Database, *, single_statement: bool = False, on_sqlite: bool = True, read_only: bool = False
+) -> Any:
+    return Depends(_connection_dependency(db, single_statement=single_statement, on_sqlite=on_sqlite, read_only=read_only))
 
 
-# Every kv request, and every records request but a batch, is one statement: on PostgreSQL
-# they run without BEGIN/COMMIT (two round trips fewer). A records batch is several statements
-# and keeps its transaction. Vector reads keep one too: SQLAlchemy begins it lazily and
+# Every kv request, and every records request but a batch, is one statement on both backends:
+# they run without BEGIN/COMMIT (two round trips fewer on PostgreSQL, eight thread hand-offs on
+# SQLite). A records batch is several statements and keeps its transaction. A checkpoint put
+# or read is one statement on PostgreSQL and several on SQLite, where it keeps its transaction
+# (the `PgStatement` dependencies). Vector reads keep one too: SQLAlchemy begins it lazily and
 # searches run on the driver connection, so it sends nothing.
 MetadataStatement = Annotated[StatementConnection, _connection(Database.metadata, single_statement=True)]
 CheckpointsStatement = Annotated[StatementConnection, _connection(Database.checkpoints, single_statement=True)]
 CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints)]
-CheckpointsReadStatement = Annotated[
-    StatementConnection, _connection(Database.checkpoints, single_statement=True, read_only=True)
+CheckpointsPgStatement = Annotated[
+    StatementConnection, _connection(Database.checkpoints, single_statement=True, on_sqlite=False)
+]
+CheckpointsPgReadStatement = Annotated[
+    StatementConnection, _connection(Database.checkpoints, single_statement=True, on_sqlite=False, read_only=True)
 ]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
 VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]

@@ -75,6 +75,13 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         if db is Database.vectors:
             _load_sqlite_vec(dbapi_connection)
 
+    @event.listens_for(sync_engine, "reset")
+    def on_reset(dbapi_connection: Any, record: Any, state: Any) -> None:
+        # The pool's reset on return (pool_reset_on_return=None): a connection still inside a
+        # transaction (a request that stopped midway) is rolled back, any other needs nothing.
+        if state.asyncio_safe and not state.transaction_was_reset and record.driver_connection.in_transaction:
+            dbapi_connection.rollback()
+
     @event.listens_for(sync_engine, "begin")
     def on_begin(conn: Any) -> None:
         mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")
@@ -130,6 +137,10 @@ def create_engine(settings: Settings, db: Database) -> AsyncEngine:
             max_overflow=conf.max_overflow,
             pool_timeout=conf.pool_timeout,
             connect_args={"timeout": conf.connect_timeout},
+            # Rolled back on return only when a transaction is open (the "reset" hook below):
+            # SQLAlchemy's own ROLLBACK would be one more hand-off to aiosqlite's thread for
+            # every driver-path request, which runs in autocommit.
+            pool_reset_on_return=None,
         )
         _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000))
         return engine
@@ -187,17 +198,17 @@ class Databases:
         """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""
         return self.engines[db].dialect.name
 
-    async def borrow_driver_connection(self, db: Database) -> PoolProxiedConnection | None:
-        """A connection from ``db``'s pool for driver-level statements, or None on SQLite.
+    async def borrow_driver_connection(self, db: Database, *, sqlite: bool = True) -> PoolProxiedConnection | None:
+        """A connection from ``db``'s pool for driver-level statements (None on SQLite unless
+        ``sqlite``: a route that runs several statements there).
 
-        For requests that run one statement (``app.core.db.statements``): on PostgreSQL they skip
-        SQLAlchemy's ``Connection`` and BEGIN/COMMIT (autocommit), saving two round trips and
-        ~60 us of CPU each. The checkout is the pool's own, events included (the idle ping).
-        Give it back with ``app.core.fences.sqlalchemy_.close_pooled`` (``RequestConnections.end`` does). On SQLite
-        transactions are in-process and ``BEGIN IMMEDIATE`` is what the write locking relies
-        on, so requests keep their (cheap) transaction there.
+        For requests that run one statement (``app.core.db.statements``): they skip SQLAlchemy's
+        ``Connection`` and BEGIN/COMMIT (autocommit), saving on PostgreSQL two round trips and
+        ~60 us of CPU, on SQLite eight hand-offs to aiosqlite's thread. The checkout is the
+        pool's own, events included (the idle ping). Give it back with
+        ``app.core.fences.sqlalchemy_.close_pooled`` (``RequestConnections.end`` does).
         """
-        if self.dialect(db) != "postgresql":
+        if self.dialect(db) != "postgresql" and not sqlite:
             return None
         engine = self.engines[db].sync_engine
         try:

@@ -1,12 +1,21 @@
 """Fixed statements: the SQL of kv and records, built once and run the cheapest way the backend allows.
 
-Every kv request and every records request but a batch is one statement. On PostgreSQL such a
-request borrows a connection from the database's SQLAlchemy pool without a SQLAlchemy
-``Connection`` around it (``app.core.dependencies``) and sends its statement with asyncpg,
-compiled once at start-up: SQLAlchemy's connection and execute layers cost about 60 us of CPU
-per request, a quarter of a kv read (measured in-process, ``docs/benchmarks.md``). Statements
-without BEGIN run in autocommit, which for one statement is the same thing as a transaction.
-On SQLite, and in a transaction, the same ``FixedStatement`` runs through SQLAlchemy.
+Every kv request and every records request but a batch is one statement. Such a request
+borrows a connection from the database's SQLAlchemy pool without a SQLAlchemy ``Connection``
+around it (``app.core.dependencies``) and sends its statement with the driver, compiled once at
+start-up. Statements without BEGIN run in autocommit, which for one statement is the same thing
+as a transaction (on SQLite a writing statement takes the write lock when it starts, waiting
+``busy_timeout`` for it as ``BEGIN IMMEDIATE`` does). In a transaction, the same
+``FixedStatement`` runs through SQLAlchemy.
+
+- PostgreSQL (asyncpg): SQLAlchemy's connection and execute layers cost about 60 us of CPU per
+  request, a quarter of a kv read (measured in-process, ``docs/benchmarks.md``), and BEGIN and
+  COMMIT two round trips.
+- SQLite (aiosqlite): every call into aiosqlite is a hand-off to the connection's thread and
+  back. Through SQLAlchemy a one-statement request made nine (BEGIN, cursor, execute, fetch and
+  close, twice over, then COMMIT); here it makes one (``execute_fetchall``, or ``execute`` for
+  a row count), and about 70% of a record read's wall time had been spent waiting on them
+  (``docs/benchmarks.md``, issue 17).
 
 A statement whose shape depends on the request (which bounds a page has, how many ETags an
 ``If-Match`` lists) is one fixed statement per shape (``StatementShapes``).
@@ -37,12 +46,16 @@ from typing import Any
 import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
+from sqlalchemy.dialects.sqlite import aiosqlite as aiosqlite_dialect
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.selectable import ExecutableReturnsRows
 
+from app.core.db.sqlite import SQLITE  # first: the sqlite3 module aiosqlite must import
+
+import aiosqlite  # (after the line above, so it imports that sqlite3)
 from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
 Row = Sequence[Any]
@@ -54,6 +67,7 @@ observers: list[Callable[[str, Sequence[Any]], None]] = []
 
 # SQLAlchemy's dialect classes carry no annotations on __init__ and import_dbapi.
 ASYNCPG_DIALECT: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect.import_dbapi())  # type: ignore[no-untyped-call]
+AIOSQLITE_DIALECT: Dialect = aiosqlite_dialect.dialect(dbapi=aiosqlite_dialect.dialect.import_dbapi())
 
 STRICT = os.environ.get("GATEWAY_STRICT_STATEMENTS", "") not in ("", "0")
 """Whether single-statement connections check that they run one statement (the tests' setting)."""
@@ -69,9 +83,10 @@ class SecondStatementError(AssertionError):
 
 def check_driver_results(statement: ExecutableReturnsRows) -> None:
     """Refuse ``statement`` if a column it returns (selected, or RETURNING) needs SQLAlchemy's
-    result processing, which the driver path skips: PostgreSQL would hand back raw values."""
+    result processing on either backend, which the driver path skips: the driver's raw values
+    would come back (a string for a SQLite datetime, say)."""
     for column in getattr(statement, "exported_columns", ()):
-        if column.type.result_processor(ASYNCPG_DIALECT, None) is not None:
+        if any(column.type.result_processor(d, None) is not None for d in (ASYNCPG_DIALECT, AIOSQLITE_DIALECT)):
             raise DriverResultTypeError(
                 f"fixed statements return driver values, but result column {column.key!r} "
                 f"({column}) is {type(column.type).__name__}, which needs result processing; "
@@ -126,20 +141,23 @@ def _sqlalchemy(conn: StatementConnection) -> AsyncConnection:
     return conn
 
 
-class _AsyncpgStatement(FixedStatement):
-    """The statement compiled once for asyncpg; sent with asyncpg on a pooled driver connection."""
+class _DriverStatement(FixedStatement):
+    """The statement compiled once for a driver; sent with it on a pooled driver connection
+    (a connection in a transaction runs it through SQLAlchemy instead)."""
+
+    dialect: Dialect
 
     def __init__(self, statement: ExecutableReturnsRows) -> None:
         super().__init__(statement)
-        compiled = statement.compile(dialect=ASYNCPG_DIALECT)
+        compiled = statement.compile(dialect=self.dialect)
         assert isinstance(compiled, SQLCompiler)  # a Core statement compiles with the SQL compiler
         if "POSTCOMPILE" in compiled.string:  # an expanding IN: its SQL depends on each call's values
             raise TypeError("fixed statements need a fixed number of bound values; use StatementShapes")
         self.sql = compiled.string
         # (name, whether the caller must give it, the value the statement itself carries, the
-        # type's bind processor), in $n order
+        # type's bind processor), in positional order
         self._binds: list[tuple[str, bool, Any, Callable[[Any], Any] | None]] = [
-            (b.key, b.required, b.value, b.type.bind_processor(ASYNCPG_DIALECT))
+            (b.key, b.required, b.value, b.type.bind_processor(self.dialect))
             for b in (compiled.binds[name] for name in compiled.positiontup or ())
         ]
 
@@ -150,35 +168,121 @@ class _AsyncpgStatement(FixedStatement):
             args.append(process(value) if process is not None and value is not None else value)
         return args
 
-    async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
+    def _sending(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Any]:
+        """The statement's arguments, once strict mode and the observers have seen it."""
         args = self._args(params)
         if STRICT:
             _ran_statement(conn, self.sql)
         for observe in observers:
             observe(self.sql, args)
+        return args
+
+    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
+        raise NotImplementedError
+
+    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+        raise NotImplementedError
+
+    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
+        raise NotImplementedError
+
+    async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
+        if isinstance(conn, AsyncConnection):
+            return await super().first(conn, params)
+        return await self._first(conn, params)
+
+    async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
+        if isinstance(conn, AsyncConnection):
+            return await super().all(conn, params)
+        return await self._all(conn, params)
+
+    async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
+        if isinstance(conn, AsyncConnection):
+            return await super().rowcount(conn, params)
+        return await self._rowcount(conn, params)
+
+
+class _AsyncpgStatement(_DriverStatement):
+    """PostgreSQL: sent with asyncpg, in autocommit."""
+
+    dialect = ASYNCPG_DIALECT
+
+    async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
+        args = self._sending(conn, params)
         try:
             return await getattr(conn.driver_connection, method)(self.sql, *args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised
             raise translate_driver_error(conn, exc, self.sql) from exc
 
-    async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
-        if isinstance(conn, AsyncConnection):
-            return await super().first(conn, params)
+    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
         row: Row | None = await self._send(conn, "fetchrow", params)  # an asyncpg Record
         return row
 
-    async def all(self, conn: StatementConnection, params: Mapping[str, Any]) -> list[Row]:
-        if isinstance(conn, AsyncConnection):
-            return await super().all(conn, params)
+    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
         rows: list[Row] = await self._send(conn, "fetch", params)
         return rows
 
-    async def rowcount(self, conn: StatementConnection, params: Mapping[str, Any]) -> int:
-        if isinstance(conn, AsyncConnection):
-            return await super().rowcount(conn, params)
+    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
         status = await self._send(conn, "execute", params)  # e.g. "DELETE 3", "INSERT 0 1"
         last = status.rsplit(" ", 1)[-1] if status else ""
         return int(last) if last.isdigit() else 0
+
+
+class _AiosqliteStatement(_DriverStatement):
+    """SQLite: sent with aiosqlite in one hand-off to the connection's thread, in autocommit
+    (the engine's connections have the sqlite3 module's implicit transactions off)."""
+
+    dialect = AIOSQLITE_DIALECT
+
+    @staticmethod
+    def _driver(conn: PoolProxiedConnection) -> aiosqlite.Connection:
+        driver = conn.driver_connection
+        if not isinstance(driver, aiosqlite.Connection):
+            raise TypeError("a SQLite fixed statement got a connection that is not aiosqlite's")
+        return driver
+
+    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+        args = self._sending(conn, params)
+        try:
+            rows = await self._driver(conn).execute_fetchall(self.sql, args)
+        except Exception as exc:
+            raise translate_sqlite_error(conn, exc, self.sql, args) from exc
+        return list(rows)
+
+    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
+        rows = await self._all(conn, params)  # statements read by `first` select one row (a key)
+        return rows[0] if rows else None
+
+    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
+        args = self._sending(conn, params)
+        try:
+            # The cursor is left to the garbage collector: closing it would be a second
+            # hand-off, and a statement that returns no rows is finished once it has run.
+            cursor = await self._driver(conn).execute(self.sql, args)
+        except Exception as exc:
+            raise translate_sqlite_error(conn, exc, self.sql, args) from exc
+        count: int = cursor.rowcount
+        return max(count, 0)
+
+
+def translate_sqlite_error(conn: PoolProxiedConnection, exc: Exception, sql: str, args: Sequence[Any]) -> Exception:
+    """What SQLAlchemy's ``Connection`` would have raised for ``exc``, an error of a statement
+    sent with aiosqlite on the pooled ``conn``: sqlite3's errors become ``DBAPIError`` (answered
+    as on the SQLAlchemy path: 503 for a lock wait that timed out, 507 for a full disk); a
+    connection that may be broken (closed, or an error that is not sqlite3's) is not pooled again."""
+    dialect = AIOSQLITE_DIALECT
+    if isinstance(exc, ValueError) and str(exc).lower() in ("no active connection", "connection closed"):
+        exc = SQLITE.OperationalError(str(exc))  # aiosqlite's word for a closed connection, as SQLAlchemy maps it
+    if isinstance(exc, SQLITE.Error):
+        disconnect = bool(dialect.is_disconnect(exc, conn.dbapi_connection, None))
+        if disconnect:
+            conn.invalidate(exc)
+        error: Exception = sa_exc.DBAPIError.instance(
+            sql, list(args), exc, SQLITE.Error, connection_invalidated=disconnect, dialect=dialect,
+        )
+        return error
+    conn.invalidate(exc)
+    return exc
 
 
 def _connection_suspect(exc: Exception) -> bool:
@@ -223,7 +327,7 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
 
 def fixed_statements(dialect: str) -> type[FixedStatement]:
     """What builds fixed statements on ``dialect`` (``sqlite`` or ``postgresql``), chosen once."""
-    return _AsyncpgStatement if dialect == "postgresql" else FixedStatement
+    return _AsyncpgStatement if dialect == "postgresql" else _AiosqliteStatement
 
 
 class StatementShapes:
