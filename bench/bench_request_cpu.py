@@ -116,22 +116,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=3000, help="requests per round (default 3000)")
     parser.add_argument("--profile", choices=sorted(ROWS), help="print a cProfile of this row")
+    parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres", help="default postgres")
     args = parser.parse_args()
 
-    import pgserver
-
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-"))
-    pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+    pg = None
     try:
-        urls = create_postgres_databases(pg.get_uri(), f"cpu_{uuid.uuid4().hex[:8]}")
-        backend = Backend("postgres", backend_env(urls, work / "data"), urls)
+        if args.backend == "postgres":
+            import pgserver
+
+            pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+            urls = create_postgres_databases(pg.get_uri(), f"cpu_{uuid.uuid4().hex[:8]}")
+        else:
+            urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+        backend = Backend(args.backend, backend_env(urls, work / "data"), urls)
         if run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode != 0:
             raise SystemExit("migration failed")
         os.environ.update(gateway_env(backend, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning"))
         results = asyncio.run(measure(args.n, args.profile))
     finally:
-        pg.cleanup()
-    print(f"\ngateway CPU per request, in-process on PostgreSQL, namespace-scoped key (best of 3 x {args.n})")
+        if pg is not None:
+            pg.cleanup()
+    where = "PostgreSQL" if args.backend == "postgres" else "SQLite (the embedded default)"
+    print(f"\ngateway CPU per request, in-process on {where}, namespace-scoped key (best of 3 x {args.n})")
     print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
     for name, micros in results.items():
         print(f"{name:<18} {micros:>7.0f} {1e6 / micros:>11.0f}")
