@@ -38,6 +38,8 @@ ROWS: dict[str, tuple[str, str, bytes, bytes]] = {
     "record upsert": ("PUT", "/v1/bench/records/h/0001", b'{"a": 2}', b""),
     "ordered list (50)": ("GET", "/v1/bench/records/h", b"", b"order=desc&limit=50"),
     "vector search": ("POST", "/v1/bench/vectors/v/search", b'{"vector": [0.1, 0.2, 0.3, 0.4], "limit": 5}', b""),
+    "file upload (1 MiB)": ("PUT", "/v1/bench/files/f/up", bytes(range(256)) * 4096, b""),
+    "file download (1 MiB)": ("GET", "/v1/bench/files/f/down", b"", b""),
 }
 KEY = {"key": ADMIN_KEY}
 
@@ -80,9 +82,10 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
     results = {}
     async with app.router.lifespan_context(app):
         _, made = await call(app, "POST", "/v1/admin/keys",
-                             b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write"]}')
+                             b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write", "files:write"]}')
         scoped = json.loads(made)["key"]
         await call(app, "PUT", "/v1/bench/kv/c/k", b'{"a": 1}')
+        await call(app, "PUT", "/v1/bench/files/f/down", bytes(range(256)) * 4096)
         for i in range(60):
             await call(app, "PUT", f"/v1/bench/records/h/{i:04d}", b'{"a": 1}')
         await call(app, "PUT", "/v1/bench/vectors/v", b'{"vector_size": 4, "distance": "cosine"}')

@@ -196,6 +196,8 @@ def strict_server(backend: Backend, server: Server, tmp_path_factory: pytest.Tem
         GATEWAY_LIMITS__BODY_TIMEOUT_SECONDS="2", GATEWAY_LIMITS__HEADER_TIMEOUT_SECONDS="2",
         GATEWAY_LIMITS__MIN_BODY_RATE_BYTES="500", GATEWAY_LIMITS__SEND_IDLE_TIMEOUT_SECONDS="2",
         GATEWAY_FILES__MAX_DOWNLOADS="4", GATEWAY_FILES__MAX_DOWNLOADS_PER_NAMESPACE="2",
+        # Chunks larger than the sockets' buffers, so a one-chunk download can be stuck too.
+        GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(16 * MiB),
     )
     yield srv
     stop_server(srv)
@@ -351,6 +353,22 @@ def test_stuck_downloads_are_capped_and_cut_off(strict_server: Server, namespace
             assert client.put(f"/v1/{namespace}/kv/c/k", json=1).status_code == 204  # and other routes run
             time.sleep(4)  # past send_idle_timeout_seconds=2: the stuck readers were cut off
             assert client.get(f"/v1/{namespace}/files/c/big").content == blob
+        finally:
+            for sock in stuck:
+                sock.close()
+
+
+def test_stuck_downloads_of_one_chunk_files_hold_no_slot(strict_server: Server, namespace: str) -> None:
+    """A file of one chunk (1 MiB by default) is read whole with its row, so its download holds
+    neither a connection nor a download slot while the client reads: more stuck readers than
+    the namespace's slots do not turn the next download into a 503."""
+    blob = bytes(range(256)) * 4096 * 16  # exactly one chunk of the strict server's 16 MiB
+    with httpx.Client(base_url=strict_server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        assert client.put(f"/v1/{namespace}/files/c/one", content=blob).status_code in (200, 201)
+        stuck = [stuck_download(strict_server, f"/v1/{namespace}/files/c/one") for _ in range(5)]
+        try:
+            r = client.get(f"/v1/{namespace}/files/c/one")
+            assert r.status_code == 200 and r.content == blob
         finally:
             for sock in stuck:
                 sock.close()

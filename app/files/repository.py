@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
@@ -65,6 +65,24 @@ _FILE_COLUMNS = (
 class FilesRepository:
     def __init__(self, backend: FilesBackend) -> None:
         self.backend = backend
+        # A download's row and, when the whole file is one chunk in the database, that chunk.
+        self._row_and_only_chunk = (
+            select(*_FILE_COLUMNS, file_chunks.c.data)
+            .select_from(
+                files.outerjoin(
+                    file_chunks,
+                    and_(
+                        file_chunks.c.blob_id == files.c.blob_id,
+                        file_chunks.c.seq == 0,
+                        files.c.size <= files.c.chunk_bytes,
+                        files.c.object_key.is_(None),
+                    ),
+                )
+            )
+            .where(
+                in_scope(files, bindparam("ns"), bindparam("c")), files.c.file_id == bindparam("id")
+            )
+        )
 
     # --- files rows --------------------------------------------------------------------
 
@@ -74,6 +92,16 @@ class FilesRepository:
     async def get(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
         row = (await conn.execute(self._one(namespace, collection, file_id))).first()
         return FileRow.of(row) if row else None
+
+    async def get_with_only_chunk(
+        self, conn: Conn, namespace: str, collection: str, file_id: str
+    ) -> tuple[FileRow, bytes | None] | None:
+        """The row, and its bytes when they are one chunk in the database (None otherwise:
+        an empty file, a file of several chunks, or one in S3), in one statement."""
+        row = (
+            await conn.execute(self._row_and_only_chunk, {"ns": namespace, "c": collection, "id": file_id})
+        ).first()
+        return (FileRow.of(row), row.data) if row else None
 
     async def get_for_update(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
         row = (await conn.execute(self.backend.locked(self._one(namespace, collection, file_id)))).first()

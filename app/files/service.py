@@ -49,6 +49,7 @@ from app.files.storage import (
     BlobReader,
     BlobSink,
     BlobStore,
+    BytesReader,
     ChunkReader,
     ObjectReader,
     UploadAbandoned,
@@ -349,15 +350,22 @@ class FilesService:
     async def open(self, namespace: str, collection: str, file_id: str) -> BlobReader:
         """A reader of ``file_id`` as it is now; the caller must ``close()`` it. 404 if missing.
 
-        Chunks are read from a snapshot transaction kept open until ``close``; an object in S3
-        is immutable, so its reader needs no connection once the row is read.
+        Chunks are read from a snapshot transaction kept open until ``close``; a file of one
+        chunk (most files, at the default 1 MiB) is read whole with its row, in one statement,
+        and an object in S3 is immutable, so neither reader needs a connection once it is open.
         """
         conn = await self._snapshot_engine.connect()
         try:
             await conn.begin()
-            row = await self.repo.get(conn, namespace, collection, file_id)
-            if row is None:
+            found = await self.repo.get_with_only_chunk(conn, namespace, collection, file_id)
+            if found is None:
                 raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
+            row, only_chunk = found
+            if row.object_key is None and (only_chunk is not None or row.size == 0):
+                # Read whole in this one statement: the connection goes back at once.
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+                return BytesReader(row, only_chunk or b"")
             if row.object_key is None:
                 # It holds this connection while its client reads: only a bounded share of the pool.
                 return ChunkReader(conn, self.repo, row, self.downloads.take(namespace))

@@ -124,6 +124,28 @@ class ChunkSink:
             await self._repo.end_upload(conn, self.blob_id)
 
 
+class BytesReader:
+    """A file whose bytes are already read (one chunk, or none): no connection, no slot."""
+
+    def __init__(self, row: FileRow, data: bytes) -> None:
+        self.row = row
+        self._data = data
+
+    async def start(self, byte_range: ByteRange) -> None:
+        pass
+
+    async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
+        if byte_range.length <= 0:
+            return
+        if len(self._data) != self.row.size:  # never let a short chunk pass as the whole file
+            raise RuntimeError(f"blob {self.row.blob_id} holds {len(self._data)} of {self.row.size} bytes")
+        whole = byte_range.start == 0 and byte_range.end == len(self._data) - 1
+        yield self._data if whole else self._data[byte_range.start:byte_range.end + 1]
+
+    async def close(self) -> None:
+        pass
+
+
 class ChunkReader:
     """A file row and its chunks, read in one snapshot transaction on a connection of its own,
     holding a download slot (``app.core.db.slots``) until closed."""
