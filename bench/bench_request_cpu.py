@@ -111,7 +111,7 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
             for _ in range(n):
                 await call(app, method, path, body, query, ADMIN_KEY if "(admin)" in profile else scoped)
             profiler.disable()
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(50)
+            pstats.Stats(profiler).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "cumulative")).print_stats(50)
     return results
 
 
