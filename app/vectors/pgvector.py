@@ -53,10 +53,10 @@ from app.vectors.backend import (
     PointIn,
     PointOut,
 )
-from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.nulescape import escape_json, escape_text, unescape_json
 from app.vectors.planner import Plan, choose
-from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
+from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
 
 
 HNSW_MAX_DIMS = 2000
@@ -64,7 +64,6 @@ HALFVEC_MAX_DIMS = 4000
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
-_CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 TEXT_CONFIG = "english"
 HNSW_KINDS = ("hnsw", "hnsw_halfvec")
 BUILDER_APPLICATION_NAME = "storage-gateway index builder"
@@ -182,10 +181,7 @@ def value_expr(field: str) -> str:
 def payload_index_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
     """``CREATE INDEX CONCURRENTLY`` of a declared payload index (a B-tree on an expression)."""
     expr = keyword_expr(index.field) if index.kind == "keyword" else value_expr(index.field)
-    return (
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {sql_index_name(coll.data_table, index)} "
-        f"ON {coll.data_table} ({expr})"
-    )
+    return create_index_sql(coll.data_table, index, expr, concurrently=True)
 
 
 def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind] | None = None) -> str:
@@ -194,72 +190,61 @@ def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, Pa
     Equality is plain containment (``payload @> {"k": v}``, which the payload GIN index serves)
     AND the exact typed test (containment alone would also match an array holding ``v``);
     ``$in`` is an OR of those. A condition on a declared field is written with the expression its
-    B-tree index is on. No condition is wrapped (``COALESCE`` would hide it from the planner):
-    a condition on a missing key may be NULL, which a WHERE clause treats as false, and a
-    negation is ``x IS NOT TRUE``, so that NULL is false under NOT too (AND and OR never turn a
-    NULL into true).
+    B-tree index is on. A negation is ``x IS NOT TRUE`` (see ``FilterSql``; AND and OR never turn
+    a NULL into true).
     """
-    return _compile(node, sql, declared or {})
+    return PgFilter(sql, declared or {}).compile(node)
 
 
-def _key(key: str, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
-    # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
-    return f"'{key}'" if key in declared else f"CAST({sql.bind(escape_text(key))} AS text)"
+class PgFilter(FilterSql):
+    """Filters on the ``payload`` JSONB; operands are escaped as stored payloads are
+    (``app.vectors.nulescape``). An index narrows an equality (the GIN index) or a range on a
+    declared field."""
 
+    def _key(self, key: str) -> str:
+        # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
+        return f"'{key}'" if key in self.declared else f"CAST({self.sql.bind(escape_text(key))} AS text)"
 
-def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
-    if node is None:
-        return "TRUE"
-    if isinstance(node, Eq):
-        # Operands are escaped as stored payloads are (``app.vectors.nulescape``).
+    def eq(self, node: Eq) -> str:
+        sql = self.sql
         hint = sql.bind(escape_json(json.dumps({node.key: node.value})))
-        kind = declared.get(node.key)
+        kind = self.declared.get(node.key)
         if kind == "keyword" and isinstance(node.value, str):
             exact = f"{keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text)"
         else:
-            key = _key(node.key, sql, declared)
+            key = self._key(node.key)
             exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(json.dumps(node.value)))} AS jsonb)"
         return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
-    if isinstance(node, Compare):
-        key = _key(node.key, sql, declared)
-        op = _CMP[node.op]
+
+    def compare(self, node: Compare) -> str:
+        key = self._key(node.key)
+        op = COMPARE_SQL[node.op]
         if isinstance(node.value, str):
-            value = sql.bind(escape_text(node.value))
-            text_value = keyword_expr(node.key) if declared.get(node.key) == "keyword" else (
+            value = self.sql.bind(escape_text(node.value))
+            text_value = keyword_expr(node.key) if self.declared.get(node.key) == "keyword" else (
                 f"((payload ->> {key}) COLLATE \"C\")"
             )
             return f"(jsonb_typeof(payload -> {key}) = 'string' AND {text_value} {op} CAST({value} AS text))"
-        value = sql.bind(json.dumps(node.value))
+        value = self.sql.bind(json.dumps(node.value))
         return f"(jsonb_typeof(payload -> {key}) = 'number' AND (payload -> {key}) {op} CAST({value} AS jsonb))"
-    if isinstance(node, Exists):
-        key = _key(node.key, sql, declared)
-        return f"((payload -> {key}) IS NOT NULL)"
-    if isinstance(node, Not):
-        return f"(({_compile(node.node, sql, declared)}) IS NOT TRUE)"
-    if isinstance(node, And):
-        if not node.nodes:
-            return "TRUE"
-        return "(" + " AND ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    if isinstance(node, Or):
-        if not node.nodes:
-            return "FALSE"
-        return "(" + " OR ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+    def exists(self, node: Exists) -> str:
+        return f"((payload -> {self._key(node.key)}) IS NOT NULL)"
+
+    def negate(self, condition: str) -> str:
+        return f"(({condition}) IS NOT TRUE)"
+
+    def serves(self, node: Eq | Compare) -> bool:
+        if isinstance(node, Eq):
+            return True
+        kind = self.declared.get(node.key)
+        return kind is not None and kind != "bool" and serves_value(kind, node.value)
 
 
 def indexable(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
     """Whether an index can narrow the rows of ``node``: a top-level conjunct that is an
     equality (the GIN index), an ``$in`` of equalities, or a range on a declared field."""
-    if isinstance(node, Eq):
-        return True
-    if isinstance(node, Compare):
-        kind = declared.get(node.key)
-        return kind is not None and kind != "bool" and serves_value(kind, node.value)
-    if isinstance(node, Or):
-        return bool(node.nodes) and all(indexable(n, declared) for n in node.nodes)
-    if isinstance(node, And):
-        return any(indexable(n, declared) for n in node.nodes)
-    return False
+    return PgFilter(SqlBuilder(), declared).narrows(node)
 
 
 class _Positional(SqlBuilder):

@@ -28,12 +28,9 @@ from app.vectors.backend import (
     PointIn,
     PointOut,
 )
-from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
-from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
-
-_CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
-
+from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value
 
 def _path(key: str) -> str:
     return f'$."{key}"'  # filter keys never contain '"' or '\\' (checked by the parser)
@@ -45,70 +42,62 @@ def extract_expr(field: str) -> str:
 
 
 def payload_index_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
-    return (
-        f"CREATE INDEX IF NOT EXISTS {sql_index_name(coll.data_table, index)} "
-        f"ON {coll.data_table} ({extract_expr(index.field)})"
-    )
+    return create_index_sql(coll.data_table, index, extract_expr(index.field))
 
 
 def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind] | None = None) -> str:
     """SQL for a filter tree on the ``payload`` JSON text.
 
     A condition on a declared field compares ``json_extract`` of a literal path, the expression
-    its index is on. Conditions are not wrapped (that would hide them from the planner): one on a
-    missing key may be NULL, which WHERE treats as false, and a negation is ``NOT IFNULL(x, 0)``.
+    its index is on. A negation is ``NOT IFNULL(x, 0)`` (see ``FilterSql``).
     """
-    return _compile(node, sql, declared or {})
+    return SqliteFilter(sql, declared or {}).compile(node)
 
 
-def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
-    if node is None:
-        return "1"
-    if isinstance(node, Eq):
-        p = f"'{_path(node.key)}'" if node.key in declared else sql.bind(_path(node.key))
+class SqliteFilter(FilterSql):
+    """Filters on the ``payload`` JSON text; a declared index narrows a condition on its field."""
+
+    true = "1"
+    false = "0"
+
+    def _p(self, key: str) -> str:
+        return f"'{_path(key)}'" if key in self.declared else self.sql.bind(_path(key))
+
+    def eq(self, node: Eq) -> str:
+        p = self._p(node.key)
         v = node.value
         if v is None:
             return f"(json_type(payload, {p}) = 'null')"
         if isinstance(v, bool):
             cond = f"json_type(payload, {p}) = '{'true' if v else 'false'}'"
-            if node.key in declared:
+            if node.key in self.declared:
                 cond = f"json_extract(payload, {p}) = {int(v)} AND {cond}"
             return f"({cond})"
         kinds = "= 'text'" if isinstance(v, str) else "IN ('integer', 'real')"
-        return f"(json_extract(payload, {p}) = {sql.bind(v)} AND json_type(payload, {p}) {kinds})"
-    if isinstance(node, Compare):
-        p = f"'{_path(node.key)}'" if node.key in declared else sql.bind(_path(node.key))
+        return f"(json_extract(payload, {p}) = {self.sql.bind(v)} AND json_type(payload, {p}) {kinds})"
+
+    def compare(self, node: Compare) -> str:
+        p = self._p(node.key)
         kinds = "= 'text'" if isinstance(node.value, str) else "IN ('integer', 'real')"
         return (
-            f"(json_extract(payload, {p}) {_CMP[node.op]} {sql.bind(node.value)} "
+            f"(json_extract(payload, {p}) {COMPARE_SQL[node.op]} {self.sql.bind(node.value)} "
             f"AND json_type(payload, {p}) {kinds})"
         )
-    if isinstance(node, Exists):
-        p = sql.bind(_path(node.key))
-        return f"(json_type(payload, {p}) IS NOT NULL)"
-    if isinstance(node, Not):
-        return f"(NOT IFNULL({_compile(node.node, sql, declared)}, 0))"
-    if isinstance(node, And):
-        if not node.nodes:
-            return "1"
-        return "(" + " AND ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    if isinstance(node, Or):
-        if not node.nodes:
-            return "0"
-        return "(" + " OR ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+    def exists(self, node: Exists) -> str:
+        return f"(json_type(payload, {self.sql.bind(_path(node.key))}) IS NOT NULL)"
+
+    def negate(self, condition: str) -> str:
+        return f"(NOT IFNULL({condition}, 0))"
+
+    def serves(self, node: Eq | Compare) -> bool:
+        kind = self.declared.get(node.key)
+        return kind is not None and node.value is not None and serves_value(kind, node.value)
 
 
 def served(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
     """Whether a declared index narrows the rows of ``node`` (a top-level conjunct on one)."""
-    if isinstance(node, (Eq, Compare)):
-        kind = declared.get(node.key)
-        return kind is not None and node.value is not None and serves_value(kind, node.value)
-    if isinstance(node, Or):
-        return bool(node.nodes) and all(served(n, declared) for n in node.nodes)
-    if isinstance(node, And):
-        return any(served(n, declared) for n in node.nodes)
-    return False
+    return SqliteFilter(SqlBuilder(), declared).narrows(node)
 
 
 def _blob(vec: array[float]) -> bytes:
