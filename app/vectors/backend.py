@@ -1,22 +1,32 @@
-"""What the service needs from a vector backend, and the values passed across that line.
+"""What the service needs from a vector backend, the values passed across that line, and the
+steps every backend takes.
 
 ``VectorIndex`` has one PostgreSQL/pgvector and one SQLite/sqlite-vec implementation; the
 capability's lifespan picks one from the vectors database's dialect, once. Every method takes the
 request's session and the collection's registry row; data tables are named from the row's
 integer id only (``vec_<id>``, ``fts_<id>``).
+
+``VectorIndex`` holds the skeleton both backends share (the order of the statements, guards,
+filters, id lists, point and hit shaping, the search's plan-then-run-then-fall-back); a backend
+implements only its abstract methods: its SQL and a few facts (how a payload, a vector and a list
+of ids travel, how a search connects and plans).
 """
 
 from __future__ import annotations
 
 import builtins
+from abc import ABC, abstractmethod
 from array import array
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.vectors.filters import Node
+from app.vectors.filters import FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.payload_index import PayloadIndex, PayloadKind, declared_kinds, from_options
 
@@ -84,6 +94,20 @@ class Hit:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Search:
+    """One search as a backend's search steps see it."""
+
+    coll: CollectionInfo
+    q: dict[str, Any]  # the query vector's parameters (``_query_params``)
+    limit: int
+    flt: Node | None
+    ef_search: int | None
+    sql: SqlBuilder  # the filter's parameters (``_search_builder``)
+    where: str = ""  # the filter as SQL
+    narrowed: bool = False  # an index narrows the rows the filter keeps
+
+
 class MissingTable(Exception):
     """A collection's data table is gone: the registry row this process cached is stale (the
     collection was dropped, or dropped and re-created, by another process)."""
@@ -114,44 +138,160 @@ class RegistryCache:
         self._rows.pop((namespace, collection), None)
 
 
-class VectorIndex(Protocol):
-    """Storage and search of one backend."""
+EXACT_PLANS = ("exact_scan", "filter_first")
 
-    name: str
 
+class VectorIndex(ABC):
+    """Storage and search of one backend: the shared steps here, the backend's SQL in its
+    abstract methods.
+
+    A backend names itself (``name``), its filter dialect (``filter_sql``) and how a SELECT
+    reads a payload back as JSON text (``payload_column``).
+    """
+
+    name: ClassVar[str]
+    filter_sql: ClassVar[type[FilterSql]]
+    payload_column: ClassVar[str]
+
+    # --- collections (all the backend's) -----------------------------------------------------------
+
+    @abstractmethod
     def index_kind(self, vector_size: int, requested: str) -> IndexKind:
         """The index a collection of this size gets here (``requested`` is ``hnsw`` or ``exact``)."""
-        ...
 
+    @abstractmethod
     async def create(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
+    @abstractmethod
     async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
+    @abstractmethod
     async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None: ...
 
-    async def index_states(self, session: AsyncConnection, colls: list[CollectionInfo]) -> dict[int, IndexState]:
+    @abstractmethod
+    async def index_states(self, session: AsyncConnection, colls: builtins.list[CollectionInfo]) -> dict[int, IndexState]:
         """Each collection's index state by id: ``exact`` (no ANN index by design), or for HNSW
         kinds ``pending`` (not built yet), ``building`` or ``ready``."""
-        ...
 
+    @abstractmethod
     async def payload_index_states(
-        self, session: AsyncConnection, colls: list[CollectionInfo]
-    ) -> dict[int, list[IndexState]]:
+        self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
+    ) -> dict[int, builtins.list[IndexState]]:
         """By collection id, the state of each declared payload index in declaration order
         (``pending``, ``building`` or ``ready``)."""
-        ...
 
+    @abstractmethod
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
         """The running index build on the collection (phase, tuples and blocks done/total), or None."""
-        ...
 
-    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int: ...
+    # --- the backend's facts -------------------------------------------------------------------------
 
-    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None: ...
+    @abstractmethod
+    def _payload_out(self, stored: Any) -> str:
+        """A payload read through ``payload_column``, as the JSON text it was stored from."""
+
+    @abstractmethod
+    def _vector_out(self, stored: Any) -> array[float]:
+        """A stored ``embedding`` as read."""
+
+    @abstractmethod
+    def _ids_in(self, ids: builtins.list[str]) -> tuple[str, Any]:
+        """The condition ``id`` is one of ``:ids``, and the value bound to ``:ids``."""
+
+    @abstractmethod
+    def _distance_expr(self, coll: CollectionInfo) -> str:
+        """The distance of ``embedding`` to the query (bound by ``_query_params``), lower nearer."""
+
+    @abstractmethod
+    def _query_params(self, vector: array[float]) -> dict[str, Any]:
+        """The query vector's parameters, as ``_distance_expr`` and ``_exact`` take them."""
+
+    @abstractmethod
+    async def _insert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
+        """Insert or replace ``points`` (at least one, ids unique) in one statement."""
+
+    @abstractmethod
+    def _set_vector(self, vector: PointIn, params: dict[str, Any]) -> builtins.list[str]:
+        """The SET clauses (their parameters added to ``params``) that replace a point's vector."""
+
+    @abstractmethod
+    def _set_payload(
+        self, coll: CollectionInfo, payload_json: str, text_value: str | None, params: dict[str, Any]
+    ) -> builtins.list[str]:
+        """The SET clauses (their parameters added to ``params``) that replace a point's payload."""
+
+    @abstractmethod
+    async def _text_written(
+        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, str | None]]
+    ) -> None:
+        """After points of a collection with a ``text_field`` were written: their (id, text)."""
+
+    @abstractmethod
+    async def _text_deleting(self, session: AsyncConnection, coll: CollectionInfo, where: str, params: dict[str, Any]) -> None:
+        """Before the points matching ``where`` of a collection with a ``text_field`` are deleted."""
+
+    @abstractmethod
+    def _text_query(self, coll: CollectionInfo, words: builtins.list[str], where: str) -> tuple[str, dict[str, Any]]:
+        """The full-text statement (ids of matches of any of ``words`` that match ``where``, best
+        first, at most ``:limit``) and its parameters."""
+
+    # --- the search's facts ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def _search_connection(self, session: AsyncConnection) -> AbstractAsyncContextManager[Any]:
+        """The connection a search runs on; raises ``MissingTable`` for a missing data table."""
+
+    @abstractmethod
+    def _search_builder(self) -> SqlBuilder:
+        """The parameters of a search's filter, as the search connection binds them."""
+
+    @abstractmethod
+    async def _plan(self, conn: Any, search: Search) -> Plan:
+        """How ``search`` runs."""
+
+    @abstractmethod
+    async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
+        """The exact ``limit`` nearest points that match the filter, nearest first."""
+
+    async def _graph(self, conn: Any, search: Search, plan: Plan) -> builtins.list[Hit]:
+        """An ANN index's candidates for ``plan`` (only a backend with one plans a graph search)."""
+        raise NotImplementedError(f"{self.name} has no ANN index")  # pragma: no cover
+
+    # --- the shared steps -----------------------------------------------------------------------------
+
+    def _where(self, flt: Node | None, sql: SqlBuilder, coll: CollectionInfo) -> str:
+        return self.filter_sql(sql, coll.declared).compile(flt)
+
+    def _hits(self, rows: Iterable[Any]) -> builtins.list[Hit]:
+        """Rows of (id, payload, distance) as hits."""
+        return [Hit(r[0], float(r[2]), self._payload_out(r[1])) for r in rows]
+
+    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
+        sql = SqlBuilder()
+        where = self._where(flt, sql, coll)
+        result = await session.execute(text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params)
+        return int(result.scalar_one())
+
+    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
+        if not points:
+            return
+        await self._insert(session, coll, points)
+        if coll.text_field is not None:
+            await self._text_written(session, coll, [(p.id, p.text) for p in points])
 
     async def get(
         self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
-    ) -> PointOut | None: ...
+    ) -> PointOut | None:
+        vec = ", embedding" if with_vector else ""
+        row = (
+            await session.execute(
+                text(f"SELECT id, {self.payload_column}{vec} FROM {coll.data_table} WHERE id = :id"),
+                {"id": point_id},
+            )
+        ).first()
+        if row is None:
+            return None
+        return PointOut(row[0], self._payload_out(row[1]), self._vector_out(row[2]) if with_vector else None)
 
     async def update(
         self,
@@ -160,14 +300,37 @@ class VectorIndex(Protocol):
         point_id: str,
         vector: PointIn | None,
         payload_json: str | None,
-        text: str | None,
+        text_value: str | None,
     ) -> bool:
         """Replace the vector and/or payload of an existing point; False when it does not exist."""
-        ...
+        sets = []
+        params: dict[str, Any] = {"id": point_id}
+        if vector is not None:
+            sets += self._set_vector(vector, params)
+        if payload_json is not None:
+            sets += self._set_payload(coll, payload_json, text_value, params)
+        if not sets:
+            sets.append("id = id")
+        result = await session.execute(
+            text(f"UPDATE {coll.data_table} SET {', '.join(sets)} WHERE id = :id RETURNING id"), params
+        )
+        found = result.first() is not None
+        if found and payload_json is not None and coll.text_field is not None:
+            await self._text_written(session, coll, [(point_id, text_value)])
+        return found
 
     async def delete(
-        self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
-    ) -> int: ...
+        self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str] | None, flt: Node | None
+    ) -> int:
+        sql = SqlBuilder()
+        where = self._where(flt, sql, coll)
+        if ids is not None:
+            among, sql.params["ids"] = self._ids_in(ids)
+            where += f" AND {among}"
+        if coll.text_field is not None:
+            await self._text_deleting(session, coll, where, sql.params)
+        result = await session.execute(text(f"DELETE FROM {coll.data_table} WHERE {where}"), sql.params)
+        return int(result.rowcount or 0)
 
     async def list(
         self,
@@ -177,7 +340,22 @@ class VectorIndex(Protocol):
         after: str | None,
         limit: int,
         with_vectors: bool,
-    ) -> list[PointOut]: ...
+    ) -> builtins.list[PointOut]:
+        sql = SqlBuilder()
+        where = self._where(flt, sql, coll)
+        if after is not None:
+            where += " AND id > :after"
+            sql.params["after"] = after
+        sql.params["limit"] = limit
+        vec = ", embedding" if with_vectors else ""
+        rows = await session.execute(
+            text(
+                f"SELECT id, {self.payload_column}{vec} FROM {coll.data_table} "
+                f"WHERE {where} ORDER BY id LIMIT :limit"
+            ),
+            sql.params,
+        )
+        return [PointOut(r[0], self._payload_out(r[1]), self._vector_out(r[2]) if with_vectors else None) for r in rows]
 
     async def search(
         self,
@@ -190,17 +368,50 @@ class VectorIndex(Protocol):
     ) -> tuple[builtins.list[Hit], Plan]:
         """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first, and the
         plan that found them (``ef_search`` None: chosen by the planner); ``MissingTable`` when
-        the collection's table no longer exists."""
-        ...
+        the collection's table no longer exists.
+
+        A graph search that returns fewer than ``limit`` points is redone exactly (``fallback``).
+        """
+        search = Search(coll, self._query_params(vector), int(limit), flt, ef_search, self._search_builder())
+        async with self._search_connection(session) as conn:
+            filter_sql = self.filter_sql(search.sql, coll.declared)
+            search.where = filter_sql.compile(flt)
+            search.narrowed = flt is not None and filter_sql.narrows(flt)
+            plan = await self._plan(conn, search)
+            if plan.kind in EXACT_PLANS:
+                return await self._exact(conn, search), plan
+            hits = await self._graph(conn, search, plan)
+            if len(hits) < search.limit:
+                # Fewer candidates matched than asked for: the exact answer (min(limit, matches)).
+                plan.fallback = True
+                return await self._exact(conn, search), plan
+            return hits, plan
 
     async def text_search(
         self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
     ) -> builtins.list[str]:
         """Ids of the best full-text matches of ``words`` (any of them), best first."""
-        ...
+        if coll.text_field is None or not words:
+            return []
+        sql = SqlBuilder()
+        where = self._where(flt, sql, coll)
+        stmt, params = self._text_query(coll, words, where)
+        sql.params.update(params, limit=limit)
+        rows = await session.execute(text(stmt), sql.params)
+        return [r[0] for r in rows]
 
     async def distances(
         self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
     ) -> builtins.list[Hit]:
         """The distance of each stored point in ``ids`` to ``vector``."""
-        ...
+        if not ids:
+            return []
+        among, listed = self._ids_in(ids)
+        rows = await session.execute(
+            text(
+                f"SELECT id, {self.payload_column}, {self._distance_expr(coll)} FROM {coll.data_table} "
+                f"WHERE {among}"
+            ),
+            {**self._query_params(vector), "ids": listed},
+        )
+        return self._hits(rows)

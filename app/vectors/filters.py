@@ -9,16 +9,19 @@ scalars; equality is typed (``true`` never equals ``1``; ``1`` equals ``1.0``); 
 comparisons take a number or a string (strings compare in code point order) and only match
 values of the same kind. ``$ne``/``$nin`` also match points without the key; ``{"k": null}``
 matches a key present with the value null. Each backend compiles the tree to SQL with every
-value and key bound as a parameter.
+value and key bound as a parameter: ``FilterSql`` walks the tree, a backend writes its leaves.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.core.errors import InvalidInput
+from app.vectors.payload_index import PayloadKind
 
 Scalar = str | int | float | bool | None
 CompareOp = Literal["gt", "gte", "lt", "lte"]
@@ -198,3 +201,71 @@ class SqlBuilder:
         name = f"{self._prefix}{len(self.params)}"
         self.params[name] = value
         return f":{name}"
+
+
+COMPARE_SQL: dict[CompareOp, str] = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+class FilterSql(ABC):
+    """A filter tree as one dialect's SQL: the walk every backend shares (empty and/or,
+    negation, nesting), around the leaves each backend writes, and whether an index narrows the
+    rows a filter keeps (a top-level conjunct, or an ``$in`` of conditions, that it serves).
+
+    No condition is wrapped (that would hide it from the planner): one on a missing key may be
+    NULL, which WHERE treats as false, so ``negate`` must make NULL false too.
+    """
+
+    true = "TRUE"
+    false = "FALSE"
+
+    def __init__(self, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> None:
+        self.sql = sql
+        self.declared = declared
+
+    def compile(self, node: Node | None) -> str:
+        if node is None:
+            return self.true
+        if isinstance(node, Eq):
+            return self.eq(node)
+        if isinstance(node, Compare):
+            return self.compare(node)
+        if isinstance(node, Exists):
+            return self.exists(node)
+        if isinstance(node, Not):
+            return self.negate(self.compile(node.node))
+        if isinstance(node, And):
+            if not node.nodes:
+                return self.true
+            return "(" + " AND ".join(self.compile(n) for n in node.nodes) + ")"
+        if isinstance(node, Or):
+            if not node.nodes:
+                return self.false
+            return "(" + " OR ".join(self.compile(n) for n in node.nodes) + ")"
+        raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
+
+    def narrows(self, node: Node | None) -> bool:
+        """Whether an index narrows the rows of ``node``."""
+        if isinstance(node, (Eq, Compare)):
+            return self.serves(node)
+        if isinstance(node, Or):
+            return bool(node.nodes) and all(self.narrows(n) for n in node.nodes)
+        if isinstance(node, And):
+            return any(self.narrows(n) for n in node.nodes)
+        return False
+
+    @abstractmethod
+    def eq(self, node: Eq) -> str: ...
+
+    @abstractmethod
+    def compare(self, node: Compare) -> str: ...
+
+    @abstractmethod
+    def exists(self, node: Exists) -> str: ...
+
+    @abstractmethod
+    def negate(self, condition: str) -> str:
+        """``NOT condition``, false when ``condition`` is NULL."""
+
+    @abstractmethod
+    def serves(self, node: Eq | Compare) -> bool:
+        """Whether one of this backend's indexes narrows the rows of one condition."""

@@ -66,3 +66,9 @@ def serves_value(kind: PayloadKind, value: Any) -> bool:
 
 def sql_index_name(data_table: str, index: PayloadIndex) -> str:
     return f"{data_table}_p{int(index.position)}"
+
+
+def create_index_sql(data_table: str, index: PayloadIndex, expr: str, *, concurrently: bool = False) -> str:
+    """``CREATE INDEX`` of a declared payload index: a B-tree on ``expr``, the backend's expression."""
+    how = " CONCURRENTLY" if concurrently else ""
+    return f"CREATE INDEX{how} IF NOT EXISTS {sql_index_name(data_table, index)} ON {data_table} ({expr})"

@@ -13,6 +13,9 @@ silently returns too few rows. The plan here:
 
 Searches are the hot path: they run as one statement on the request connection's asyncpg
 driver connection (no ORM, no statement compilation); everything else goes through SQLAlchemy.
+Only the SQL and the PostgreSQL facts are here; the steps around them (the plan-search-fallback
+sequence included) are ``VectorIndex``'s (``app.vectors.backend``), the filter walk
+``FilterSql``'s (``app.vectors.filters``).
 
 Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
 dimensions on pgvector 0.7+, and exact search otherwise.
@@ -44,19 +47,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
-from app.vectors.backend import (
-    CollectionInfo,
-    Hit,
-    IndexKind,
-    IndexState,
-    MissingTable,
-    PointIn,
-    PointOut,
-)
-from app.vectors.filters import And, Compare, Eq, Exists, Node, Not, Or, SqlBuilder
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
+from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.nulescape import escape_json, escape_text, unescape_json
 from app.vectors.planner import Plan, choose
-from app.vectors.payload_index import PayloadIndex, PayloadKind, serves_value, sql_index_name
+from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
 
 
 HNSW_MAX_DIMS = 2000
@@ -64,7 +59,6 @@ HALFVEC_MAX_DIMS = 4000
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
-_CMP = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 TEXT_CONFIG = "english"
 HNSW_KINDS = ("hnsw", "hnsw_halfvec")
 BUILDER_APPLICATION_NAME = "storage-gateway index builder"
@@ -182,10 +176,7 @@ def value_expr(field: str) -> str:
 def payload_index_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
     """``CREATE INDEX CONCURRENTLY`` of a declared payload index (a B-tree on an expression)."""
     expr = keyword_expr(index.field) if index.kind == "keyword" else value_expr(index.field)
-    return (
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {sql_index_name(coll.data_table, index)} "
-        f"ON {coll.data_table} ({expr})"
-    )
+    return create_index_sql(coll.data_table, index, expr, concurrently=True)
 
 
 def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind] | None = None) -> str:
@@ -194,72 +185,55 @@ def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, Pa
     Equality is plain containment (``payload @> {"k": v}``, which the payload GIN index serves)
     AND the exact typed test (containment alone would also match an array holding ``v``);
     ``$in`` is an OR of those. A condition on a declared field is written with the expression its
-    B-tree index is on. No condition is wrapped (``COALESCE`` would hide it from the planner):
-    a condition on a missing key may be NULL, which a WHERE clause treats as false, and a
-    negation is ``x IS NOT TRUE``, so that NULL is false under NOT too (AND and OR never turn a
-    NULL into true).
+    B-tree index is on. A negation is ``x IS NOT TRUE`` (see ``FilterSql``; AND and OR never turn
+    a NULL into true).
     """
-    return _compile(node, sql, declared or {})
+    return PgFilter(sql, declared or {}).compile(node)
 
 
-def _key(key: str, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
-    # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
-    return f"'{key}'" if key in declared else f"CAST({sql.bind(escape_text(key))} AS text)"
+class PgFilter(FilterSql):
+    """Filters on the ``payload`` JSONB; operands are escaped as stored payloads are
+    (``app.vectors.nulescape``). An index narrows an equality (the GIN index) or a range on a
+    declared field."""
 
+    def _key(self, key: str) -> str:
+        # A declared field is a literal (checked by FIELD_PATTERN), so expression indexes match.
+        return f"'{key}'" if key in self.declared else f"CAST({self.sql.bind(escape_text(key))} AS text)"
 
-def _compile(node: Node | None, sql: SqlBuilder, declared: Mapping[str, PayloadKind]) -> str:
-    if node is None:
-        return "TRUE"
-    if isinstance(node, Eq):
-        # Operands are escaped as stored payloads are (``app.vectors.nulescape``).
+    def eq(self, node: Eq) -> str:
+        sql = self.sql
         hint = sql.bind(escape_json(json.dumps({node.key: node.value})))
-        kind = declared.get(node.key)
+        kind = self.declared.get(node.key)
         if kind == "keyword" and isinstance(node.value, str):
             exact = f"{keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text)"
         else:
-            key = _key(node.key, sql, declared)
+            key = self._key(node.key)
             exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(json.dumps(node.value)))} AS jsonb)"
         return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
-    if isinstance(node, Compare):
-        key = _key(node.key, sql, declared)
-        op = _CMP[node.op]
+
+    def compare(self, node: Compare) -> str:
+        key = self._key(node.key)
+        op = COMPARE_SQL[node.op]
         if isinstance(node.value, str):
-            value = sql.bind(escape_text(node.value))
-            text_value = keyword_expr(node.key) if declared.get(node.key) == "keyword" else (
+            value = self.sql.bind(escape_text(node.value))
+            text_value = keyword_expr(node.key) if self.declared.get(node.key) == "keyword" else (
                 f"((payload ->> {key}) COLLATE \"C\")"
             )
             return f"(jsonb_typeof(payload -> {key}) = 'string' AND {text_value} {op} CAST({value} AS text))"
-        value = sql.bind(json.dumps(node.value))
+        value = self.sql.bind(json.dumps(node.value))
         return f"(jsonb_typeof(payload -> {key}) = 'number' AND (payload -> {key}) {op} CAST({value} AS jsonb))"
-    if isinstance(node, Exists):
-        key = _key(node.key, sql, declared)
-        return f"((payload -> {key}) IS NOT NULL)"
-    if isinstance(node, Not):
-        return f"(({_compile(node.node, sql, declared)}) IS NOT TRUE)"
-    if isinstance(node, And):
-        if not node.nodes:
-            return "TRUE"
-        return "(" + " AND ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    if isinstance(node, Or):
-        if not node.nodes:
-            return "FALSE"
-        return "(" + " OR ".join(_compile(n, sql, declared) for n in node.nodes) + ")"
-    raise TypeError(f"unknown filter node {node!r}")  # pragma: no cover
 
+    def exists(self, node: Exists) -> str:
+        return f"((payload -> {self._key(node.key)}) IS NOT NULL)"
 
-def indexable(node: Node | None, declared: Mapping[str, PayloadKind]) -> bool:
-    """Whether an index can narrow the rows of ``node``: a top-level conjunct that is an
-    equality (the GIN index), an ``$in`` of equalities, or a range on a declared field."""
-    if isinstance(node, Eq):
-        return True
-    if isinstance(node, Compare):
-        kind = declared.get(node.key)
+    def negate(self, condition: str) -> str:
+        return f"(({condition}) IS NOT TRUE)"
+
+    def serves(self, node: Eq | Compare) -> bool:
+        if isinstance(node, Eq):
+            return True
+        kind = self.declared.get(node.key)
         return kind is not None and kind != "bool" and serves_value(kind, node.value)
-    if isinstance(node, Or):
-        return bool(node.nodes) and all(indexable(n, declared) for n in node.nodes)
-    if isinstance(node, And):
-        return any(indexable(n, declared) for n in node.nodes)
-    return False
 
 
 class _Positional(SqlBuilder):
@@ -275,10 +249,17 @@ class _Positional(SqlBuilder):
         return f"${self.first + len(self.args) - 1}"
 
 
-class PgVectorIndex:
+def _args(sql: SqlBuilder) -> builtins.list[Any]:
+    assert isinstance(sql, _Positional)
+    return sql.args
+
+
+class PgVectorIndex(VectorIndex):
     """``VectorIndex`` on PostgreSQL with pgvector."""
 
     name = "pgvector"
+    filter_sql = PgFilter
+    payload_column = "CAST(payload AS text)"
 
     def __init__(self, version: str, *, exact_threshold: int = 5000, ef_search: int = 100) -> None:
         self.default_ef = ef_search
@@ -304,6 +285,19 @@ class PgVectorIndex:
 
     def _distance_expr(self, coll: CollectionInfo) -> str:
         return f"(embedding {_OPERATOR[coll.distance]} CAST(:q AS vector))"
+
+    def _query_params(self, vector: array[float]) -> dict[str, Any]:
+        return {"q": encode_vector(vector)}
+
+    def _payload_out(self, stored: Any) -> str:
+        return unescape_json(stored)
+
+    def _vector_out(self, stored: Any) -> array[float]:
+        vector: array[float] = stored  # decoded by the connection's codec
+        return vector
+
+    def _ids_in(self, ids: builtins.list[str]) -> tuple[str, Any]:
+        return "id = ANY(CAST(:ids AS text[]))", ids
 
     # --- collections -------------------------------------------------------------------------
 
@@ -417,19 +411,9 @@ class PgVectorIndex:
             "blocks_done": int(row[4] or 0), "blocks_total": int(row[5] or 0),
         }
 
-    async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
-        sql = SqlBuilder()
-        where = compile_filter(flt, sql, coll.declared)
-        result = await session.execute(
-            text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params
-        )
-        return int(result.scalar_one())
-
     # --- points --------------------------------------------------------------------------------
 
-    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: list[PointIn]) -> None:
-        if not points:
-            return
+    async def _insert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
         t = coll.data_table
         params: dict[str, Any] = {
             "ids": [p.id for p in points],
@@ -457,83 +441,33 @@ class PgVectorIndex:
             )
         await session.execute(text(stmt), params)
 
-    async def get(
-        self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
-    ) -> PointOut | None:
-        vec = ", embedding" if with_vector else ""
-        row = (
-            await session.execute(
-                text(f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} WHERE id = :id"),
-                {"id": point_id},
-            )
-        ).first()
-        if row is None:
-            return None
-        return PointOut(row[0], unescape_json(row[1]), row[2] if with_vector else None)
+    def _set_vector(self, vector: PointIn, params: dict[str, Any]) -> builtins.list[str]:
+        params["emb"] = encode_vector(vector.vector)
+        return ["embedding = CAST(:emb AS vector)"]
 
-    async def update(
-        self,
-        session: AsyncConnection,
-        coll: CollectionInfo,
-        point_id: str,
-        vector: PointIn | None,
-        payload_json: str | None,
-        text_value: str | None,
-    ) -> bool:
-        sets = []
-        params: dict[str, Any] = {"id": point_id}
-        if vector is not None:
-            sets.append("embedding = CAST(:emb AS vector)")
-            params["emb"] = encode_vector(vector.vector)
-        if payload_json is not None:
-            sets.append("payload = CAST(:payload AS jsonb)")
-            params["payload"] = escape_json(payload_json)
-            if coll.text_field is not None:
-                sets.append("tsv = to_tsvector(CAST(:cfg AS regconfig), CAST(:txt AS text))")
-                params["cfg"] = TEXT_CONFIG
-                params["txt"] = None if text_value is None else escape_text(text_value)
-        if not sets:
-            sets.append("id = id")
-        result = await session.execute(
-            text(f"UPDATE {coll.data_table} SET {', '.join(sets)} WHERE id = :id RETURNING id"), params
-        )
-        return result.first() is not None
+    def _set_payload(
+        self, coll: CollectionInfo, payload_json: str, text_value: str | None, params: dict[str, Any]
+    ) -> builtins.list[str]:
+        params["payload"] = escape_json(payload_json)
+        if coll.text_field is None:
+            return ["payload = CAST(:payload AS jsonb)"]
+        params["cfg"] = TEXT_CONFIG
+        params["txt"] = None if text_value is None else escape_text(text_value)
+        return ["payload = CAST(:payload AS jsonb)", "tsv = to_tsvector(CAST(:cfg AS regconfig), CAST(:txt AS text))"]
 
-    async def delete(
-        self, session: AsyncConnection, coll: CollectionInfo, ids: list[str] | None, flt: Node | None
-    ) -> int:
-        sql = SqlBuilder()
-        where = compile_filter(flt, sql, coll.declared)
-        if ids is not None:
-            where += " AND id = ANY(CAST(:ids AS text[]))"
-            sql.params["ids"] = ids
-        result = await session.execute(text(f"DELETE FROM {coll.data_table} WHERE {where}"), sql.params)
-        return int(result.rowcount or 0)
+    async def _text_written(
+        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, str | None]]
+    ) -> None:
+        pass  # the text's tsvector is a column of the row, written with it
 
-    async def list(
-        self,
-        session: AsyncConnection,
-        coll: CollectionInfo,
-        flt: Node | None,
-        after: str | None,
-        limit: int,
-        with_vectors: bool,
-    ) -> list[PointOut]:
-        sql = SqlBuilder()
-        where = compile_filter(flt, sql, coll.declared)
-        if after is not None:
-            where += " AND id > :after"
-            sql.params["after"] = after
-        sql.params["limit"] = limit
-        vec = ", embedding" if with_vectors else ""
-        rows = await session.execute(
-            text(
-                f"SELECT id, CAST(payload AS text){vec} FROM {coll.data_table} "
-                f"WHERE {where} ORDER BY id LIMIT :limit"
-            ),
-            sql.params,
-        )
-        return [PointOut(r[0], unescape_json(r[1]), r[2] if with_vectors else None) for r in rows]
+    async def _text_deleting(self, session: AsyncConnection, coll: CollectionInfo, where: str, params: dict[str, Any]) -> None:
+        pass  # likewise deleted with the row
+
+    def _text_query(self, coll: CollectionInfo, words: builtins.list[str], where: str) -> tuple[str, dict[str, Any]]:
+        return (
+            f"SELECT id FROM {coll.data_table}, to_tsquery(CAST(:cfg AS regconfig), CAST(:tq AS text)) tq "
+            f"WHERE tsv @@ tq AND {where} ORDER BY ts_rank_cd(tsv, tq) DESC, id LIMIT :limit"
+        ), {"cfg": TEXT_CONFIG, "tq": " | ".join(f"'{w}'" for w in words)}
 
     # --- search --------------------------------------------------------------------------------
     #
@@ -544,7 +478,7 @@ class PgVectorIndex:
     # needs another value; ``_gucs`` remembers it.
 
     @asynccontextmanager
-    async def _driver(self, session: Any) -> AsyncIterator[Any]:
+    async def _search_connection(self, session: Any) -> AsyncIterator[Any]:
         pooled = await session.get_raw_connection()
         conn = pooled.driver_connection
         try:
@@ -572,47 +506,30 @@ class PgVectorIndex:
         await conn.execute(stmt)
         self._gucs[conn] = wanted
 
-    async def search(
-        self,
-        session: AsyncConnection,
-        coll: CollectionInfo,
-        vector: array[float],
-        limit: int,
-        flt: Node | None,
-        ef_search: int | None,
-    ) -> tuple[builtins.list[Hit], Plan]:
-        q = encode_vector(vector)
-        async with self._driver(session) as conn:
-            return await self._search(conn, coll, q, int(limit), flt, ef_search)
+    def _search_builder(self) -> SqlBuilder:
+        return _Positional(2)  # $1 is the query vector
 
-    async def _search(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, flt: Node | None, ef_search: int | None
-    ) -> tuple[builtins.list[Hit], Plan]:
+    async def _plan(self, conn: Any, search: Search) -> Plan:
+        coll, flt = search.coll, search.flt
         hnsw = coll.index.get("kind") in HNSW_KINDS
         rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
-        sql = _Positional(2)
-        where = compile_filter(flt, sql, coll.declared)
-        narrowed = flt is not None and indexable(flt, coll.declared)
         selectivity = None
         if ready and flt is not None:
-            selectivity = await self._selectivity(conn, coll, where, sql.args, rows)
-        plan = choose(
-            rows=rows, limit=limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
-            narrowed=narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
-            iterative=self.iterative_scan, fixed_ef=ef_search,
+            selectivity = await self._selectivity(conn, coll, search.where, _args(search.sql), rows)
+        return choose(
+            rows=rows, limit=search.limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
+            narrowed=search.narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
+            iterative=self.iterative_scan, fixed_ef=search.ef_search,
         )
-        if plan.kind in ("exact_scan", "filter_first"):
-            return await self._exact(conn, coll, q, limit, where, sql.args), plan
+
+    async def _graph(self, conn: Any, search: Search, plan: Plan) -> builtins.list[Hit]:
         ef = int(plan.ef_search or self.default_ef)
         await self._settings(conn, ef, plan.kind == "hnsw_iterative")
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
-        candidates = ef if flt is not None and plan.kind == "hnsw" else 0
-        hits = await self._indexed(conn, coll, q, limit, where, sql.args, candidates)
-        if len(hits) < limit:
-            # Fewer candidates matched than asked for: the exact answer (min(limit, matches)).
-            plan.fallback = True
-            return await self._exact(conn, coll, q, limit, where, sql.args), plan
-        return hits, plan
+        candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
+        return await self._indexed(
+            conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), candidates
+        )
 
     async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool]:
         """(estimated rows, HNSW index valid) of a collection, cached for ``STATS_TTL`` seconds."""
@@ -681,55 +598,20 @@ class PgVectorIndex:
                 f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
                 f"WHERE {where} ORDER BY {order} LIMIT {limit}"
             )
-        rows = await conn.fetch(stmt, q, *args)
-        return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
+        return self._hits(await conn.fetch(stmt, q, *args))
 
-    async def _exact(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any]
-    ) -> builtins.list[Hit]:
+    async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
         # indexes still narrow the rows of a filter; only the k answers' payloads become text.
+        coll = search.coll
         rows = await conn.fetch(
             f"SELECT id, CAST(p AS text), d FROM (SELECT id, payload AS p, "
-            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {where} OFFSET 0) s "
-            f"ORDER BY d, id LIMIT {limit}",
-            q,
-            *args,
+            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
+            f"ORDER BY d, id LIMIT {search.limit}",
+            search.q["q"],
+            *_args(search.sql),
         )
-        return [Hit(r[0], r[2], unescape_json(r[1])) for r in rows]
-
-    async def text_search(
-        self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
-    ) -> builtins.list[str]:
-        if coll.text_field is None or not words:
-            return []
-        sql = SqlBuilder()
-        where = compile_filter(flt, sql, coll.declared)
-        sql.params.update(
-            cfg=TEXT_CONFIG, tq=" | ".join(f"'{w}'" for w in words), limit=limit
-        )
-        rows = await session.execute(
-            text(
-                f"SELECT id FROM {coll.data_table}, to_tsquery(CAST(:cfg AS regconfig), CAST(:tq AS text)) tq "
-                f"WHERE tsv @@ tq AND {where} ORDER BY ts_rank_cd(tsv, tq) DESC, id LIMIT :limit"
-            ),
-            sql.params,
-        )
-        return [r[0] for r in rows]
-
-    async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
-    ) -> builtins.list[Hit]:
-        if not ids:
-            return []
-        rows = await session.execute(
-            text(
-                f"SELECT id, CAST(payload AS text), {self._distance_expr(coll)} FROM {coll.data_table} "
-                "WHERE id = ANY(CAST(:ids AS text[]))"
-            ),
-            {"q": encode_vector(vector), "ids": ids},
-        )
-        return [Hit(r[0], float(r[2]), unescape_json(r[1])) for r in rows]
+        return self._hits(rows)
 
 
 async def detect_version(session_or_conn: Any) -> str | None:

@@ -1,7 +1,8 @@
 """All SQL of the vectors registry: collections and idempotency keys (vectors database).
 
 Every statement starts from ``in_scope``. The points themselves live in per-collection tables
-that only a registry row names; their SQL is each backend's (``pgvector.py``, ``sqlite_vec.py``).
+that only a registry row names; their SQL is the vector backends' (the steps shared in ``backend.py``,
+the dialect in ``pgvector.py`` and ``sqlite_vec.py``).
 """
 
 from __future__ import annotations
