@@ -22,7 +22,7 @@ from fastapi import APIRouter, Cookie, Depends, FastAPI, Header, Query, Response
 from fastapi.routing import APIRoute
 from pydantic import Json
 
-from app.core.fences import fastapi_, starlette_
+from app.core.fences import aiohttp_, fastapi_, starlette_
 from tests.conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,6 +161,50 @@ def test_starlette_route_path_is_what_starlettes_router_matches(scope: dict[str,
     if ours:  # Starlette's own public matching agrees ("" is the mount point itself)
         route = Route(ours, endpoint=lambda request: None)
         assert route.matches({"type": "http", "method": "GET", **scope})[0] is Match.FULL
+
+
+# --- aiohttp ------------------------------------------------------------------------------
+
+
+class _Protocol:
+    """What a ``StreamReader`` calls on its connection's protocol."""
+
+    def __init__(self) -> None:
+        self.paused = 0
+        self.resumed = 0
+
+    def pause_reading(self) -> None:
+        self.paused += 1
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+async def test_aiohttp_stream_reader_water_marks_are_what_read_bufsize_sets() -> None:
+    """``widen_read_buffer`` sets ``_low_water``/``_high_water`` as ``StreamReader(limit)`` does."""
+    from aiohttp import StreamReader
+
+    assert {"_low_water", "_high_water"} <= set(StreamReader.__slots__)
+    assert parameters(StreamReader.__init__)[:3] == ["self", "protocol", "limit"]
+    reader = StreamReader(_Protocol(), 3000)  # type: ignore[arg-type]
+    widened = StreamReader(_Protocol(), 10)  # type: ignore[arg-type]
+    aiohttp_.widen_read_buffer(widened, 3000)
+    assert (widened._low_water, widened._high_water) == (reader._low_water, reader._high_water) == (3000, 6000)
+
+
+async def test_aiohttp_stream_reader_pauses_above_high_water_and_resumes_below_low() -> None:
+    from aiohttp import StreamReader
+
+    protocol = _Protocol()
+    reader = StreamReader(protocol, 2**16)  # type: ignore[arg-type]
+    aiohttp_.widen_read_buffer(reader, 1000)
+    reader.feed_data(b"x" * 1500)
+    reader.feed_data(b"x" * 400)  # 1900 unread: under 2 * 1000, reading goes on
+    assert protocol.paused == 0
+    reader.feed_data(b"x" * 200)  # 2100: paused
+    assert protocol.paused == 1
+    assert await reader.readchunk() == (b"x" * 1500, False)  # 600 left, under 1000: resumed
+    assert protocol.resumed >= 1
 
 
 # --- sqlalchemy ---------------------------------------------------------------------------
@@ -378,7 +422,7 @@ def test_each_fenced_library_is_bounded_above_and_installed_within_its_bounds() 
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     requirements = {Requirement(r).name.lower(): Requirement(r) for r in pyproject["project"]["dependencies"]}
-    for name in ("fastapi", "starlette", "sqlalchemy", "asyncpg", "uvicorn"):
+    for name in ("fastapi", "starlette", "sqlalchemy", "asyncpg", "uvicorn", "aiohttp"):
         specifier = requirements[name].specifier
         assert any(s.operator == "<" for s in specifier), f"{name} has no upper bound"
         assert specifier.contains(version(name)), f"{name} {version(name)} is outside {specifier}"

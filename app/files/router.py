@@ -152,10 +152,64 @@ class ReaderStalled(Exception):
     """The client took no byte of the answer for ``limits.send_idle_timeout_seconds``."""
 
 
+class SendDeadline:
+    """Cuts a response off when one ``send`` has not returned ``timeout`` seconds after it began.
+
+    One timer for the whole response instead of an ``asyncio.timeout`` per piece: a send only
+    notes when it began, and the timer, when it fires, either finds that send still waiting
+    (cancel the task, which ``send`` turns into ``ReaderStalled``, as ``asyncio.timeout`` turns
+    its own cancellation into ``TimeoutError``) or re-arms itself for the send in progress.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self._began: float | None = None  # when the send in progress began (None: none is)
+        self._timer: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    async def send(self, send: Send, message: Message) -> None:
+        if self._task is None:
+            self._task = asyncio.current_task()
+            assert self._task is not None
+            self._cancelling = self._task.cancelling()
+        self._began = began = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(began + self._timeout, self._check)
+        try:
+            await send(message)
+        except asyncio.CancelledError:
+            if self._fired and self._task.uncancel() <= self._cancelling:
+                raise ReaderStalled from None
+            raise
+        finally:
+            self._began = None
+
+    def _check(self) -> None:
+        self._timer = None
+        began = self._began
+        if began is None or self._task is None:
+            return  # between sends: the next one arms the timer again
+        if self._loop.time() >= began + self._timeout - 0.001:  # (timers may fire a hair early)
+            self._fired = True
+            self._task.cancel()
+        else:
+            self._timer = self._loop.call_at(began + self._timeout, self._check)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class BlobResponse(StreamingResponse):
     """Streams a ``BlobReader`` and closes it however the response ends (done, error, disconnect,
     or a client that stopped reading: each piece of at most ``SEND_PIECE_BYTES`` must be taken
-    within ``send_timeout``, so a stuck reader gives its connection and download slot back)."""
+    within ``send_timeout``, so a stuck reader gives its connection and download slot back).
+
+    A larger piece (a database chunk) goes out as ``memoryview`` slices of it, not copies."""
 
     def __init__(
         self, reader: BlobReader, content: AsyncIterator[bytes], status_code: int, headers: dict[str, str],
@@ -166,29 +220,27 @@ class BlobResponse(StreamingResponse):
         self._send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        timeout = self._send_timeout
+        deadline = SendDeadline(self._send_timeout)
 
         async def timed(message: Message) -> None:
             body = message.get("body", b"")
-            pieces = [body] if len(body) <= SEND_PIECE_BYTES else [
-                body[i:i + SEND_PIECE_BYTES] for i in range(0, len(body), SEND_PIECE_BYTES)
-            ]
-            more = message.get("more_body", False)
-            for n, piece in enumerate(pieces):
-                out = message if len(pieces) == 1 else {**message, "body": piece, "more_body": more or n < len(pieces) - 1}
-                try:
-                    async with asyncio.timeout(timeout):
-                        await send(out)
-                except TimeoutError:
-                    raise ReaderStalled from None
+            if len(body) <= SEND_PIECE_BYTES:
+                await deadline.send(send, message)
+                return
+            view, more = memoryview(body), message.get("more_body", False)
+            for i in range(0, len(view), SEND_PIECE_BYTES):
+                last = i + SEND_PIECE_BYTES >= len(view)
+                piece = view[i:i + SEND_PIECE_BYTES]
+                await deadline.send(send, {**message, "body": piece, "more_body": more or not last})
 
         try:
             await super().__call__(scope, receive, timed)
         except* ClientDisconnect:
             pass  # the client left; nothing to answer
         except* ReaderStalled:
-            log.warning("a download's client took nothing for %g s: cut off", timeout)
+            log.warning("a download's client took nothing for %g s: cut off", self._send_timeout)
         finally:
+            deadline.close()
             await self._reader.close()
 
 

@@ -101,15 +101,36 @@ class ListedUpload:
     initiated: datetime
 
 
+READ_BUFFER_BYTES = 512 * 1024  # a GET's body is read ahead up to twice this (app.core.fences.aiohttp_)
+
+
 class ObjectBody:
-    """A streamed GET: iterate ``chunks()``, and always ``close()``."""
+    """A streamed GET: iterate ``chunks()``, and always ``close()``.
+
+    The pieces are the ones aiohttp received (one per socket read, at most the event loop's read
+    size, 256 KiB), neither re-cut nor joined: ``StreamingBody.iter_chunks(n)`` would copy each
+    into pieces of ``n``. aiohttp keeps reading the S3 socket while they are sent, up to
+    ``2 * READ_BUFFER_BYTES`` unread, then pauses it until the response catches up.
+    """
 
     def __init__(self, body: StreamingBody) -> None:
-        self._body = body
+        import aiohttp
 
-    async def chunks(self, size: int = 256 * 1024) -> AsyncIterator[bytes]:
+        from app.core.fences.aiohttp_ import widen_read_buffer
+
+        self._body = body
+        raw = getattr(body, "raw_stream", None)  # the aiohttp.ClientResponse (aiobotocore's public property)
+        self._content = raw.content if isinstance(raw, aiohttp.ClientResponse) else None
+        if self._content is not None:
+            widen_read_buffer(self._content, READ_BUFFER_BYTES)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
         with translated("read an object"):
-            async for piece in self._body.iter_chunks(size):
+            if self._content is None:  # another HTTP backend than aiohttp: its own read-ahead
+                async for piece in self._body.iter_chunks(256 * 1024):
+                    yield piece
+                return
+            async for piece, _ in self._content.iter_chunks():
                 yield piece
 
     def close(self) -> None:

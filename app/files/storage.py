@@ -17,7 +17,6 @@ an unreachable bucket is still a 503), ``iter_bytes`` streams, ``close`` always 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -35,8 +34,6 @@ from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
 
 log = logging.getLogger("app.files")
 
-SEND_BYTES = 256 * 1024  # an S3 download's bytes go out in pieces of about this size ...
-READ_AHEAD = 4  # ... read ahead at most this many pieces
 WriteTxn = Callable[..., AbstractAsyncContextManager[AsyncConnection]]
 
 
@@ -261,43 +258,18 @@ class ObjectReader:
             self._body = await self._objects.get(self.row.object_key, byte_range.start, byte_range.end)
 
     async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
-        """The GET's bytes, read ahead by a task of its own while earlier pieces are sent.
+        """The GET's bytes as they arrive.
 
-        Without it the two sides take turns: the response waits for the client's socket to
-        drain, then the S3 socket (its reads paused meanwhile) refills; with it both stay busy.
-        The read-ahead holds at most ``READ_AHEAD`` pieces of about ``SEND_BYTES``.
+        No task or queue of its own reads ahead: aiohttp does, in its protocol callbacks, while
+        the response waits for the client's socket to drain (``ObjectBody``: bounded to
+        ``2 * READ_BUFFER_BYTES`` unread, then the S3 socket is paused).
         """
         if self._body is None:
             return
-        queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(READ_AHEAD)
-        body = self._body
-
-        async def read_ahead() -> None:
-            pending: list[bytes] = []
-            size = 0
-            try:
-                async for piece in body.chunks():
-                    pending.append(piece)
-                    size += len(piece)
-                    if size >= SEND_BYTES:
-                        await queue.put(pending[0] if len(pending) == 1 else b"".join(pending))
-                        pending, size = [], 0
-                if pending:
-                    await queue.put(b"".join(pending))
-                await queue.put(None)
-            except Exception as exc:  # noqa: BLE001 - handed to the response, which is cut off
-                await queue.put(exc)
-
-        task = asyncio.create_task(read_ahead())
         sent = 0
-        try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                sent += len(item)
-                yield item
-        finally:
-            task.cancel()
+        async for piece in self._body.chunks():
+            sent += len(piece)
+            yield piece
         if sent != byte_range.length:  # never let a short object pass as the whole range
             raise RuntimeError(f"object {self.row.object_key} ended after {sent} of {byte_range.length} bytes")
 

@@ -11,6 +11,8 @@ internal is used outside this package.
 - ``starlette_``: the route path of a request, as Starlette's router matches it.
 - ``sqlalchemy_``: closing a pooled connection from async code; asyncpg errors translated and
   a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.db.statements``).
+- ``aiohttp_``: how far an S3 download's body is read ahead (the reader's water marks, which
+  aiobotocore gives no way to set; ``app.files.s3``).
 - asyncpg: none. (``asyncpg.exceptions._base.DataError`` was used to recognise a value asyncpg
   could not encode; asyncpg raises the public SQLSTATE 22000 ``DataError`` for that instead.)
 - uvicorn's fence is ``app.core.http.server`` (its protocol subclass), pinned by
