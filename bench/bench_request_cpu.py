@@ -38,6 +38,8 @@ ROWS: dict[str, tuple[str, str, bytes, bytes]] = {
     "record upsert": ("PUT", "/v1/bench/records/h/0001", b'{"a": 2}', b""),
     "ordered list (50)": ("GET", "/v1/bench/records/h", b"", b"order=desc&limit=50"),
     "vector search": ("POST", "/v1/bench/vectors/v/search", b'{"vector": [0.1, 0.2, 0.3, 0.4], "limit": 5}', b""),
+}
+FILE_ROWS: dict[str, tuple[str, str, bytes, bytes]] = {  # with --files
     "file upload (1 MiB)": ("PUT", "/v1/bench/files/f/up", bytes(range(256)) * 4096, b""),
     "file download (1 MiB)": ("GET", "/v1/bench/files/f/down", b"", b""),
 }
@@ -75,7 +77,7 @@ async def call(
     return answer["status"], answer["body"]
 
 
-async def measure(n: int, profile: str | None) -> dict[str, float]:
+async def measure(n: int, profile: str | None, rows: dict[str, tuple[str, str, bytes, bytes]]) -> dict[str, float]:
     from app.main import create_app
 
     app = create_app()
@@ -91,7 +93,7 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
         await call(app, "PUT", "/v1/bench/vectors/v", b'{"vector_size": 4, "distance": "cosine"}')
         points = [{"id": f"p{i}", "vector": [i % 7, i % 5, i % 3, 1], "payload": {"i": i}} for i in range(200)]
         await call(app, "POST", "/v1/bench/vectors/v/points", json.dumps({"points": points}).encode())
-        for name, (method, path, body, query) in ROWS.items():
+        for name, (method, path, body, query) in rows.items():
             key = ADMIN_KEY if "(admin)" in name else scoped
             for _ in range(300):  # warm up
                 status, answer = await call(app, method, path, body, query, key)
@@ -105,7 +107,7 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
                 best = min(best, (time.process_time() - started) / n * 1e6)
             results[name] = best
         if profile:
-            method, path, body, query = ROWS[profile]
+            method, path, body, query = rows[profile]
             profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             for _ in range(n):
@@ -118,7 +120,8 @@ async def measure(n: int, profile: str | None) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=3000, help="requests per round (default 3000)")
-    parser.add_argument("--profile", choices=sorted(ROWS), help="print a cProfile of this row")
+    parser.add_argument("--profile", choices=sorted(ROWS | FILE_ROWS), help="print a cProfile of this row")
+    parser.add_argument("--files", action="store_true", help="add 1 MiB file upload and download rows")
     parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres", help="default postgres")
     args = parser.parse_args()
 
@@ -136,7 +139,8 @@ def main() -> None:
         if run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode != 0:
             raise SystemExit("migration failed")
         os.environ.update(gateway_env(backend, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning"))
-        results = asyncio.run(measure(args.n, args.profile))
+        rows = ROWS | FILE_ROWS if args.files or (args.profile in FILE_ROWS) else ROWS
+        results = asyncio.run(measure(args.n, args.profile, rows))
     finally:
         if pg is not None:
             pg.cleanup()
