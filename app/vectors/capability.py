@@ -5,43 +5,29 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from app.core.capability import Capability
 from app.core.config import Database
 from app.core.state import GatewayState
-from app.vectors.backend import RegistryCache, VectorIndex
+from app.vectors.backend import RegistryCache
 from app.vectors.models import vector_collections, vector_idempotency
 from app.vectors.router import router
-
-if TYPE_CHECKING:
-    from app.vectors.builder import IndexBuilder
+from app.vectors.service import VectorService
 
 log = logging.getLogger("app.vectors")
 
 
-@dataclass(eq=False)
-class Vectors:
-    """What the vectors requests of one process share: the backend chosen from the vectors
-    database's dialect, the collection registry cache, and (PostgreSQL) the HNSW builder.
-    A request's ``VectorService`` binds these to its connection and namespace."""
-
-    index: VectorIndex
-    registry: RegistryCache
-    builder: IndexBuilder | None
-
-
 @asynccontextmanager
-async def lifecycle(state: GatewayState) -> AsyncIterator[Vectors]:
-    """Choose the vector backend once; on PostgreSQL, run the background HNSW builder
-    (``app.vectors.builder``) for as long as the app runs."""
+async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
+    """The vectors service for the process: the backend chosen once from the vectors database's
+    dialect, the registry cache and, on PostgreSQL, the background HNSW builder
+    (``app.vectors.builder``), run for as long as the app runs."""
     databases = state.databases
     settings = state.settings
     if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex
 
-        yield Vectors(SqliteVecIndex(), RegistryCache(), None)
+        yield VectorService(SqliteVecIndex(), settings, RegistryCache())
         return
     from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
 
@@ -63,7 +49,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[Vectors]:
     builder = IndexBuilder(engine, settings.vectors)
     builder.start()
     try:
-        yield Vectors(index, RegistryCache(), builder)
+        yield VectorService(index, settings, RegistryCache(), builder)
     finally:
         await builder.stop()
 

@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 
 from fastapi import BackgroundTasks, Header, Query, Request, Response
 
-from app.core.dependencies import CollectionPath, PageLimit, PointId
+from app.core.dependencies import (
+    CollectionPath,
+    NamespacePath,
+    PageLimit,
+    PointId,
+    VectorsConnection,
+    VectorsReadConnection,
+)
 from app.core.errors import (
     Conflict,
     InvalidInput,
@@ -19,8 +26,7 @@ from app.core.errors import (
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
-from app.core.state import service_of
-from app.vectors.dependencies import VectorReadServiceDep, VectorServiceDep
+from app.vectors.dependencies import PointNamespace, VectorServiceDep
 from app.vectors.encoding import json_response
 from app.vectors.schemas import (
     CollectionCreate,
@@ -37,6 +43,7 @@ from app.vectors.schemas import (
     SearchRequest,
     SearchResults,
 )
+from app.vectors.backend import CollectionInfo
 from app.vectors.service import VectorService
 
 log = logging.getLogger("app.vectors")
@@ -51,10 +58,14 @@ VectorFormat = Annotated[
 
 @router.get("", summary="List collections", response_model=CollectionPage, responses=_ERRORS)
 async def list_collections(
-    service: VectorReadServiceDep, limit: PageLimit, cursor: Annotated[str | None, Query()] = None
+    namespace: NamespacePath,
+    conn: VectorsReadConnection,
+    service: VectorServiceDep,
+    limit: PageLimit,
+    cursor: Annotated[str | None, Query()] = None,
 ) -> Response:
     """The namespace's vector collections, by name."""
-    return json_response(await service.list_collections(limit, cursor))
+    return json_response(await service.list_collections(conn, namespace, limit, cursor))
 
 
 @router.put(
@@ -66,30 +77,38 @@ async def list_collections(
 )
 @accepts(Body.JSON)
 @served_by_fastapi("a request body model")
-async def create_collection(collection: CollectionPath, body: CollectionCreate, service: VectorServiceDep) -> Response:
+async def create_collection(
+    collection: CollectionPath, body: CollectionCreate, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
+) -> Response:
     """Idempotent: 201 when created, 200 when it exists with the same settings, 409 otherwise."""
-    info, created = await service.create(collection, body)
-    return json_response(await service.read_created(info), 201 if created else 200)
+    info, created = await service.create(conn, namespace, collection, body)
+    return json_response(await service.read_created(conn, info), 201 if created else 200)
 
 
 @router.get("/{collection}", summary="Describe a collection", response_model=CollectionRead, responses=_ERRORS)
-async def describe_collection(collection: CollectionPath, service: VectorReadServiceDep) -> Response:
+async def describe_collection(
+    collection: CollectionPath, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+) -> Response:
     """Settings, point count and the index in use."""
-    return json_response(await service.describe(collection))
+    return json_response(await service.describe(conn, namespace, collection))
 
 
 @router.delete("/{collection}", summary="Drop a collection", status_code=204, responses=_ERRORS)
-async def drop_collection(collection: CollectionPath, service: VectorServiceDep) -> Response:
+async def drop_collection(
+    collection: CollectionPath, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
+) -> Response:
     """Drop the collection and all its points; 204 whether or not it existed."""
-    await service.drop(collection)
+    await service.drop(conn, namespace, collection)
     return Response(status_code=204)
 
 
 @router.post("/{collection}/reset", summary="Remove all points", status_code=204, responses=_ERRORS)
 @accepts(Body.NONE)
-async def reset_collection(collection: CollectionPath, service: VectorServiceDep) -> Response:
+async def reset_collection(
+    collection: CollectionPath, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
+) -> Response:
     """Remove every point and keep the collection and its settings."""
-    await service.reset(collection)
+    await service.reset(conn, namespace, collection)
     return Response(status_code=204)
 
 
@@ -105,6 +124,8 @@ async def upsert_points(
     collection: CollectionPath,
     body: PointsUpsert,
     request: Request,
+    namespace: NamespacePath,
+    conn: VectorsConnection,
     service: VectorServiceDep,
     background: BackgroundTasks,
     idempotency_key: Annotated[
@@ -114,36 +135,45 @@ async def upsert_points(
 ) -> Response:
     """Upsert a batch in one statement; ids are generated for points without one."""
     raw = await request.body()
-    answer = await service.upsert(collection, body, raw, idempotency_key)
-    _after_commit(request, service, background)
+    answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
+    _after_commit(service, written, background)
     return json_response(answer)
 
 
 @router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @served_by_fastapi("a request body model")
-async def search(collection: CollectionPath, body: SearchRequest, service: VectorReadServiceDep) -> Response:
+async def search(
+    collection: CollectionPath, body: SearchRequest, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+) -> Response:
     """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
-    return json_response(await service.search(collection, body))
+    return json_response(await service.search(conn, namespace, collection, body))
 
 
 @router.post("/{collection}/points/list", summary="List points", response_model=PointPage, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @served_by_fastapi("a request body model")
-async def list_points(collection: CollectionPath, body: PointsList, service: VectorReadServiceDep) -> Response:
+async def list_points(
+    collection: CollectionPath, body: PointsList, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+) -> Response:
     """Points matching `filters`, by id, a page at a time."""
-    return json_response(await service.list_points(collection, body))
+    return json_response(await service.list_points(conn, namespace, collection, body))
 
 
 @router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
 @accepts(Body.JSON)
 @served_by_fastapi("a request body model")
 async def delete_points(
-    collection: CollectionPath, body: PointsDelete, request: Request, service: VectorServiceDep, background: BackgroundTasks
+    collection: CollectionPath,
+    body: PointsDelete,
+    namespace: NamespacePath,
+    conn: VectorsConnection,
+    service: VectorServiceDep,
+    background: BackgroundTasks,
 ) -> Response:
     """Delete the points in `ids` and/or matching `filters`; answers how many went."""
-    answer = await service.delete_points(collection, body)
-    _after_commit(request, service, background)
+    answer, written = await service.delete_points(conn, namespace, collection, body)
+    _after_commit(service, written, background)
     return json_response(answer)
 
 
@@ -151,12 +181,14 @@ async def delete_points(
 async def get_point(
     collection: CollectionPath,
     point_id: PointId,
-    service: VectorReadServiceDep,
+    namespace: PointNamespace,
+    conn: VectorsReadConnection,
+    service: VectorServiceDep,
     vector_format: VectorFormat = "json",
     with_vector: Annotated[bool, Query(description="Include the vector.")] = True,
 ) -> Response:
     """One point with its payload (and vector)."""
-    return json_response(await service.get_point(collection, point_id, with_vector, vector_format))
+    return json_response(await service.get_point(conn, namespace, collection, point_id, with_vector, vector_format))
 
 
 @router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
@@ -166,30 +198,36 @@ async def update_point(
     collection: CollectionPath,
     point_id: PointId,
     body: PointUpdate,
-    request: Request,
+    namespace: PointNamespace,
+    conn: VectorsConnection,
     service: VectorServiceDep,
     background: BackgroundTasks,
 ) -> Response:
     """Replace the vector and/or the payload; a field left out or null keeps what is stored."""
-    answer = await service.update_point(collection, point_id, body)
-    _after_commit(request, service, background)
+    answer, written = await service.update_point(conn, namespace, collection, point_id, body)
+    _after_commit(service, written, background)
     return json_response(answer)
 
 
 @router.delete("/{collection}/points/{point_id:path}", summary="Delete a point", status_code=204, responses=_ERRORS)
 @served_by_fastapi("background tasks")
 async def delete_point(
-    collection: CollectionPath, point_id: PointId, request: Request, service: VectorServiceDep, background: BackgroundTasks
+    collection: CollectionPath,
+    point_id: PointId,
+    namespace: PointNamespace,
+    conn: VectorsConnection,
+    service: VectorServiceDep,
+    background: BackgroundTasks,
 ) -> Response:
     """Delete one point; 204 whether or not it existed."""
-    await service.delete_point(collection, point_id)
-    _after_commit(request, service, background)
+    written = await service.delete_point(conn, namespace, collection, point_id)
+    _after_commit(service, written, background)
     return Response(status_code=204)
 
 
-def _after_commit(request: Request, service: VectorService, background: BackgroundTasks) -> None:
-    """Tell the index builder about the request's point writes once they are committed: the
-    write transaction commits as the answer starts, background tasks run after the answer."""
-    builder = service_of(request, "vectors").builder
-    if builder is not None and service.written is not None:
-        background.add_task(builder.notice, service.written)
+def _after_commit(service: VectorService, written: CollectionInfo | None, background: BackgroundTasks) -> None:
+    """Tell the index builder about the request's point writes (``written``: the collection the
+    service call wrote) once they are committed: the write transaction commits as the answer
+    starts, background tasks run after the answer."""
+    if service.builder is not None and written is not None:
+        background.add_task(service.builder.notice, written)

@@ -14,7 +14,7 @@ import uuid
 from array import array
 from collections.abc import Sequence
 from datetime import datetime, timedelta, UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -44,6 +44,9 @@ from app.vectors.schemas import (
     PointUpdate,
     SearchRequest,
 )
+
+if TYPE_CHECKING:
+    from app.vectors.builder import IndexBuilder
 
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
@@ -75,23 +78,26 @@ def _text_of(payload: dict[str, Any] | None, field: str | None) -> str | None:
 
 
 class VectorService:
-    """One request's view of the vectors capability in one namespace."""
+    """The vectors capability's rules, built once per process by its lifecycle.
+
+    It holds what the requests of one process share: the backend chosen from the vectors
+    database's dialect, the settings, the collection registry cache and (PostgreSQL) the HNSW
+    builder. The request's connection and namespace are arguments of each call; a write
+    returns the collection whose points it wrote, for the index builder after commit.
+    """
 
     def __init__(
         self,
-        session: AsyncConnection,
         index: VectorIndex,
         settings: Settings,
-        namespace: str,
         registry: RegistryCache | None = None,
+        builder: IndexBuilder | None = None,
     ) -> None:
-        self.session = session
         self.index = index
         self.settings = settings
-        self.namespace = namespace
         self.registry = registry if registry is not None else RegistryCache()
-        self.written: CollectionInfo | None = None
-        """The collection whose points this request wrote (for the index builder, after commit)."""
+        self.builder = builder
+        """The background HNSW builder (PostgreSQL), told of writes once they are committed."""
 
     # --- collections ---------------------------------------------------------------------------
 
@@ -107,21 +113,25 @@ class VectorService:
             created_at=row.created_at,
         )
 
-    async def find(self, collection: str, *, lock: bool = False) -> CollectionInfo | None:
-        row = await repository.find_collection(self.session, self.namespace, collection, lock=lock)
+    async def find(
+        self, conn: AsyncConnection, namespace: str, collection: str, *, lock: bool = False
+    ) -> CollectionInfo | None:
+        row = await repository.find_collection(conn, namespace, collection, lock=lock)
         return self._info(row) if row is not None else None
 
-    async def get(self, collection: str, *, lock: bool = False) -> CollectionInfo:
-        info = await self.find(collection, lock=lock)
+    async def get(
+        self, conn: AsyncConnection, namespace: str, collection: str, *, lock: bool = False
+    ) -> CollectionInfo:
+        info = await self.find(conn, namespace, collection, lock=lock)
         if info is None:
             raise NotFound(f"vector collection {collection!r} does not exist", code="collection_not_found")
         return info
 
-    async def cached(self, collection: str) -> CollectionInfo:
+    async def cached(self, conn: AsyncConnection, namespace: str, collection: str) -> CollectionInfo:
         """The registry row from this process's cache (read and cached on a miss)."""
-        info = self.registry.get(self.namespace, collection)
+        info = self.registry.get(namespace, collection)
         if info is None:
-            info = await self.get(collection)
+            info = await self.get(conn, namespace, collection)
             self.registry.put(info)
         return info
 
@@ -159,7 +169,9 @@ class VectorService:
             "created_at": info.created_at.isoformat(),
         }
 
-    async def create(self, collection: str, body: CollectionCreate) -> tuple[CollectionInfo, bool]:
+    async def create(
+        self, conn: AsyncConnection, namespace: str, collection: str, body: CollectionCreate
+    ) -> tuple[CollectionInfo, bool]:
         """Create the collection, or return the existing one when its settings agree (else 409)."""
         limit = self.settings.limits.max_vector_dimensions
         if body.vector_size > limit:
@@ -172,7 +184,7 @@ class VectorService:
             if p["field"] in seen:
                 raise InvalidInput(f"payload_indexes.{i}.field", f"declares {p['field']!r} twice")
             seen.add(p["field"])
-        existing = await self.find(collection)
+        existing = await self.find(conn, namespace, collection)
         if existing is not None:
             self._check_same(existing, body)
             return existing, False
@@ -188,8 +200,8 @@ class VectorService:
         if declared:
             options["payload_indexes"] = declared
         new_id = await repository.insert_collection(
-            self.session,
-            namespace=self.namespace,
+            conn,
+            namespace=namespace,
             collection=collection,
             vector_size=body.vector_size,
             distance=body.distance,
@@ -199,12 +211,12 @@ class VectorService:
         )
         if new_id is None:
             # Created concurrently: the same rules apply to the winner's settings.
-            existing = await self.get(collection)
+            existing = await self.get(conn, namespace, collection)
             self._check_same(existing, body)
             return existing, False
-        info = await self.get(collection)
+        info = await self.get(conn, namespace, collection)
         assert info.id == new_id
-        await self.index.create(self.session, info)
+        await self.index.create(conn, info)
         return info, True
 
     def _check_same(self, existing: CollectionInfo, body: CollectionCreate) -> None:
@@ -227,46 +239,48 @@ class VectorService:
                 code="collection_conflict",
             )
 
-    async def list_collections(self, limit: int, cursor: str | None) -> dict[str, Any]:
+    async def list_collections(
+        self, conn: AsyncConnection, namespace: str, limit: int, cursor: str | None
+    ) -> dict[str, Any]:
         after = decode_cursor(cursor, "after")["after"] if cursor else None
-        rows = await repository.page_of_collections(self.session, self.namespace, after, limit + 1)
+        rows = await repository.page_of_collections(conn, namespace, after, limit + 1)
         infos = [self._info(r) for r in rows[:limit]]
-        states = await self.index.index_states(self.session, infos)
-        payload_states = await self.index.payload_index_states(self.session, infos)
+        states = await self.index.index_states(conn, infos)
+        payload_states = await self.index.payload_index_states(conn, infos)
         items = [self.read(info, states[info.id], None, payload_states[info.id]) for info in infos]
         next_cursor = encode_cursor({"after": rows[limit - 1].collection}) if len(rows) > limit else None
         return {"items": items, "next_cursor": next_cursor}
 
-    async def describe(self, collection: str) -> dict[str, Any]:
-        info = await self.get(collection)
-        state = await self.state(info)
-        progress = await self.index.build_progress(self.session, info) if state in ("building", "pending") else None
+    async def describe(self, conn: AsyncConnection, namespace: str, collection: str) -> dict[str, Any]:
+        info = await self.get(conn, namespace, collection)
+        state = await self.state(conn, info)
+        progress = await self.index.build_progress(conn, info) if state in ("building", "pending") else None
         return self.read(
-            info, state, await self.index.count(self.session, info),
-            (await self.index.payload_index_states(self.session, [info]))[info.id], progress,
+            info, state, await self.index.count(conn, info),
+            (await self.index.payload_index_states(conn, [info]))[info.id], progress,
             telemetry.plans_of(info.id),
         )
 
-    async def read_created(self, info: CollectionInfo) -> dict[str, Any]:
+    async def read_created(self, conn: AsyncConnection, info: CollectionInfo) -> dict[str, Any]:
         """The answer to a create: settings and index states."""
-        payload_states = (await self.index.payload_index_states(self.session, [info]))[info.id]
-        return self.read(info, await self.state(info), None, payload_states)
+        payload_states = (await self.index.payload_index_states(conn, [info]))[info.id]
+        return self.read(info, await self.state(conn, info), None, payload_states)
 
-    async def state(self, info: CollectionInfo) -> str:
+    async def state(self, conn: AsyncConnection, info: CollectionInfo) -> str:
         """The collection's index state (see ``VectorIndex.index_states``)."""
-        return (await self.index.index_states(self.session, [info]))[info.id]
+        return (await self.index.index_states(conn, [info]))[info.id]
 
-    async def drop(self, collection: str) -> None:
-        info = await self.find(collection, lock=True)
+    async def drop(self, conn: AsyncConnection, namespace: str, collection: str) -> None:
+        info = await self.find(conn, namespace, collection, lock=True)
         if info is None:
             return
-        self.registry.forget(self.namespace, collection)
-        await self.index.drop(self.session, info)
-        await repository.delete_collection(self.session, self.namespace, collection)
+        self.registry.forget(namespace, collection)
+        await self.index.drop(conn, info)
+        await repository.delete_collection(conn, namespace, collection)
 
-    async def reset(self, collection: str) -> None:
-        info = await self.get(collection, lock=True)
-        await self.index.reset(self.session, info)
+    async def reset(self, conn: AsyncConnection, namespace: str, collection: str) -> None:
+        info = await self.get(conn, namespace, collection, lock=True)
+        await self.index.reset(conn, info)
 
     # --- points ------------------------------------------------------------------------------------
 
@@ -358,39 +372,47 @@ class VectorService:
             raise InvalidInput(field, f"holds {n} points; at most {limit} per request")
 
     async def upsert(
-        self, collection: str, body: PointsUpsert, raw_body: bytes, idempotency_key: str | None
-    ) -> dict[str, Any]:
-        info = await self.get(collection, lock=True)
+        self,
+        conn: AsyncConnection,
+        namespace: str,
+        collection: str,
+        body: PointsUpsert,
+        raw_body: bytes,
+        idempotency_key: str | None,
+    ) -> tuple[dict[str, Any], CollectionInfo | None]:
+        """The answer, and the collection written (``None`` for a replayed answer)."""
+        info = await self.get(conn, namespace, collection, lock=True)
         if idempotency_key is not None:
-            replay = await self._claim_key(collection, idempotency_key, raw_body)
+            replay = await self._claim_key(conn, namespace, collection, idempotency_key, raw_body)
             if replay is not None:
-                return replay
+                return replay, None
         points = self._points(info, body)
         # One statement per batch; a repeated id in the batch: the last one wins.
         unique: dict[str, PointIn] = {}
         for p in points:
             unique.pop(p.id, None)
             unique[p.id] = p
-        await self.index.upsert(self.session, info, list(unique.values()))
-        self.written = info
+        await self.index.upsert(conn, info, list(unique.values()))
         answer = {"ids": [p.id for p in points]}
         if idempotency_key is not None:
             await repository.record_answer(
-                self.session, self.namespace, collection, idempotency_key, json.dumps(answer)
+                conn, namespace, collection, idempotency_key, json.dumps(answer)
             )
-        return answer
+        return answer, info
 
-    async def _claim_key(self, collection: str, key: str, raw_body: bytes) -> dict[str, Any] | None:
+    async def _claim_key(
+        self, conn: AsyncConnection, namespace: str, collection: str, key: str, raw_body: bytes
+    ) -> dict[str, Any] | None:
         """Record ``key`` as ours, or return the answer recorded for it by an earlier request."""
         if not key or len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
             raise InvalidInput("Idempotency-Key", f"must be 1-{IDEMPOTENCY_KEY_MAX} printable characters")
         digest = hashlib.sha256(raw_body).hexdigest()
         now = _now()
         ttl = timedelta(seconds=self.settings.vectors.idempotency_ttl_seconds)
-        await repository.forget_keys_before(self.session, self.namespace, collection, now - ttl)
-        if await repository.claim_key(self.session, self.namespace, collection, key, digest, now):
+        await repository.forget_keys_before(conn, namespace, collection, now - ttl)
+        if await repository.claim_key(conn, namespace, collection, key, digest, now):
             return None
-        row = await repository.claimed_key(self.session, self.namespace, collection, key)
+        row = await repository.claimed_key(conn, namespace, collection, key)
         if row is None or row.response is None or row.request_hash != digest:
             raise Conflict(
                 "Idempotency-Key was already used with a different request body",
@@ -408,15 +430,26 @@ class VectorService:
                 out["vector"] = p.vector.tolist()
         return out
 
-    async def get_point(self, collection: str, point_id: str, with_vector: bool, vector_format: str) -> dict[str, Any]:
-        info = await self.get(collection)
-        point = await self.index.get(self.session, info, point_id, with_vector)
+    async def get_point(
+        self,
+        conn: AsyncConnection,
+        namespace: str,
+        collection: str,
+        point_id: str,
+        with_vector: bool,
+        vector_format: str,
+    ) -> dict[str, Any]:
+        info = await self.get(conn, namespace, collection)
+        point = await self.index.get(conn, info, point_id, with_vector)
         if point is None:
             raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
         return self._point_read(point, vector_format)
 
-    async def update_point(self, collection: str, point_id: str, body: PointUpdate) -> dict[str, Any]:
-        info = await self.get(collection, lock=True)
+    async def update_point(
+        self, conn: AsyncConnection, namespace: str, collection: str, point_id: str, body: PointUpdate
+    ) -> tuple[dict[str, Any], CollectionInfo]:
+        """The point as updated, and the collection written."""
+        info = await self.get(conn, namespace, collection, lock=True)
         new_vector: PointIn | None = None
         nonzero = info.distance == "cosine"
         if body.vector is not None and body.vector_b64 is not None:
@@ -431,22 +464,27 @@ class VectorService:
             new_vector = PointIn(point_id, vec, "", None, encoding.norm(vec))
         payload_json = self._payload_json(body.payload, "payload") if body.payload is not None else None
         found = await self.index.update(
-            self.session, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
+            conn, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
         )
-        self.written = info
         if not found:
             raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
-        point = await self.index.get(self.session, info, point_id, False)
+        point = await self.index.get(conn, info, point_id, False)
         assert point is not None
-        return self._point_read(point)
+        return self._point_read(point), info
 
-    async def delete_point(self, collection: str, point_id: str) -> None:
-        info = await self.find(collection, lock=True)
+    async def delete_point(
+        self, conn: AsyncConnection, namespace: str, collection: str, point_id: str
+    ) -> CollectionInfo | None:
+        """The collection written (``None`` when it does not exist)."""
+        info = await self.find(conn, namespace, collection, lock=True)
         if info is not None:
-            await self.index.delete(self.session, info, [point_id], None)
-            self.written = info
+            await self.index.delete(conn, info, [point_id], None)
+        return info
 
-    async def delete_points(self, collection: str, body: PointsDelete) -> dict[str, int]:
+    async def delete_points(
+        self, conn: AsyncConnection, namespace: str, collection: str, body: PointsDelete
+    ) -> tuple[dict[str, int], CollectionInfo]:
+        """How many points went, and the collection written."""
         if body.ids is None and body.filters is None:
             raise InvalidInput("ids", "give `ids`, `filters` or both")
         flt = self._filter(body.filters) if body.filters is not None else None
@@ -455,39 +493,44 @@ class VectorService:
             for i, pid in enumerate(body.ids):
                 if key_problem(pid):
                     raise InvalidInput(f"ids.{i}", key_problem(pid) or "")
-        info = await self.get(collection, lock=True)
-        deleted = await self.index.delete(self.session, info, body.ids, flt)
-        self.written = info
-        return {"deleted": deleted}
+        info = await self.get(conn, namespace, collection, lock=True)
+        deleted = await self.index.delete(conn, info, body.ids, flt)
+        return {"deleted": deleted}, info
 
-    async def list_points(self, collection: str, body: PointsList) -> dict[str, Any]:
+    async def list_points(
+        self, conn: AsyncConnection, namespace: str, collection: str, body: PointsList
+    ) -> dict[str, Any]:
         limits = self.settings.limits
         limit = body.limit or limits.default_page_size
         if limit > limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
         flt = self._filter(body.filters)
         after = decode_cursor(body.cursor, "after")["after"] if body.cursor else None
-        info = await self.get(collection)
-        points = await self.index.list(self.session, info, flt, after, limit + 1, body.with_vectors)
+        info = await self.get(conn, namespace, collection)
+        points = await self.index.list(conn, info, flt, after, limit + 1, body.with_vectors)
         items = [self._point_read(p, body.vector_format) for p in points[:limit]]
         next_cursor = encode_cursor({"after": points[limit - 1].id}) if len(points) > limit else None
         return {"items": items, "next_cursor": next_cursor}
 
     # --- search ------------------------------------------------------------------------------------
 
-    async def search(self, collection: str, body: SearchRequest) -> dict[str, Any]:
+    async def search(
+        self, conn: AsyncConnection, namespace: str, collection: str, body: SearchRequest
+    ) -> dict[str, Any]:
         limits = self.settings.limits
         if body.limit > limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {limits.max_page_size}")
         flt = self._filter(body.filters)
         try:
-            return await self._search(await self.cached(collection), body, flt)
+            return await self._search(conn, await self.cached(conn, namespace, collection), body, flt)
         except MissingTable:
             # Dropped (and maybe re-created) by another process since this one cached it.
-            self.registry.forget(self.namespace, collection)
-            return await self._search(await self.cached(collection), body, flt)
+            self.registry.forget(namespace, collection)
+            return await self._search(conn, await self.cached(conn, namespace, collection), body, flt)
 
-    async def _search(self, info: CollectionInfo, body: SearchRequest, flt: Node | None) -> dict[str, Any]:
+    async def _search(
+        self, conn: AsyncConnection, info: CollectionInfo, body: SearchRequest, flt: Node | None
+    ) -> dict[str, Any]:
         nonzero = info.distance == "cosine"
         if (body.vector is None) == (body.vector_b64 is None):
             raise InvalidInput("vector", "give exactly one of vector or vector_b64")
@@ -499,7 +542,7 @@ class VectorService:
         words = _WORD.findall(body.query or "")[:MAX_QUERY_WORDS] if info.text_field else []
         threshold = body.score_threshold
         if not words:
-            hits, plan = await self.index.search(self.session, info, query_vec, body.limit, flt, ef)
+            hits, plan = await self.index.search(conn, info, query_vec, body.limit, flt, ef)
             results = []
             for h in hits:
                 score = _score(info.distance, h.distance)
@@ -507,7 +550,7 @@ class VectorService:
                     continue
                 results.append(self._hit(h, score))
         else:
-            results, plan = await self._hybrid(info, query_vec, words, body.limit, flt, ef, threshold)
+            results, plan = await self._hybrid(conn, info, query_vec, words, body.limit, flt, ef, threshold)
         telemetry.count_plan(info.id, plan)
         if body.explain:
             return {"results": results, "plan": plan.as_dict()}
@@ -518,6 +561,7 @@ class VectorService:
 
     async def _hybrid(
         self,
+        conn: AsyncConnection,
         info: CollectionInfo,
         vector: array[float],
         words: list[str],
@@ -528,8 +572,8 @@ class VectorService:
     ) -> tuple[list[dict[str, Any]], Plan]:
         """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking."""
         pool = min(self.settings.limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
-        vector_hits, plan = await self.index.search(self.session, info, vector, pool, flt, ef)
-        text_ids = await self.index.text_search(self.session, info, words, pool, flt)
+        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef)
+        text_ids = await self.index.text_search(conn, info, words, pool, flt)
         by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
         fused: dict[str, float] = {}
         for rank, h in enumerate(vector_hits):
@@ -537,7 +581,7 @@ class VectorService:
         for rank, pid in enumerate(text_ids):
             fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank + 1)
         missing = [pid for pid in text_ids if pid not in by_id]
-        for h in await self.index.distances(self.session, info, vector, missing):
+        for h in await self.index.distances(conn, info, vector, missing):
             by_id[h.id] = h
         ranked = sorted(fused, key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
         out = []
