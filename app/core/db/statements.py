@@ -241,26 +241,24 @@ class _AiosqliteStatement(_DriverStatement):
             raise TypeError("a SQLite fixed statement got a connection that is not aiosqlite's")
         return driver
 
-    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+    async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
         args = self._sending(conn, params)
         try:
-            rows = await self._driver(conn).execute_fetchall(self.sql, args)
-        except Exception as exc:
+            return await getattr(self._driver(conn), method)(self.sql, args)
+        except Exception as exc:  # translated as SQLAlchemy would, then raised
             raise translate_sqlite_error(conn, exc, self.sql, args) from exc
-        return list(rows)
+
+    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+        return list(await self._send(conn, "execute_fetchall", params))
 
     async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
         rows = await self._all(conn, params)  # statements read by `first` select one row (a key)
         return rows[0] if rows else None
 
     async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
-        args = self._sending(conn, params)
-        try:
-            # The cursor is left to the garbage collector: closing it would be a second
-            # hand-off, and a statement that returns no rows is finished once it has run.
-            cursor = await self._driver(conn).execute(self.sql, args)
-        except Exception as exc:
-            raise translate_sqlite_error(conn, exc, self.sql, args) from exc
+        # The cursor is left to the garbage collector: closing it would be a second hand-off,
+        # and a statement that returns no rows is finished once it has run.
+        cursor = await self._send(conn, "execute", params)
         count: int = cursor.rowcount
         return max(count, 0)
 
