@@ -1,6 +1,7 @@
 """Benchmark: kv get, kv set, record upsert and ordered list (limit 50), at concurrency 1 and 16.
 
-Through the gateway over HTTP (one uvicorn worker on a throwaway pgserver PostgreSQL), next to
+Through the gateway over HTTP (``--workers`` uvicorn workers, by default one per core as the README
+runs it, on a throwaway pgserver PostgreSQL), next to
 the same SQL sent directly with asyncpg to the same PostgreSQL; the ratio column is gateway/direct
 throughput. The SQLite gateway is measured too, for information. The HTTP side uses a minimal
 keep-alive HTTP/1.1 client so that the client's own overhead stays small next to the server's.
@@ -10,7 +11,7 @@ README tells each plugin to run; the rows marked ``admin`` repeat kv get with th
 the row marked ``+200 idle`` runs kv get at concurrency 16 with 200 more keep-alive connections
 open and idle beside the load (issue 13: within 10% of the row without them).
 
-    .venv/bin/python bench/bench_kv_records.py [--quick] [--seconds N]
+    .venv/bin/python bench/bench_kv_records.py [--quick] [--seconds N] [--workers N]
 
 Targets (issues 3 and 13): at concurrency 16 the gateway reaches >= 0.25x direct asyncpg
 throughput with a scoped key; at concurrency 1 its p50 is within 2 ms of direct.
@@ -283,11 +284,11 @@ def libpq_dsn(sqlalchemy_url: str) -> str:
     return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def run_gateway(backend: Backend, logs: Path, seconds: float) -> dict:
+def run_gateway(backend: Backend, logs: Path, seconds: float, workers: int) -> dict:
     result = run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY)
     if result.returncode != 0:
         raise SystemExit(result.stderr)
-    server = start_server(backend, logs / f"gateway-{backend.name}.log", "--workers", "1",
+    server = start_server(backend, logs / f"gateway-{backend.name}.log", "--workers", str(workers),
                           GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
     try:
         return asyncio.run(bench_gateway(server.url, seconds))
@@ -299,6 +300,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 second per cell")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per cell (default 3)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="gateway worker processes (default: one per core, as the README runs it)")
     parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite gateway")
     args = parser.parse_args()
     seconds = 1.0 if args.quick else args.seconds
@@ -310,16 +313,17 @@ def main() -> None:
     try:
         urls = create_postgres_databases(pg.get_uri(), f"bench_{uuid.uuid4().hex[:8]}")
         pg_backend = Backend("postgres", backend_env(urls, work / "pgdata"), urls)
-        gateway_pg = run_gateway(pg_backend, work, seconds)
+        gateway_pg = run_gateway(pg_backend, work, seconds, args.workers)
         direct = bench_direct_both(urls, seconds)
         gateway_sqlite = {}
         if not args.no_sqlite:
             sq_urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
-            gateway_sqlite = run_gateway(Backend("sqlite", backend_env(sq_urls, work / "sqlite"), sq_urls), work, seconds)
+            sq_backend = Backend("sqlite", backend_env(sq_urls, work / "sqlite"), sq_urls)
+            gateway_sqlite = run_gateway(sq_backend, work, seconds, args.workers)
     finally:
         pg.cleanup()
         shutil.rmtree(work, ignore_errors=True)
-    print_table(gateway_pg, direct, gateway_sqlite, seconds)
+    print_table(gateway_pg, direct, gateway_sqlite, seconds, args.workers)
 
 
 def bench_direct_both(urls: dict[str, str], seconds: float):  # noqa: ANN201
@@ -329,8 +333,8 @@ def bench_direct_both(urls: dict[str, str], seconds: float):  # noqa: ANN201
     return {**kv, **rec}
 
 
-def print_table(gw: dict, direct: dict, sqlite: dict, seconds: float) -> None:
-    print(f"\nkv/records benchmark: {seconds:.0f} s per cell, one gateway worker, {os.cpu_count()} CPUs")
+def print_table(gw: dict, direct: dict, sqlite: dict, seconds: float, workers: int) -> None:
+    print(f"\nkv/records benchmark: {seconds:.0f} s per cell, gateway workers: {workers}, {os.cpu_count()} CPUs")
     header = (f"{'operation':<18} {'conc':>4} | {'gateway pg ops/s':>16} {'p50 ms':>7} {'p99 ms':>7} | "
               f"{'direct ops/s':>12} {'p50 ms':>7} {'p99 ms':>7} | {'ratio':>5} {'Δp50 ms':>7} | "
               f"{'gw sqlite ops/s':>15} {'p50 ms':>7} {'p99 ms':>7}")
