@@ -321,7 +321,7 @@ class S3Objects:
     def _note_fallback(self, why: str) -> None:
         if not self._fallback_logged:
             self._fallback_logged = True
-            log.info("a presigned GET failed (%s); reading through get_object instead (logged once)", why)
+            log.warning("a presigned GET failed (%s); read through get_object instead (logged once)", why)
 
     async def presign(self, key: str, seconds: int, content_type: str) -> str:
         """A GET URL valid for ``seconds`` that serves the object with ``content_type``."""
@@ -377,7 +377,7 @@ def _download_session(settings: S3Settings, ca_bundle: str | None) -> aiohttp.Cl
 
     context = ssl.create_default_context(cafile=ca_bundle or get_cert_path(True))
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=settings.max_connections, ssl=context),
+        connector=aiohttp.TCPConnector(limit=settings.max_connections, ssl=context, keepalive_timeout=12),  # (aiobotocore's)
         timeout=aiohttp.ClientTimeout(sock_connect=settings.connect_timeout, sock_read=settings.read_timeout),
         read_bufsize=READ_BUFFER_BYTES,
         auto_decompress=False,
