@@ -1,7 +1,8 @@
 """The S3 bucket of ``files.backend: s3``: every call the gateway makes to it, through aiobotocore.
 
 This is the only module that imports aiobotocore/botocore (imported lazily, so a gateway on the
-database backend never pays for them). Failures are translated here into two exceptions the rest
+database backend never pays for them). Downloads' GETs go out on presigned URLs through an aiohttp
+session of their own (``S3Objects.get``); everything else through the aiobotocore client. Failures are translated here into two exceptions the rest
 of the package understands: ``ObjectMissing`` (the key is gone) and ``ObjectStoreUnavailable``
 (a 503 with ``Retry-After``: the bucket cannot be reached or refused us).
 
