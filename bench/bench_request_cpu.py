@@ -5,9 +5,11 @@ throughput there is about one over this number; it is also steady enough to comp
 on a shared, noisy machine. Each row is the best of three rounds of N sequential requests, on
 a throwaway pgserver PostgreSQL, with a namespace-scoped key (as each plugin runs); the row
 marked ``(admin)`` repeats kv get with the admin key. ``--profile ROW`` prints a cProfile of that
-row's requests.
+row's requests. ``--s3`` keeps file bytes in a local SeaweedFS (``tests/s3server.py``): the file
+rows then measure the gateway's side of an S3 upload and download (SeaweedFS's and PostgreSQL's
+CPU are other processes, not counted).
 
-    .venv/bin/python bench/bench_request_cpu.py [-n N] [--profile "kv get"]
+    .venv/bin/python bench/bench_request_cpu.py [-n N] [--files] [--s3] [--profile "kv get"]
 """
 
 from __future__ import annotations
@@ -69,16 +71,18 @@ async def call(
         await asyncio.Event().wait()
         return {}
 
-    answer = {"status": 0, "body": b""}
+    status = 0
+    pieces: list[bytes] = []  # joined once: adding each piece to the last would copy a 1 MiB body ~4 times
 
     async def send(message: dict) -> None:
+        nonlocal status
         if message["type"] == "http.response.start":
-            answer["status"] = message["status"]
+            status = message["status"]
         elif message["type"] == "http.response.body":
-            answer["body"] += message.get("body", b"")
+            pieces.append(message.get("body", b""))
 
     await app(scope, receive, send)
-    return answer["status"], answer["body"]
+    return status, b"".join(pieces)
 
 
 async def setup_384(app: Any) -> None:
@@ -139,6 +143,8 @@ async def measure(n: int, profile: str | None, rows: dict[str, tuple[str, str, b
             for _ in range(n):
                 await call(app, method, path, body, query, ADMIN_KEY if "(admin)" in profile else scoped)
             profiler.disable()
+            if os.environ.get("BENCH_PROFILE_DUMP"):
+                profiler.dump_stats(os.environ["BENCH_PROFILE_DUMP"])
             pstats.Stats(profiler).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "cumulative")).print_stats(50)
     return results
 
@@ -149,10 +155,13 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(ROWS | FILE_ROWS), help="print a cProfile of this row")
     parser.add_argument("--files", action="store_true", help="add 1 MiB file upload and download rows")
     parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres", help="default postgres")
+    parser.add_argument("--only", help="only the rows whose name contains this")
+    parser.add_argument("--s3", action="store_true", help="file bytes in a local SeaweedFS (implies --files)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-"))
     pg = None
+    seaweed = None
     try:
         if args.backend == "postgres":
             import pgserver
@@ -161,16 +170,31 @@ def main() -> None:
             urls = create_postgres_databases(pg.get_uri(), f"cpu_{uuid.uuid4().hex[:8]}")
         else:
             urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
-        backend = Backend(args.backend, backend_env(urls, work / "data"), urls)
+        env = backend_env(urls, work / "data")
+        if args.s3:
+            from tests.s3server import SeaweedS3
+
+            seaweed = SeaweedS3(work / "seaweed")
+            seaweed.start()
+            seaweed.create_bucket("bench-cpu")
+            env.update(seaweed.env(), GATEWAY_FILES__BACKEND="s3", GATEWAY_FILES__S3__BUCKET="bench-cpu",
+                       GATEWAY_FILES__S3__ENDPOINT_URL=seaweed.endpoint)
+        backend = Backend(args.backend, env, urls, files="s3" if args.s3 else "database")
         if run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode != 0:
             raise SystemExit("migration failed")
         os.environ.update(gateway_env(backend, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning"))
-        rows = ROWS | FILE_ROWS if args.files or (args.profile in FILE_ROWS) else ROWS
+        rows = ROWS | FILE_ROWS if args.files or args.s3 or (args.profile in FILE_ROWS) else ROWS
+        if args.only:
+            rows = {name: row for name, row in rows.items() if args.only in name or name == args.profile}
         results = asyncio.run(measure(args.n, args.profile, rows))
     finally:
+        if seaweed is not None:
+            seaweed.stop()
         if pg is not None:
             pg.cleanup()
     where = "PostgreSQL" if args.backend == "postgres" else "SQLite (the embedded default)"
+    if args.s3:
+        where += ", file bytes in SeaweedFS"
     print(f"\ngateway CPU per request, in-process on {where}, namespace-scoped key (best of 3 x {args.n})")
     print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
     for name, micros in results.items():

@@ -1,7 +1,8 @@
 """The S3 bucket of ``files.backend: s3``: every call the gateway makes to it, through aiobotocore.
 
 This is the only module that imports aiobotocore/botocore (imported lazily, so a gateway on the
-database backend never pays for them). Failures are translated here into two exceptions the rest
+database backend never pays for them). Downloads' GETs go out on presigned URLs through an aiohttp
+session of their own (``S3Objects.get``); everything else through the aiobotocore client. Failures are translated here into two exceptions the rest
 of the package understands: ``ObjectMissing`` (the key is gone) and ``ObjectStoreUnavailable``
 (a 503 with ``Retry-After``: the bucket cannot be reached or refused us).
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from app.core.config import S3Settings
 from app.core.errors import ServiceUnavailable
 
 if TYPE_CHECKING:  # types-aiobotocore[s3], a test extra; nothing is imported at run time
+    import aiohttp
     from types_aiobotocore_s3.client import S3Client
     from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
 
@@ -103,6 +107,12 @@ class ListedUpload:
 
 READ_BUFFER_BYTES = 512 * 1024  # a GET's body is read ahead up to twice this (app.core.fences.aiohttp_)
 
+# A download's GET goes out on a presigned URL (see ``S3Objects.get``), signed for this long and
+# reused for the same object for at most the second number of seconds (objects never change).
+GET_URL_SECONDS = 900
+GET_URL_REUSE_SECONDS = 600
+GET_URLS_KEPT = 4096
+
 
 class ObjectBody:
     """A streamed GET: iterate ``chunks()``, and always ``close()``.
@@ -113,12 +123,15 @@ class ObjectBody:
     ``2 * READ_BUFFER_BYTES`` unread, then pauses it until the response catches up.
     """
 
-    def __init__(self, body: StreamingBody) -> None:
+    def __init__(self, body: StreamingBody | aiohttp.ClientResponse) -> None:
         import aiohttp
 
         from app.core.fences.aiohttp_ import widen_read_buffer
 
         self._body = body
+        if isinstance(body, aiohttp.ClientResponse):  # our own session: read_bufsize is set already
+            self._content: aiohttp.StreamReader | None = body.content
+            return
         raw = getattr(body, "raw_stream", None)  # the aiohttp.ClientResponse (aiobotocore's public property)
         self._content = raw.content if isinstance(raw, aiohttp.ClientResponse) else None
         if self._content is not None:
@@ -127,7 +140,7 @@ class ObjectBody:
     async def chunks(self) -> AsyncIterator[bytes]:
         with translated("read an object"):
             if self._content is None:  # another HTTP backend than aiohttp: its own read-ahead
-                async for piece in self._body.iter_chunks(256 * 1024):
+                async for piece in self._body.iter_chunks(256 * 1024):  # type: ignore[union-attr]
                     yield piece
                 return
             async for piece, _ in self._content.iter_chunks():
@@ -140,12 +153,18 @@ class ObjectBody:
 class S3Objects:
     """One aiobotocore client (one connection pool) for the process, owned by the files lifespan."""
 
-    def __init__(self, settings: S3Settings, client: S3Client, stack: AsyncExitStack) -> None:
+    def __init__(
+        self, settings: S3Settings, client: S3Client, stack: AsyncExitStack, http: aiohttp.ClientSession | None = None
+    ) -> None:
         self.settings = settings
         self.bucket: str = settings.bucket or ""
         self.prefix = settings.prefix
         self._client = client
         self._stack = stack
+        self._http = http  # downloads' GETs on presigned URLs (None: every GET through the client)
+        self._get_urls: OrderedDict[str, tuple[float, str]] = OrderedDict()  # key -> (reuse until, URL)
+        self._proxies: dict[str, str | None] = {}  # scheme://host -> its proxy from the environment
+        self._fallback_logged = False
         self._extra: _Encryption = {}
         if settings.server_side_encryption:
             self._extra["ServerSideEncryption"] = settings.server_side_encryption
@@ -170,11 +189,17 @@ class S3Objects:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
+        session = get_session()
         stack = AsyncExitStack()
-        client = await stack.enter_async_context(
-            get_session().create_client("s3", endpoint_url=settings.endpoint_url, config=config)
-        )
-        return cls(settings, client, stack)
+        try:
+            client = await stack.enter_async_context(
+                session.create_client("s3", endpoint_url=settings.endpoint_url, config=config)
+            )
+            http = await stack.enter_async_context(_download_session(settings, session.get_config_variable("ca_bundle")))
+        except BaseException:
+            await stack.aclose()
+            raise
+        return cls(settings, client, stack, http)
 
     async def close(self) -> None:
         await self._stack.aclose()
@@ -233,10 +258,71 @@ class S3Objects:
     # --- reads ---------------------------------------------------------------------------
 
     async def get(self, key: str, start: int, end: int) -> ObjectBody:
-        """Bytes ``start..end`` (inclusive) of ``key``, streamed."""
+        """Bytes ``start..end`` (inclusive) of ``key``, streamed.
+
+        Sent as a plain aiohttp GET of a presigned URL, kept per key (an object never changes):
+        a ``get_object`` call costs ~3x the CPU of the GET itself in botocore (parameters, event
+        hooks, endpoint rules, User-Agent, signing, parsing the answer's headers), which for a
+        1 MiB file was half of the gateway's work (docs/benchmarks.md). Anything but a 200/206
+        (an expired URL, a missing key, an error, no connection) goes through ``get_object``
+        instead, whose retries and answer the caller sees as before.
+        """
+        byte_range = f"bytes={start}-{end}"
+        if self._http is not None:
+            response = await self._get_presigned(key, byte_range)
+            if response is not None:
+                return ObjectBody(response)
         with translated("read an object"):
-            answer = await self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            answer = await self._client.get_object(Bucket=self.bucket, Key=key, Range=byte_range)
         return ObjectBody(answer["Body"])
+
+    async def _get_presigned(self, key: str, byte_range: str) -> aiohttp.ClientResponse | None:
+        """The GET of ``key``'s presigned URL if it answers 200/206, else None (URL forgotten)."""
+        assert self._http is not None
+        now = time.monotonic()
+        kept = self._get_urls.get(key)
+        try:
+            if kept is not None and kept[0] > now:
+                url = kept[1]
+                self._get_urls.move_to_end(key)
+            else:
+                url = await self._client.generate_presigned_url(
+                    "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=GET_URL_SECONDS
+                )
+                self._get_urls[key] = (now + GET_URL_REUSE_SECONDS, url)
+                if len(self._get_urls) > GET_URLS_KEPT:
+                    self._get_urls.popitem(last=False)
+            response = await self._http.get(
+                url, headers={"Range": byte_range}, allow_redirects=False, proxy=self._proxy_for(url)
+            )
+        except Exception as exc:  # noqa: BLE001 - get_object retries and reports it
+            self._get_urls.pop(key, None)
+            self._note_fallback(exc.__class__.__name__)
+            return None
+        if response.status in (200, 206):
+            return response
+        response.close()
+        self._get_urls.pop(key, None)
+        if response.status not in (403, 404):  # (403: an expired URL, e.g. temporary credentials)
+            self._note_fallback(f"HTTP {response.status}")
+        return None
+
+    def _proxy_for(self, url: str) -> str | None:
+        """The proxy botocore would take for ``url`` (``HTTPS_PROXY``, ``NO_PROXY``, ...), looked
+        up once per host (aiohttp's ``trust_env`` would look it up, and ``.netrc``, in a thread
+        on every request)."""
+        scheme, _, rest = url.partition("://")
+        origin = f"{scheme}://{rest.partition('/')[0]}"
+        if origin not in self._proxies:
+            from botocore.utils import get_environ_proxies
+
+            self._proxies[origin] = get_environ_proxies(origin).get(scheme)
+        return self._proxies[origin]
+
+    def _note_fallback(self, why: str) -> None:
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            log.warning("a presigned GET failed (%s); read through get_object instead (logged once)", why)
 
     async def presign(self, key: str, seconds: int, content_type: str) -> str:
         """A GET URL valid for ``seconds`` that serves the object with ``content_type``."""
@@ -280,3 +366,20 @@ class S3Objects:
                     if blob_id is not None:
                         listed.append(ListedUpload(item["Key"], blob_id, item["UploadId"], item["Initiated"]))
                 yield listed
+
+
+def _download_session(settings: S3Settings, ca_bundle: str | None) -> aiohttp.ClientSession:
+    """The HTTP session of downloads' GETs, set up as aiobotocore sets up its own: the same
+    timeouts, botocore's CA bundle, bodies left encoded (and proxies: ``S3Objects._proxy_for``)."""
+    import ssl
+
+    import aiohttp
+    from botocore.httpsession import get_cert_path
+
+    context = ssl.create_default_context(cafile=ca_bundle or get_cert_path(True))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=settings.max_connections, ssl=context, keepalive_timeout=12),  # (aiobotocore's)
+        timeout=aiohttp.ClientTimeout(sock_connect=settings.connect_timeout, sock_read=settings.read_timeout),
+        read_bufsize=READ_BUFFER_BYTES,
+        auto_decompress=False,
+    )

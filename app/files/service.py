@@ -248,6 +248,7 @@ class FilesService:
         self._engine = engine
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
+        self._single_read_engine = engine.execution_options(**backend.single_read_options())
         self.chunk_bytes = settings.limits.file_chunk_bytes
         self.max_file_bytes = settings.limits.max_file_bytes
         self.stale_after = timedelta(seconds=settings.files.upload_stale_seconds)
@@ -350,19 +351,34 @@ class FilesService:
     async def open(self, namespace: str, collection: str, file_id: str) -> BlobReader:
         """A reader of ``file_id`` as it is now; the caller must ``close()`` it. 404 if missing.
 
-        Chunks are read from a snapshot transaction kept open until ``close``; a file of one
-        chunk (most files, at the default 1 MiB) is read whole with its row, in one statement,
-        and an object in S3 is immutable, so neither reader needs a connection once it is open.
+        The row is read in one statement, with the bytes when they are one chunk in the database
+        (most files, at the default 1 MiB), outside any transaction (on PostgreSQL: autocommit, one
+        round trip): such a file, and an object in S3 (immutable), need no connection once it is
+        read. A file of several chunks is read again, with its chunks, from a snapshot
+        transaction kept open until ``close``.
         """
+        conn = await self._single_read_engine.connect()
+        try:
+            found = await self.repo.get_with_only_chunk(conn, namespace, collection, file_id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+        if found is None:
+            raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
+        row, only_chunk = found
+        if row.object_key is not None:
+            return ObjectReader(self.blobs.require_objects(), row)
+        if only_chunk is not None or row.size == 0:
+            return BytesReader(row, only_chunk or b"")
         conn = await self._snapshot_engine.connect()
         try:
             await conn.begin()
+            # Read again in the snapshot the chunks come from: it may have changed meanwhile.
             found = await self.repo.get_with_only_chunk(conn, namespace, collection, file_id)
             if found is None:
                 raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
             row, only_chunk = found
             if row.object_key is None and (only_chunk is not None or row.size == 0):
-                # Read whole in this one statement: the connection goes back at once.
                 with anyio.CancelScope(shield=True):
                     await conn.close()
                 return BytesReader(row, only_chunk or b"")

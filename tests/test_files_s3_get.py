@@ -1,0 +1,122 @@
+"""How a download reads an S3 object: a plain GET of a presigned URL kept per key, falling back
+to ``get_object``; and its row read in one statement outside a transaction (docs/benchmarks.md,
+"files on S3": both were most of a 1 MiB download's cost in the gateway)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.core.config import Settings
+from app.files.backend import backend_for
+from app.files.s3 import ObjectMissing, S3Objects
+from app.files.service import FilesService
+from app.files.storage import ObjectReader
+from tests.conftest import Backend
+from tests.files_storage import bucket
+from tests.test_files import url
+
+on_s3 = pytest.mark.parametrize("backend", ["sqlite_s3", "postgres_s3"], indirect=True)
+
+
+class Calls:
+    """Counts the calls of one of the S3 client's methods (and still makes them)."""
+
+    def __init__(self, objects: S3Objects, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        client = objects._client
+        real = getattr(client, name)
+        self.count = 0
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(client, name, counted)
+
+
+async def read(objects: S3Objects, key: str, start: int, end: int) -> bytes:
+    body = await objects.get(key, start, end)
+    try:
+        return b"".join([piece async for piece in body.chunks()])
+    finally:
+        body.close()
+
+
+@pytest.fixture
+def key() -> Iterator[str]:
+    yield f"get-tests/{uuid.uuid4().hex}"
+
+
+@on_s3
+async def test_downloads_of_one_object_share_one_presigned_url(
+    backend: Backend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(300_000)
+    async with bucket(backend) as objects:
+        await objects.put(key, data)
+        presigned = Calls(objects, "generate_presigned_url", monkeypatch)
+        through_client = Calls(objects, "get_object", monkeypatch)
+        assert await read(objects, key, 0, len(data) - 1) == data
+        assert await read(objects, key, 10, 20) == data[10:21]
+        assert await read(objects, key, len(data) - 5, len(data) - 1) == data[-5:]
+        assert (presigned.count, through_client.count) == (1, 0)
+
+
+@on_s3
+async def test_a_url_that_stops_working_is_dropped_and_get_object_answers(
+    backend: Backend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(70_000)
+    async with bucket(backend) as objects:
+        await objects.put(key, data)
+        assert await read(objects, key, 0, 9) == data[:10]
+        until, kept = objects._get_urls[key]
+        # As an expired URL or rotated credentials would answer: 403.
+        objects._get_urls[key] = (until, kept.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
+        through_client = Calls(objects, "get_object", monkeypatch)
+        assert await read(objects, key, 5, 69_999) == data[5:]
+        assert through_client.count == 1
+        assert objects._get_urls.get(key) is None  # forgotten: the next GET signs anew
+        assert await read(objects, key, 0, 69_999) == data
+        assert through_client.count == 1 and "X-Amz-Signature=0" not in objects._get_urls[key][1]
+
+
+@on_s3
+async def test_a_missing_object_is_object_missing(backend: Backend, key: str) -> None:
+    async with bucket(backend) as objects:
+        with pytest.raises(ObjectMissing):
+            await objects.get(key, 0, 9)
+        assert key not in objects._get_urls
+
+
+@pytest.mark.parametrize("backend", ["postgres_s3"], indirect=True)
+async def test_the_download_row_is_read_outside_a_transaction(
+    backend: Backend, http: httpx.AsyncClient, namespace: str
+) -> None:
+    """One SELECT, no BEGIN/ROLLBACK around it: asyncpg is not in a transaction while it runs."""
+    data = os.urandom(1000)
+    assert (await http.put(url(namespace, "f", "row"), content=data)).status_code == 201
+    engine = create_async_engine(backend.urls["metadata"])
+    seen: list[bool] = []
+
+    @event.listens_for(engine.sync_engine, "after_cursor_execute")  # (asyncpg's BEGIN comes with the statement)
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM files" in statement:
+            seen.append(conn.connection.driver_connection.is_in_transaction())
+
+    try:
+        async with bucket(backend) as objects:
+            service = FilesService(engine, backend_for("postgresql"), Settings(), objects)
+            reader = await service.open(namespace, "f", "row")
+            await reader.close()
+    finally:
+        await engine.dispose()
+    assert isinstance(reader, ObjectReader) and reader.row.size == len(data)
+    assert seen == [False]
