@@ -244,7 +244,7 @@ class S3Settings(_Strict):
         default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=5 * 1024**3,
         description="Multipart upload part size (each upload buffers at most two parts).",
     )
-    max_connections: int = Field(default=100, ge=1, description="HTTP connections kept to the S3 endpoint.")
+    max_connections: int = Field(default=100, ge=1, description="HTTP connections kept to the S3 endpoint, per pool: one for downloads, one for every other call.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection to S3.")
     read_timeout: float = Field(default=30.0, gt=0, description="Seconds an S3 response may stay silent.")
     presign_downloads: bool = Field(
