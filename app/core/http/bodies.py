@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 
 M = TypeVar("M", bound=BaseModel)
+_NO_BODY = object()  # an empty body (JSON ``null`` is a body, validated as None)
 
 body_models: dict[str, type[BaseModel]] = {}
 """Models read by ``json_body``, by name: their schemas are added to the OpenAPI components."""
@@ -45,7 +46,7 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
 
     async def read(request: Request) -> M:
         raw = await request.body()
-        value: Any = None
+        value: Any = _NO_BODY
         if raw:
             value = raw
             if _is_json(request.headers.get("content-type")):
@@ -57,7 +58,7 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
                           "ctx": {"error": e.msg}}],
                         body=e.doc,
                     ) from e
-        if value is None:
+        if value is _NO_BODY:
             raise RequestValidationError(
                 [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
             )
