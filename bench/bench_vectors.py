@@ -39,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+# The tree whose gateway and client run: this script's own, or $BENCH_TREE (to run one copy of
+# the script against two trees).
+ROOT = Path(os.environ.get("BENCH_TREE") or Path(__file__).resolve().parent.parent)
 BATCH = 500
 CORES = os.cpu_count() or 1
 K = 10
