@@ -96,6 +96,7 @@ def recall(found: list[list[int]], truth: np.ndarray) -> float:
 
 
 INSERT_CONCURRENCY = (1, 2)
+LAST_CLIENT_CPU = [0.0]  # the client's CPU per search (us) of the last timed_searches
 
 
 async def timed_inserts(insert_batch, n: int, concurrency: int) -> float:
@@ -114,7 +115,8 @@ async def timed_inserts(insert_batch, n: int, concurrency: int) -> float:
 async def timed_searches(
     search, queries: np.ndarray, concurrency: int, seconds: float | None = None
 ) -> tuple[float, float, float, list[list[int]]]:
-    """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight.
+    """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight
+    (the client process's CPU per search goes to ``LAST_CLIENT_CPU``).
 
     Every query runs once (the ids found are for recall); then the queries go round again until
     ``seconds`` have passed, so that a fast target's cell is not a fraction of a second of noise.
@@ -123,6 +125,7 @@ async def timed_searches(
     lat: list[float] = []
     found: list[list[int]] = [[] for _ in queries]
     issued = 0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     deadline = t0 + seconds
 
@@ -139,6 +142,7 @@ async def timed_searches(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
+    LAST_CLIENT_CPU[0] = (time.process_time() - cpu0) / len(lat) * 1e6
     return len(lat) / wall, float(np.percentile(lat, 50) * 1000), float(np.percentile(lat, 99) * 1000), found
 
 
@@ -191,7 +195,7 @@ async def search_gateway(server_url: str, api_key: str | None, queries: np.ndarr
             for conc in (1, 8):
                 qps, p50, p99, found = await timed_searches(fn, queries, conc)
                 rows.append({"filtered": filtered, "concurrency": conc, "qps": qps, "p50_ms": p50, "p99_ms": p99,
-                             "recall@10": recall(found, want)})
+                             "recall@10": recall(found, want), "client_us": LAST_CLIENT_CPU[0]})
     return rows
 
 
@@ -260,6 +264,9 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
 
     async def init(conn) -> None:  # noqa: ANN001
         await conn.set_type_codec("vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary")
+        # ef_search per connection, as the gateway sets it: a search is then one statement (one
+        # round trip), not BEGIN, SET LOCAL, SELECT, COMMIT.
+        await conn.execute(f"SET hnsw.ef_search = {ef}")
 
     admin = await asyncpg.connect(pg_uri)
     await admin.execute("DROP DATABASE IF EXISTS bench_direct")
@@ -269,12 +276,12 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     conn = await asyncpg.connect(uri)
     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     await conn.close()
-    pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
-    dim = data.shape[1]
     from app.core.config import VectorsSettings
 
     defaults = VectorsSettings()  # the gateway's index parameters, built inline (pgvector's usual way)
     m, efc, ef = defaults.hnsw_m, defaults.hnsw_ef_construction, defaults.ef_search
+    pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
+    dim = data.shape[1]
     rates = {}
     for ic in sorted(INSERT_CONCURRENCY, reverse=True):
         await pool.execute("DROP TABLE IF EXISTS items")
@@ -294,10 +301,8 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     rows = []
 
     async def search(q: np.ndarray) -> list[int]:
-        async with pool.acquire() as c, c.transaction():
-            await c.execute(f"SET LOCAL hnsw.ef_search = {ef}")
-            res = await c.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
-            return [int(r[0]) for r in res]
+        res = await pool.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
+        return [int(r[0]) for r in res]
 
     for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
         await timed_searches(search, queries[: 2 * conc + 8], conc, seconds=0)
@@ -305,7 +310,7 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
         qps, p50, p99, found = await timed_searches(search, queries, conc)
         rows.append({"workers": None, "filtered": False, "concurrency": conc, "insert_vps": rates[1],
                      "insert_vps_c2": rates[2], "indexed_s": len(data) / rates[1], "qps": qps, "p50_ms": p50,
-                     "p99_ms": p99, "recall@10": recall(found, truth)})
+                     "p99_ms": p99, "recall@10": recall(found, truth), "client_us": LAST_CLIENT_CPU[0]})
     await pool.close()
     return rows
 
@@ -382,7 +387,8 @@ def chroma_worker(args: argparse.Namespace) -> None:
                     qps, p50, p99, found = await timed_searches(fn, queries, conc)
                     rows.append({"workers": None, "filtered": filtered, "concurrency": conc, "insert_vps": rates[1],
                                  "insert_vps_c2": rates[2], "indexed_s": len(data) / rates[1], "qps": qps,
-                                 "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, want)})
+                                 "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, want),
+                                 "client_us": LAST_CLIENT_CPU[0]})
             return rows
 
         print(json.dumps(asyncio.run(run())))
@@ -416,7 +422,7 @@ def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int)
     print(f"\nvectors: {n} x {dim} clustered, cosine, {nq} queries, top-{K}, batches of {BATCH}; "
           f"{CORES} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
     header = (f"{'target':<28}{'wrk':>4}{'filter':>12}{'conc':>5}{'insert v/s':>11}{'ins c=2':>8}{'indexed s':>10}"
-              f"{'QPS':>9}{'p50 ms':>8}{'p99 ms':>8}{'recall@10':>10}")
+              f"{'QPS':>9}{'p50 ms':>8}{'p99 ms':>8}{'recall@10':>10}{'cli us':>7}")
     print(header)
     print("-" * len(header))
     for name, rows in results.items():
@@ -427,10 +433,11 @@ def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int)
             workers = "-" if r["workers"] is None else str(r["workers"])
             print(f"{name:<28}{workers:>4}{fmt_filter(r['filtered']):>12}{r['concurrency']:>5}{r['insert_vps']:>11.0f}"
                   f"{r['insert_vps_c2']:>8.0f}{r['indexed_s']:>10.1f}{r['qps']:>9.1f}{r['p50_ms']:>8.2f}"
-                  f"{r['p99_ms']:>8.2f}{r['recall@10']:>10.3f}")
+                  f"{r['p99_ms']:>8.2f}{r['recall@10']:>10.3f}{r.get('client_us', 0):>7.0f}")
     print("(wrk: gateway workers, loaded with one per core; filter tag=(1/200): a payload value 0.5% of the points "
           "hold; insert v/s: batches one at a time; ins c=2: two batches in flight; indexed s: from the first insert "
-          "until searchable with the index, one batch at a time; conc: searches in flight)")
+          "until searchable with the index, one batch at a time; conc: searches in flight; cli us: the client process's "
+          "CPU per search)")
     for gateway in ("gateway postgres (pgvector)", "gateway sqlite (sqlite-vec)"):
         gw = results.get(gateway)
         if not isinstance(gw, list):
