@@ -33,6 +33,8 @@ BODIES: list[tuple[bytes, str | None]] = [
     (b"{not json", "application/json"),
     (b'{"a": 1,}', "application/json"),
     (b"", "application/json"),
+    (b"\xff\xfe{", "application/json"),  # not UTF-8: FastAPI's 400
+    (b'{"query": "\xc3\xa9t\xc3\xa9"}', "application/json"),
     (b'{"limit": 3}', "application/vnd.api+json; charset=utf-8"),
     (b'{"limit": 3}', "text/plain"),
     (b'{"limit": 3}', None),

@@ -4,7 +4,8 @@ FastAPI reads a body model itself (``body: Model``), and a route with one is ser
 own handler, whose per-request dependency solving was about a fifth of a vector search's gateway
 CPU (``docs/benchmarks.md``). ``json_body(Model)`` is a dependency that does what FastAPI's
 handler does with such a body: parse it as JSON when the content type says JSON (a strict
-content type: a missing or other one leaves the bytes, which a model refuses), validate it with
+content type: a missing or other one leaves the bytes, which a model refuses; a body that cannot
+be decoded is FastAPI's 400), validate it with
 the model as FastAPI validates a body field, and answer a 422 (``RequestValidationError``) with
 FastAPI's errors, ``loc`` starting with ``body``. The model's schema goes into the OpenAPI
 document as FastAPI would put it there (``request_body``, ``build_openapi``).
@@ -17,7 +18,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import HTTPException, RequestValidationError
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 
@@ -45,19 +46,23 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     body_models[model.__name__] = model
 
     async def read(request: Request) -> M:
-        raw = await request.body()
         value: Any = _NO_BODY
-        if raw:
-            value = raw
-            if _is_json(request.headers.get("content-type")):
-                try:
+        try:
+            raw = await request.body()
+            if raw:
+                value = raw
+                if _is_json(request.headers.get("content-type")):
                     value = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    raise RequestValidationError(
-                        [{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {},
-                          "ctx": {"error": e.msg}}],
-                        body=e.doc,
-                    ) from e
+        except json.JSONDecodeError as e:
+            raise RequestValidationError(
+                [{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {},
+                  "ctx": {"error": e.msg}}],
+                body=e.doc,
+            ) from e
+        except HTTPException:
+            raise
+        except Exception as e:  # e.g. bytes that are not UTF-8: FastAPI's 400
+            raise HTTPException(status_code=400, detail="There was an error parsing the body") from e
         if value is _NO_BODY:
             raise RequestValidationError(
                 [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
