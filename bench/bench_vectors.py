@@ -7,12 +7,21 @@ HNSW index in the background after the load, so it polls describe until the inde
 Chroma and pgvector direct index inline, so theirs is the insert time), and
 search QPS, p50/p99 latency at concurrency 1 and 8, recall@10 against exact numpy ground truth
 (cosine), searched once the index is ready; each search cell runs the queries round for at least
-``BENCH_SEARCH_SECONDS`` (4 s). Chroma runs from its own virtualenv (``--chroma-python``, default
+``BENCH_SEARCH_SECONDS`` (4 s).
+
+The gateway is loaded once with as many workers as the machine has cores, then searched with
+each of ``--workers`` (default: one worker, and ``os.cpu_count()``), restarted on the same
+databases; every row says its worker count. Every point has a payload ``{"tag": i % 200}``, so
+a filter on one tag matches 0.5% of the points: the filtered cells (``tag=``) search each query
+with the filter on one tag, for the gateway (``filters``) and Chroma (``where``), with recall@10
+against exact numpy search over that tag's points. pgvector direct is searched unfiltered only.
+The gateway is always called with a key scoped to the bench namespace (never the admin key). Chroma runs from its own virtualenv (``--chroma-python``, default
 ``$CHROMA_PYTHON`` or ``/tmp/vt/chroma-venv/bin/python``) so its many dependencies stay out of
 the gateway's lock files; this script re-runs itself there as the Chroma worker.
 
     .venv/bin/python bench/bench_vectors.py            # 50,000 vectors
     .venv/bin/python bench/bench_vectors.py --quick    # 10,000 vectors
+    .venv/bin/python bench/bench_vectors.py --quick --workers 1 --targets postgres,chroma
 """
 
 from __future__ import annotations
@@ -30,10 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+# The tree whose gateway and client run: this script's own, or $BENCH_TREE (to run one copy of
+# the script against two trees).
+ROOT = Path(os.environ.get("BENCH_TREE") or Path(__file__).resolve().parent.parent)
 BATCH = 500
-WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "2"))
+CORES = os.cpu_count() or 1
 K = 10
+TAGS = 200  # distinct payload values: a filter on one matches 1/TAGS of the points (0.5%)
 # Each search cell runs at least this long (the 200 queries go round again): one pass is < 0.5 s.
 SEARCH_SECONDS = float(os.environ.get("BENCH_SEARCH_SECONDS", "4"))
 
@@ -54,11 +66,37 @@ def ground_truth(data: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return np.argsort(-(q @ d.T), axis=1)[:, :K]
 
 
+def point_tags(n: int) -> np.ndarray:
+    """Each point's ``tag`` payload value."""
+    return np.arange(n) % TAGS
+
+
+def query_tags(nq: int) -> np.ndarray:
+    """The tag each query filters on in the filtered cells (spread over all tags)."""
+    return (np.arange(nq) * 37) % TAGS
+
+
+def filtered_truth(data: np.ndarray, queries: np.ndarray, tags: np.ndarray, qtags: np.ndarray) -> np.ndarray:
+    """Exact top-K ids (cosine) among the points whose tag is the query's."""
+    d = data / np.linalg.norm(data, axis=1, keepdims=True)
+    out = np.empty((len(queries), K), dtype=np.int64)
+    for i, (q, t) in enumerate(zip(queries, qtags)):
+        ids = np.flatnonzero(tags == t)
+        scores = d[ids] @ (q / np.linalg.norm(q))
+        out[i] = ids[np.argsort(-scores)[:K]]
+    return out
+
+
+def fmt_filter(filtered: bool) -> str:
+    return f"tag=(1/{TAGS})" if filtered else "-"
+
+
 def recall(found: list[list[int]], truth: np.ndarray) -> float:
     return float(np.mean([len(set(f[:K]) & set(t.tolist())) / K for f, t in zip(found, truth)]))
 
 
 INSERT_CONCURRENCY = (1, 2)
+LAST_CLIENT_CPU = [0.0]  # the client's CPU per search (us) of the last timed_searches
 
 
 async def timed_inserts(insert_batch, n: int, concurrency: int) -> float:
@@ -77,7 +115,8 @@ async def timed_inserts(insert_batch, n: int, concurrency: int) -> float:
 async def timed_searches(
     search, queries: np.ndarray, concurrency: int, seconds: float | None = None
 ) -> tuple[float, float, float, list[list[int]]]:
-    """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight.
+    """QPS, p50 ms, p99 ms and the ids found, running ``search(q)`` with ``concurrency`` in flight
+    (the client process's CPU per search goes to ``LAST_CLIENT_CPU``).
 
     Every query runs once (the ids found are for recall); then the queries go round again until
     ``seconds`` have passed, so that a fast target's cell is not a fraction of a second of noise.
@@ -86,6 +125,7 @@ async def timed_searches(
     lat: list[float] = []
     found: list[list[int]] = [[] for _ in queries]
     issued = 0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     deadline = t0 + seconds
 
@@ -102,49 +142,66 @@ async def timed_searches(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
+    LAST_CLIENT_CPU[0] = (time.process_time() - cpu0) / len(lat) * 1e6
     return len(lat) / wall, float(np.percentile(lat, 50) * 1000), float(np.percentile(lat, 99) * 1000), found
 
 
 # --- the gateway ---------------------------------------------------------------------------
 
 
-async def bench_gateway(server_url: str, api_key: str | None, data: np.ndarray, queries: np.ndarray, truth) -> list[dict]:
+async def load_gateway(server_url: str, api_key: str | None, data: np.ndarray, tags: np.ndarray) -> dict:
+    """Insert rates (one and two batches in flight) and the seconds until the last load is indexed."""
     sys.path.insert(0, str(ROOT / "clients" / "python"))
     from storage_gateway_client import GatewayClient
 
-    rows = []
     async with GatewayClient(server_url, namespace="bench", api_key=api_key, timeout=300) as gw:
         ids = [str(i) for i in range(len(data))]
+        payloads = [{"tag": int(t)} for t in tags]
         rates = {}
         for ic in sorted(INSERT_CONCURRENCY, reverse=True):  # the last one (1) is searched
             await gw.vectors.drop_collection("b")
             await gw.vectors.setup_collection("b", data.shape[1], "cosine")
 
             async def insert_batch(start: int, stop: int) -> None:
-                await gw.vectors.upsert_points("b", data[start:stop], ids=ids[start:stop])
+                await gw.vectors.upsert_points("b", data[start:stop], payloads[start:stop], ids=ids[start:stop])
 
             started = time.perf_counter()
             rates[ic] = await timed_inserts(insert_batch, len(data), ic)
         # The searched collection (one batch at a time): until its index is ready.
         while (await gw.vectors.describe_collection("b"))["index"]["state"] not in ("ready", "exact"):
             await asyncio.sleep(0.1)
-        indexed = time.perf_counter() - started
+        return {"insert_vps": rates[1], "insert_vps_c2": rates[2], "indexed_s": time.perf_counter() - started}
+
+
+async def search_gateway(server_url: str, api_key: str | None, queries: np.ndarray, qtags: np.ndarray,
+                         truth, ftruth) -> list[dict]:
+    """Unfiltered and filtered search cells at concurrency 1 and 8."""
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    from storage_gateway_client import GatewayClient
+
+    rows = []
+    async with GatewayClient(server_url, namespace="bench", api_key=api_key, timeout=300) as gw:
+        tag_of = {q.tobytes(): int(t) for q, t in zip(queries, qtags)}
 
         async def search(q: np.ndarray) -> list[int]:
             return [int(h["id"]) for h in await gw.vectors.search("b", q, K)]
 
-        for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
-            await timed_searches(search, queries[: 2 * conc + 8], conc, seconds=0)
-        for conc in (1, 8):
-            qps, p50, p99, found = await timed_searches(search, queries, conc)
-            rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2], "indexed_s": indexed,
-                         "qps": qps, "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, truth)})
+        async def search_filtered(q: np.ndarray) -> list[int]:
+            return [int(h["id"]) for h in await gw.vectors.search("b", q, K, filters={"tag": tag_of[q.tobytes()]})]
+
+        for filtered, fn, want in ((False, search, truth), (True, search_filtered, ftruth)):
+            for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
+                await timed_searches(fn, queries[: 2 * conc + 8], conc, seconds=0)
+            for conc in (1, 8):
+                qps, p50, p99, found = await timed_searches(fn, queries, conc)
+                rows.append({"filtered": filtered, "concurrency": conc, "qps": qps, "p50_ms": p50, "p99_ms": p99,
+                             "recall@10": recall(found, want), "client_us": LAST_CLIENT_CPU[0]})
     return rows
 
 
-def start_gateway(kind: str, workdir: Path, pg_uri: str | None):
+def gateway_backend(kind: str, workdir: Path, pg_uri: str | None):
     sys.path.insert(0, str(ROOT))
-    from tests.conftest import ADMIN_KEY, Backend, backend_env, create_postgres_databases, run_cli, start_server
+    from tests.conftest import Backend, backend_env, create_postgres_databases, run_cli
 
     data_dir = workdir / f"gw-{kind}"
     data_dir.mkdir()
@@ -156,15 +213,45 @@ def start_gateway(kind: str, workdir: Path, pg_uri: str | None):
     result = run_cli(backend, "migrate")
     if result.returncode != 0:
         raise RuntimeError(result.stderr)
-    # Two workers: the machine's cores (Chroma's server is multi-threaded too).
-    server = start_server(backend, workdir / f"gateway-{kind}.log", "--workers", str(WORKERS))
-    # Loaded with a key for the bench namespace only, as each plugin runs (never the admin key).
-    import httpx
+    return backend
 
-    made = httpx.post(f"{server.url}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                      json={"namespace": "bench", "scopes": ["vectors:write"], "description": "bench"})
-    made.raise_for_status()
-    return server, made.json()["key"]
+
+def start_gateway(backend, workdir: Path, workers: int, key: str | None = None):
+    """The gateway with ``workers`` workers, and a key for the bench namespace only (as each
+    plugin runs, never the admin key): ``key`` if given, else a new one."""
+    from tests.conftest import ADMIN_KEY, start_server
+
+    server = start_server(backend, workdir / f"gateway-{backend.name}-{workers}.log", "--workers", str(workers))
+    if key is None:
+        import httpx
+
+        made = httpx.post(f"{server.url}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                          json={"namespace": "bench", "scopes": ["vectors:write"], "description": "bench"})
+        made.raise_for_status()
+        key = made.json()["key"]
+    return server, key
+
+
+def bench_gateway(kind: str, workdir: Path, pg_uri: str | None, worker_counts: list[int], data, queries, qtags,
+                  truth, ftruth) -> list[dict]:
+    """Load with one worker per core, then search with each worker count (same databases)."""
+    from tests.conftest import stop_server
+
+    backend = gateway_backend(kind, workdir, pg_uri)
+    server, key = start_gateway(backend, workdir, CORES)
+    try:
+        load = asyncio.run(load_gateway(server.url, key, data, point_tags(len(data))))
+    finally:
+        stop_server(server)
+    rows = []
+    for workers in worker_counts:
+        server, _ = start_gateway(backend, workdir, workers, key)
+        try:
+            for r in asyncio.run(search_gateway(server.url, key, queries, qtags, truth, ftruth)):
+                rows.append({"workers": workers, **load, **r})
+        finally:
+            stop_server(server)
+    return rows
 
 
 # --- pgvector direct (the reference) -----------------------------------------------------------
@@ -177,6 +264,9 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
 
     async def init(conn) -> None:  # noqa: ANN001
         await conn.set_type_codec("vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary")
+        # ef_search per connection, as the gateway sets it: a search is then one statement (one
+        # round trip), not BEGIN, SET LOCAL, SELECT, COMMIT.
+        await conn.execute(f"SET hnsw.ef_search = {ef}")
 
     admin = await asyncpg.connect(pg_uri)
     await admin.execute("DROP DATABASE IF EXISTS bench_direct")
@@ -186,12 +276,12 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     conn = await asyncpg.connect(uri)
     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     await conn.close()
-    pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
-    dim = data.shape[1]
     from app.core.config import VectorsSettings
 
     defaults = VectorsSettings()  # the gateway's index parameters, built inline (pgvector's usual way)
     m, efc, ef = defaults.hnsw_m, defaults.hnsw_ef_construction, defaults.ef_search
+    pool = await asyncpg.create_pool(uri, min_size=8, max_size=8, init=init)
+    dim = data.shape[1]
     rates = {}
     for ic in sorted(INSERT_CONCURRENCY, reverse=True):
         await pool.execute("DROP TABLE IF EXISTS items")
@@ -211,18 +301,16 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     rows = []
 
     async def search(q: np.ndarray) -> list[int]:
-        async with pool.acquire() as c, c.transaction():
-            await c.execute(f"SET LOCAL hnsw.ef_search = {ef}")
-            res = await c.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
-            return [int(r[0]) for r in res]
+        res = await pool.fetch("SELECT id FROM items ORDER BY embedding <=> $1 LIMIT 10", encode_vector(_arr(q)))
+        return [int(r[0]) for r in res]
 
     for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
         await timed_searches(search, queries[: 2 * conc + 8], conc, seconds=0)
     for conc in (1, 8):
         qps, p50, p99, found = await timed_searches(search, queries, conc)
-        rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2],
-                     "indexed_s": len(data) / rates[1], "qps": qps, "p50_ms": p50, "p99_ms": p99,
-                     "recall@10": recall(found, truth)})
+        rows.append({"workers": None, "filtered": False, "concurrency": conc, "insert_vps": rates[1],
+                     "insert_vps_c2": rates[2], "indexed_s": len(data) / rates[1], "qps": qps, "p50_ms": p50,
+                     "p99_ms": p99, "recall@10": recall(found, truth), "client_us": LAST_CLIENT_CPU[0]})
     await pool.close()
     return rows
 
@@ -245,6 +333,9 @@ def chroma_worker(args: argparse.Namespace) -> None:
     data = np.load(args.data)
     queries = np.load(args.queries)
     truth = np.load(args.truth)
+    ftruth = np.load(args.ftruth)
+    tags = point_tags(len(data))
+    qtags = query_tags(len(queries))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -273,22 +364,31 @@ def chroma_worker(args: argparse.Namespace) -> None:
                 coll = await client.create_collection("bench", metadata={"hnsw:space": "cosine"})
 
                 async def insert_batch(start: int, stop: int) -> None:
-                    await coll.add(ids=[str(i) for i in range(start, stop)], embeddings=data[start:stop])
+                    await coll.add(ids=[str(i) for i in range(start, stop)], embeddings=data[start:stop],
+                                   metadatas=[{"tag": int(t)} for t in tags[start:stop]])
 
                 rates[ic] = await timed_inserts(insert_batch, len(data), ic)
+
+            tag_of = {q.tobytes(): int(t) for q, t in zip(queries, qtags)}
 
             async def search(q: np.ndarray) -> list[int]:
                 res = await coll.query(query_embeddings=[q], n_results=K, include=[])
                 return [int(i) for i in res["ids"][0]]
 
-            for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
-                await timed_searches(search, queries[: 2 * conc + 8], conc, seconds=0)
+            async def search_filtered(q: np.ndarray) -> list[int]:
+                res = await coll.query(query_embeddings=[q], n_results=K, where={"tag": tag_of[q.tobytes()]}, include=[])
+                return [int(i) for i in res["ids"][0]]
+
             rows = []
-            for conc in (1, 8):
-                qps, p50, p99, found = await timed_searches(search, queries, conc)
-                rows.append({"concurrency": conc, "insert_vps": rates[1], "insert_vps_c2": rates[2],
-                             "indexed_s": len(data) / rates[1], "qps": qps, "p50_ms": p50, "p99_ms": p99,
-                             "recall@10": recall(found, truth)})
+            for filtered, fn, want in ((False, search, truth), (True, search_filtered, ftruth)):
+                for conc in (1, 8):  # warm-up at each concurrency (connections opened, caches filled)
+                    await timed_searches(fn, queries[: 2 * conc + 8], conc, seconds=0)
+                for conc in (1, 8):
+                    qps, p50, p99, found = await timed_searches(fn, queries, conc)
+                    rows.append({"workers": None, "filtered": filtered, "concurrency": conc, "insert_vps": rates[1],
+                                 "insert_vps_c2": rates[2], "indexed_s": len(data) / rates[1], "qps": qps,
+                                 "p50_ms": p50, "p99_ms": p99, "recall@10": recall(found, want),
+                                 "client_us": LAST_CLIENT_CPU[0]})
             return rows
 
         print(json.dumps(asyncio.run(run())))
@@ -301,12 +401,13 @@ def chroma_worker(args: argparse.Namespace) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def bench_chroma(chroma_python: str, workdir: Path, data, queries, truth) -> list[dict]:
-    for name, arr in (("data", data), ("queries", queries), ("truth", truth)):
+def bench_chroma(chroma_python: str, workdir: Path, data, queries, truth, ftruth) -> list[dict]:
+    for name, arr in (("data", data), ("queries", queries), ("truth", truth), ("ftruth", ftruth)):
         np.save(workdir / f"{name}.npy", arr)
     result = subprocess.run(
         [chroma_python, __file__, "--chroma-worker", "--data", str(workdir / "data.npy"),
-         "--queries-file", str(workdir / "queries.npy"), "--truth", str(workdir / "truth.npy")],
+         "--queries-file", str(workdir / "queries.npy"), "--truth", str(workdir / "truth.npy"),
+         "--ftruth", str(workdir / "ftruth.npy")],
         capture_output=True, text=True, timeout=3600,
     )
     if result.returncode != 0:
@@ -318,9 +419,10 @@ def bench_chroma(chroma_python: str, workdir: Path, data, queries, truth) -> lis
 
 
 def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int) -> None:
-    print(f"\nvectors: {n} x {dim} clustered, cosine, {nq} queries, top-{K}, batches of {BATCH}")
-    header = (f"{'target':<28}{'conc':>5}{'insert v/s':>12}{'ins c=2':>9}{'indexed s':>11}{'QPS':>9}{'p50 ms':>9}"
-              f"{'p99 ms':>9}{'recall@10':>11}")
+    print(f"\nvectors: {n} x {dim} clustered, cosine, {nq} queries, top-{K}, batches of {BATCH}; "
+          f"{CORES} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
+    header = (f"{'target':<28}{'wrk':>4}{'filter':>12}{'conc':>5}{'insert v/s':>11}{'ins c=2':>8}{'indexed s':>10}"
+              f"{'QPS':>9}{'p50 ms':>8}{'p99 ms':>8}{'recall@10':>10}{'cli us':>7}")
     print(header)
     print("-" * len(header))
     for name, rows in results.items():
@@ -328,22 +430,35 @@ def print_table(results: dict[str, list[dict] | str], n: int, dim: int, nq: int)
             print(f"{name:<28}  not measured: {rows}")
             continue
         for r in rows:
-            print(f"{name:<28}{r['concurrency']:>5}{r['insert_vps']:>12.0f}{r['insert_vps_c2']:>9.0f}"
-                  f"{r['indexed_s']:>11.1f}{r['qps']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['recall@10']:>11.3f}")
-    print("(insert v/s: batches one at a time; ins c=2: two batches in flight; indexed s: from the first insert "
-          "until searchable with the index, one batch at a time; conc: searches in flight)")
-    pg = results.get("gateway postgres (pgvector)")
-    for other in ("chroma server", "pgvector direct (asyncpg)"):
-        ref = results.get(other)
-        if not (isinstance(pg, list) and isinstance(ref, list)):
+            workers = "-" if r["workers"] is None else str(r["workers"])
+            print(f"{name:<28}{workers:>4}{fmt_filter(r['filtered']):>12}{r['concurrency']:>5}{r['insert_vps']:>11.0f}"
+                  f"{r['insert_vps_c2']:>8.0f}{r['indexed_s']:>10.1f}{r['qps']:>9.1f}{r['p50_ms']:>8.2f}"
+                  f"{r['p99_ms']:>8.2f}{r['recall@10']:>10.3f}{r.get('client_us', 0):>7.0f}")
+    print("(wrk: gateway workers, loaded with one per core; filter tag=(1/200): a payload value 0.5% of the points "
+          "hold; insert v/s: batches one at a time; ins c=2: two batches in flight; indexed s: from the first insert "
+          "until searchable with the index, one batch at a time; conc: searches in flight; cli us: the client process's "
+          "CPU per search)")
+    for gateway in ("gateway postgres (pgvector)", "gateway sqlite (sqlite-vec)"):
+        gw = results.get(gateway)
+        if not isinstance(gw, list):
             continue
-        for a, b in zip(pg, ref):
-            print(f"gateway-pg / {other} at concurrency {a['concurrency']}: QPS x{a['qps'] / b['qps']:.2f}, "
-                  f"recall {a['recall@10']:.3f} vs {b['recall@10']:.3f}")
-        a, b = pg[0], ref[0]
-        print(f"gateway-pg / {other} insert: x{a['insert_vps'] / b['insert_vps']:.2f} (one batch at a time), "
-              f"x{a['insert_vps_c2'] / b['insert_vps_c2']:.2f} (two in flight); indexed: {a['indexed_s']:.1f} s "
-              f"vs {b['indexed_s']:.1f} s")
+        short = "gateway-pg" if "postgres" in gateway else "gateway-sqlite"
+        for other in ("chroma server", "pgvector direct (asyncpg)") if short == "gateway-pg" else ("chroma server",):
+            ref = results.get(other)
+            if not isinstance(ref, list):
+                continue
+            cells = {(r["filtered"], r["concurrency"]): r for r in ref}
+            for a in gw:
+                b = cells.get((a["filtered"], a["concurrency"]))
+                if b is None:
+                    continue
+                print(f"{short} ({a['workers']} wrk) / {other}, {fmt_filter(a['filtered'])}, concurrency "
+                      f"{a['concurrency']}: QPS x{a['qps'] / b['qps']:.2f}, recall {a['recall@10']:.3f} vs "
+                      f"{b['recall@10']:.3f}")
+            a, b = gw[0], ref[0]
+            print(f"{short} / {other} insert: x{a['insert_vps'] / b['insert_vps']:.2f} (one batch at a time), "
+                  f"x{a['insert_vps_c2'] / b['insert_vps_c2']:.2f} (two in flight); indexed: {a['indexed_s']:.1f} s "
+                  f"vs {b['indexed_s']:.1f} s")
 
 
 def main() -> None:
@@ -354,18 +469,24 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--targets", default="sqlite,postgres,direct,chroma")
     parser.add_argument("--chroma-python", default=os.environ.get("CHROMA_PYTHON", "/tmp/vt/chroma-venv/bin/python"))
+    parser.add_argument("--workers", default=f"1,{CORES}",
+                        help="gateway worker counts searched, comma-separated (default: 1 and the machine's cores)")
     parser.add_argument("--chroma-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data")
     parser.add_argument("--queries-file", dest="queries_file")
     parser.add_argument("--truth")
+    parser.add_argument("--ftruth")
     args, _ = parser.parse_known_args()
     if args.chroma_worker:
-        chroma_worker(argparse.Namespace(data=args.data, queries=args.queries_file, truth=args.truth))
+        chroma_worker(argparse.Namespace(data=args.data, queries=args.queries_file, truth=args.truth, ftruth=args.ftruth))
         return
+    worker_counts = list(dict.fromkeys(int(w) for w in args.workers.split(",")))
     n, nq = (10_000, 100) if args.quick else (args.n, args.queries)
     both = clustered(n + nq, args.dim, seed=1)
     data, queries = both[:n], both[n:]
     truth = ground_truth(data, queries)
+    qtags = query_tags(nq)
+    ftruth = filtered_truth(data, queries, point_tags(n), qtags)
     targets = args.targets.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="bench-vectors-"))
     results: dict[str, list[dict] | str] = {}
@@ -379,13 +500,8 @@ def main() -> None:
             if kind not in targets:
                 continue
             name = "gateway sqlite (sqlite-vec)" if kind == "sqlite" else "gateway postgres (pgvector)"
-            server, key = start_gateway(kind, workdir, pg.get_uri() if pg else None)
-            try:
-                results[name] = asyncio.run(bench_gateway(server.url, key, data, queries, truth))
-            finally:
-                from tests.conftest import stop_server
-
-                stop_server(server)
+            results[name] = bench_gateway(kind, workdir, pg.get_uri() if pg else None, worker_counts, data, queries,
+                                          qtags, truth, ftruth)
         if "direct" in targets and pg is not None:
             results["pgvector direct (asyncpg)"] = asyncio.run(bench_pgvector_direct(pg.get_uri(), data, queries, truth))
         if "chroma" in targets:
@@ -393,7 +509,7 @@ def main() -> None:
                 results["chroma server"] = f"no Chroma Python at {args.chroma_python} (set --chroma-python)"
             else:
                 try:
-                    results["chroma server"] = bench_chroma(args.chroma_python, workdir, data, queries, truth)
+                    results["chroma server"] = bench_chroma(args.chroma_python, workdir, data, queries, truth, ftruth)
                 except Exception as exc:  # report, keep the rest
                     results["chroma server"] = f"failed: {str(exc).strip().splitlines()[-1][:200]}"
     finally:

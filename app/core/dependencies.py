@@ -27,7 +27,7 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _connection_dependency(
-    db: Database, *, single_statement: bool, on_sqlite: bool, read_only: bool
+    db: Database, *, single_statement: bool, on_sqlite: bool, read_only: bool, begin: bool = True
 ) -> Callable[[Request], Awaitable[StatementConnection]]:
     """A connection to ``db`` for one request, ended by ``TransactionMiddleware``.
 
@@ -37,7 +37,10 @@ def _connection_dependency(
     connection for ``app.core.db.statements`` instead: no BEGIN/COMMIT, since one statement is
     atomic by itself and it is the last thing such a route does, so what it acknowledges is
     committed and what it refuses was never written. Reads run in a transaction too, unless
-    single-statement. ``read_only`` marks POST routes that only read.
+    single-statement. ``read_only`` marks POST routes that only read. ``begin=False`` (reads
+    only): no transaction is begun for the request; SQLAlchemy begins one itself on the
+    connection's first statement through it, if any, and it is rolled back when the connection
+    closes, so a read whose statements all go to the driver sends no BEGIN and no COMMIT.
     """
 
     async def connection(request: Request) -> StatementConnection:
@@ -52,6 +55,9 @@ def _connection_dependency(
                     statements.expect_one_statement(borrowed)
                 return borrowed
         conn = await databases.engine(db).connect()
+        if not begin:
+            connections.add(conn)
+            return conn
         try:
             if not reading:
                 await conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
@@ -67,9 +73,14 @@ def _connection_dependency(
 
 
 def _connection(
-    db: Database, *, single_statement: bool = False, on_sqlite: bool = True, read_only: bool = False
+    db: Database, *, single_statement: bool = False, on_sqlite: bool = True, read_only: bool = False,
+    begin: bool = True,
 ) -> Any:
-    return Depends(_connection_dependency(db, single_statement=single_statement, on_sqlite=on_sqlite, read_only=read_only))
+    if not begin and not read_only:
+        raise ValueError("only a read-only connection may go without a transaction")
+    return Depends(_connection_dependency(
+        db, single_statement=single_statement, on_sqlite=on_sqlite, read_only=read_only, begin=begin
+    ))
 
 
 # Every kv request, and every records request but a batch, is one statement on both backends:
@@ -89,6 +100,12 @@ CheckpointsPgReadStatement = Annotated[
 ]
 VectorsConnection = Annotated[AsyncConnection, _connection(Database.vectors)]
 VectorsReadConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True)]
+# A search: on PostgreSQL its statements go to the driver connection in autocommit (each is a
+# read; the planner's estimates may come from another snapshot than the search, which only
+# moves an estimate), so a transaction around it would be one SQLAlchemy begin and commit per
+# request for nothing (about 100 us of CPU). A registry read on a cache miss, SQLite's search
+# and a hybrid search's text half go through SQLAlchemy, which begins lazily there.
+VectorsSearchConnection = Annotated[AsyncConnection, _connection(Database.vectors, read_only=True, begin=False)]
 
 
 # --- names --------------------------------------------------------------------------------

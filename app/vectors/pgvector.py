@@ -479,7 +479,11 @@ class PgVectorIndex(VectorIndex):
 
     @asynccontextmanager
     async def _search_connection(self, session: Any) -> AsyncIterator[Any]:
-        pooled = await session.get_raw_connection()
+        # The request's connection is checked out already: its pooled connection is at hand
+        # without a trip through SQLAlchemy's greenlet (``get_raw_connection``), which only an
+        # invalidated connection needs (to reconnect).
+        sync = session.sync_connection
+        pooled = sync.connection if sync is not None and not sync.invalidated else await session.get_raw_connection()
         conn = pooled.driver_connection
         try:
             yield conn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
-from fastapi import BackgroundTasks, Header, Query, Request, Response
+from fastapi import BackgroundTasks, Depends, Header, Query, Request, Response
 
 from app.core.dependencies import (
     CollectionPath,
@@ -14,6 +14,7 @@ from app.core.dependencies import (
     PointId,
     VectorsConnection,
     VectorsReadConnection,
+    VectorsSearchConnection,
 )
 from app.core.errors import (
     Conflict,
@@ -23,6 +24,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.http.bodies import json_body, request_body
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
@@ -140,11 +142,18 @@ async def upsert_points(
     return json_response(answer)
 
 
-@router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
+# Read by a dependency (not FastAPI's body handling), so the hot route is planned.
+SearchBody = Annotated[SearchRequest, Depends(json_body(SearchRequest))]
+
+
+@router.post(
+    "/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS,
+    openapi_extra=request_body(SearchRequest),
+)
 @accepts(Body.JSON, read_only=True)
-@served_by_fastapi("a request body model")
 async def search(
-    collection: CollectionPath, body: SearchRequest, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+    collection: CollectionPath, namespace: NamespacePath, conn: VectorsSearchConnection,
+    service: VectorServiceDep, body: SearchBody,
 ) -> Response:
     """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
     return json_response(await service.search(conn, namespace, collection, body))
