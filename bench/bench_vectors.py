@@ -235,9 +235,9 @@ def start_gateway(backend, workdir: Path, workers: int, key: str | None = None):
 def bench_gateway(kind: str, workdir: Path, pg_uri: str | None, worker_counts: list[int], data, queries, qtags,
                   truth, ftruth) -> list[dict]:
     """Load with one worker per core, then search with each worker count (same databases)."""
+    backend = gateway_backend(kind, workdir, pg_uri)  # puts ROOT on sys.path first
     from tests.conftest import stop_server
 
-    backend = gateway_backend(kind, workdir, pg_uri)
     server, key = start_gateway(backend, workdir, CORES)
     try:
         load = asyncio.run(load_gateway(server.url, key, data, point_tags(len(data))))
