@@ -43,6 +43,10 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 from storage_gateway_client import GatewayClient  # noqa: E402
 from tests.s3server import SeaweedS3  # noqa: E402
 
+# One worker: a transfer is one request, so a second worker would only sit beside it (RSS is read
+# from the one process that serves it).
+GATEWAY_WORKERS = 1
+
 BIN = Path(sys.executable).parent
 MiB = 1024 * 1024
 SIZES = {"1 MiB": MiB, "64 MiB": 64 * MiB, "1 GiB": 1024 * MiB}
@@ -154,7 +158,8 @@ class Gateway:
         env.update(GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
         subprocess.run([str(BIN / "storage-gateway"), "migrate"], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        self.process = subprocess.Popen([str(BIN / "storage-gateway"), "serve", "--port", str(self.port)],
+        self.process = subprocess.Popen([str(BIN / "storage-gateway"), "serve", "--port", str(self.port),
+                                         "--workers", str(GATEWAY_WORKERS)],
                                         env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         wait_http(f"{self.url}/readyz", ok=(200,), process=self.process)
 
@@ -426,6 +431,7 @@ class DirectS3:
 
 
 def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
+    print(f"files: gateway workers: {GATEWAY_WORKERS}, {os.cpu_count()} CPUs, namespace-scoped key")
     header = (f"{'backend':<11} {'size':>7} {'upload MB/s':>12} {'download MB/s':>14} {'nginx MB/s':>11} "
               f"{'down/nginx':>11} {'RSS up +MiB':>12} {'RSS down +MiB':>14} {'S3 direct up':>13} "
               f"{'S3 direct down':>15} {'gw down aiohttp':>16} {'down/direct':>12}")
