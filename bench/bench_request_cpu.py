@@ -21,6 +21,7 @@ import json
 import os
 import pstats
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -192,6 +193,7 @@ def main() -> None:
             seaweed.stop()
         if pg is not None:
             pg.cleanup()
+        shutil.rmtree(work, ignore_errors=True)  # a PostgreSQL data directory: ~1-7 GB a run
     where = "PostgreSQL" if args.backend == "postgres" else "SQLite (the embedded default)"
     if args.s3:
         where += ", file bytes in SeaweedFS"
