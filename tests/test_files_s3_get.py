@@ -79,13 +79,15 @@ async def test_a_url_that_stops_working_is_dropped_and_get_object_answers(
         assert await read(objects, key, 0, 9) == data[:10]
         until, kept = objects._get_urls[key]
         # As an expired URL or rotated credentials would answer: 403.
-        objects._get_urls[key] = (until, kept.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
+        broken = kept.replace("X-Amz-Signature=", "X-Amz-Signature=0")
+        objects._get_urls[key] = (until, broken)
         through_client = Calls(objects, "get_object", monkeypatch)
         assert await read(objects, key, 5, 69_999) == data[5:]
         assert through_client.count == 1
         assert objects._get_urls.get(key) is None  # forgotten: the next GET signs anew
         assert await read(objects, key, 0, 69_999) == data
-        assert through_client.count == 1 and "X-Amz-Signature=0" not in objects._get_urls[key][1]
+        # (compared whole: a fresh signature may itself begin with "0", one time in 16)
+        assert through_client.count == 1 and objects._get_urls[key][1] != broken
 
 
 @on_s3
