@@ -44,6 +44,8 @@ BATCH = 500
 DIM = 384
 WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "1"))
 SECONDS = float(os.environ.get("BENCH_SEARCH_SECONDS", "3"))
+PG = None  # the pgserver PostgreSQL of this run
+RAM_MB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
 NAMESPACE = "bench"
 FIELDS = {"0.1%": ("u", 1000), "2%": ("t", 50), "20%": ("k", 5)}
 EF_SWEEP = (40, 64, 100, 160, 240, 400)
@@ -97,19 +99,46 @@ def recall(found: list[list[int]], truth: list[list[int]]) -> float:
                           for f, t in zip(found, truth)]))
 
 
+def start_postgres(pgdata: Path, shared_buffers: str):
+    """pgserver's PostgreSQL with ``shared_buffers`` set (a restart applies it)."""
+    import pgserver
+
+    pg = pgserver.get_server(pgdata, cleanup_mode="stop")
+    if pg.psql("SHOW shared_buffers;").split()[2].lower() != shared_buffers.lower():
+        pg.psql(f"ALTER SYSTEM SET shared_buffers = '{shared_buffers}';")
+        pg.cleanup()
+        pg = pgserver.get_server(pgdata, cleanup_mode="stop")
+    shown = pg.psql("SHOW shared_buffers;").split()[2]
+    print(f"PostgreSQL {pg.psql('SHOW server_version;').split()[2]}, shared_buffers {shown}", flush=True)
+    return pg
+
+
 # --- the gateway -------------------------------------------------------------------------------
+
+
+def postgres_databases(pg_uri: str, prefix: str) -> dict[str, str]:
+    """The three databases named ``prefix_*``, created unless a kept work dir already has them."""
+    from sqlalchemy.engine import make_url
+
+    from tests.conftest import create_postgres_databases
+
+    names = {db: f"{prefix}_{db}" for db in ("metadata", "vectors", "checkpoints")}
+    if set(names.values()) <= set(PG.psql("SELECT datname FROM pg_database;").split()):
+        return {db: make_url(pg_uri).set(drivername="postgresql+asyncpg", database=name).render_as_string(
+            hide_password=False) for db, name in names.items()}
+    return create_postgres_databases(pg_uri, prefix)
 
 
 def start_gateway(kind: str, workdir: Path, pg_uri: str | None, tag: str, build_memory_mb: int):
     sys.path.insert(0, str(ROOT))
-    from tests.conftest import Backend, backend_env, create_postgres_databases, run_cli, start_server
+    from tests.conftest import Backend, backend_env, run_cli, start_server
 
     data_dir = workdir / f"gw-{kind}-{tag}"
-    data_dir.mkdir()
+    data_dir.mkdir(exist_ok=True)
     if kind == "sqlite":
         urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
     else:
-        urls = create_postgres_databases(pg_uri, f"bscale_{os.getpid()}_{tag}")
+        urls = postgres_databases(pg_uri, f"bscale_{tag}")
     backend = Backend(kind, backend_env(urls, data_dir), urls)
     result = run_cli(backend, "migrate")
     if result.returncode != 0:
@@ -138,7 +167,8 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
             async with sem:
                 await gw.vectors.upsert_points("s", data[s : s + BATCH], payloads[s : s + BATCH], ids[s : s + BATCH])
 
-        await asyncio.gather(*(load(s) for s in range(0, len(data), BATCH)))
+        if (await gw.vectors.describe_collection("s")).get("count") != len(data):  # a kept work dir has them
+            await asyncio.gather(*(load(s) for s in range(0, len(data), BATCH)))
         out["insert_s"] = time.perf_counter() - started
         while True:
             info = await gw.vectors.describe_collection("s")
@@ -296,20 +326,26 @@ def main() -> None:
     parser.add_argument("--chroma-sizes", default="50000")
     parser.add_argument("--chroma-python", default=os.environ.get("CHROMA_PYTHON", "/tmp/vt/chroma-venv/bin/python"))
     parser.add_argument("--chroma-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help="keep PostgreSQL and the loaded collections here and reuse them "
+                        "on the next run (default: a temp dir, removed)")
+    parser.add_argument("--shared-buffers", default=f"{RAM_MB // 4}MB",
+                        help="PostgreSQL's shared_buffers (default: a quarter of RAM, as PostgreSQL's tuning "
+                        "guide advises for a dedicated server; pgserver's own default is 128MB)")
     args = parser.parse_args()
     if args.chroma_worker:
         chroma_worker(Path(args.chroma_worker))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     targets = args.targets.split(",")
-    workdir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, int], dict | str] = {}
     pg = None
     try:
         if "postgres" in targets:
-            import pgserver
-
-            pg = pgserver.get_server(workdir / "pg", cleanup_mode="stop")
+            pg = start_postgres(workdir / "pg", args.shared_buffers)
+            global PG
+            PG = pg
         for n in sizes:
             both = clustered(n + args.queries, DIM, seed=1)
             data, queries = both[:n], both[n:]
@@ -336,7 +372,8 @@ def main() -> None:
     finally:
         if pg is not None:
             pg.cleanup()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     print_table(results)
 
 
