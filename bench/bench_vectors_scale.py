@@ -48,7 +48,6 @@ BATCH = 500
 DIM = 384
 WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "1"))
 SECONDS = float(os.environ.get("BENCH_SEARCH_SECONDS", "3"))
-PG = None  # the pgserver PostgreSQL of this run
 RAM_MB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
 NAMESPACE = "bench"
 FIELDS = {"0.1%": ("u", 1000), "2%": ("t", 50), "20%": ("k", 5)}
@@ -107,33 +106,36 @@ def start_postgres(pgdata: Path, shared_buffers: str):
     """pgserver's PostgreSQL with ``shared_buffers`` set (a restart applies it)."""
     import pgserver
 
+    def show(name: str) -> str:
+        return pg.psql(f"SHOW {name};").split()[2]
+
     pg = pgserver.get_server(pgdata, cleanup_mode="stop")
-    if pg.psql("SHOW shared_buffers;").split()[2].lower() != shared_buffers.lower():
+    if show("shared_buffers").lower() != shared_buffers.lower():
         pg.psql(f"ALTER SYSTEM SET shared_buffers = '{shared_buffers}';")
         pg.cleanup()
         pg = pgserver.get_server(pgdata, cleanup_mode="stop")
-    shown = pg.psql("SHOW shared_buffers;").split()[2]
-    print(f"PostgreSQL {pg.psql('SHOW server_version;').split()[2]}, shared_buffers {shown}", flush=True)
+    print(f"PostgreSQL {show('server_version')}, shared_buffers {show('shared_buffers')}", flush=True)
     return pg
 
 
 # --- the gateway -------------------------------------------------------------------------------
 
 
-def postgres_databases(pg_uri: str, prefix: str) -> dict[str, str]:
+def postgres_databases(pg, prefix: str) -> dict[str, str]:
     """The three databases named ``prefix_*``, created unless a kept work dir already has them."""
     from sqlalchemy.engine import make_url
 
     from tests.conftest import create_postgres_databases
 
+    pg_uri = pg.get_uri()
     names = {db: f"{prefix}_{db}" for db in ("metadata", "vectors", "checkpoints")}
-    if set(names.values()) <= set(PG.psql("SELECT datname FROM pg_database;").split()):
+    if set(names.values()) <= set(pg.psql("SELECT datname FROM pg_database;").split()):
         return {db: make_url(pg_uri).set(drivername="postgresql+asyncpg", database=name).render_as_string(
             hide_password=False) for db, name in names.items()}
     return create_postgres_databases(pg_uri, prefix)
 
 
-def start_gateway(kind: str, workdir: Path, pg_uri: str | None, tag: str, build_memory_mb: int):
+def start_gateway(kind: str, workdir: Path, pg, tag: str, build_memory_mb: int):
     sys.path.insert(0, str(ROOT))
     from tests.conftest import Backend, backend_env, run_cli, start_server
 
@@ -142,7 +144,7 @@ def start_gateway(kind: str, workdir: Path, pg_uri: str | None, tag: str, build_
     if kind == "sqlite":
         urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
     else:
-        urls = postgres_databases(pg_uri, f"bscale_{tag}")
+        urls = postgres_databases(pg, f"bscale_{tag}")
     backend = Backend(kind, backend_env(urls, data_dir), urls)
     result = run_cli(backend, "migrate")
     if result.returncode != 0:
@@ -348,8 +350,6 @@ def main() -> None:
     try:
         if "postgres" in targets:
             pg = start_postgres(workdir / "pg", args.shared_buffers)
-            global PG
-            PG = pg
         for n in sizes:
             both = clustered(n + args.queries, DIM, seed=1)
             data, queries = both[:n], both[n:]
@@ -359,7 +359,7 @@ def main() -> None:
                 from tests.conftest import stop_server
 
                 name = "gateway postgres" if kind == "postgres" else "gateway sqlite"
-                server, key = start_gateway(kind, workdir, pg.get_uri() if pg else None, f"{n}", args.build_memory_mb)
+                server, key = start_gateway(kind, workdir, pg, f"{n}", args.build_memory_mb)
                 try:
                     results[(name, n)] = asyncio.run(bench_gateway(server.url, key, data, payloads, queries, truth))
                 except Exception as exc:

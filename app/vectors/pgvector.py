@@ -185,8 +185,8 @@ def compile_filter(node: Node | None, sql: SqlBuilder, declared: Mapping[str, Pa
     Equality is plain containment (``payload @> {"k": v}``, which the payload GIN index serves)
     AND the exact typed test (containment alone would also match an array holding ``v``);
     ``$in`` is an OR of those. A condition on a declared field is written with the expression its
-    B-tree index is on (a string equality on a declared ``keyword`` field with that alone). A negation is ``x IS NOT TRUE`` (see ``FilterSql``; AND and OR never turn
-    a NULL into true).
+    B-tree index is on (a string equality on a declared ``keyword`` field with that alone). A
+    negation is ``x IS NOT TRUE`` (see ``FilterSql``; AND and OR never turn a NULL into true).
     """
     return PgFilter(sql, declared or {}).compile(node)
 
@@ -202,14 +202,14 @@ class PgFilter(FilterSql):
 
     def eq(self, node: Eq) -> str:
         sql = self.sql
+        key = self._key(node.key)
         if self.declared.get(node.key) == "keyword" and isinstance(node.value, str):
             # The field's B-tree serves this alone. A containment beside it made PostgreSQL AND
             # in a GIN bitmap too: at 500,000 points a 0.1% filter took 43 ms instead of 2 ms.
             # The type test keeps a number 7 from matching "7" (``->>`` gives both as text).
             return (f"({keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text) "
-                    f"AND jsonb_typeof(payload -> '{node.key}') = 'string')")
+                    f"AND jsonb_typeof(payload -> {key}) = 'string')")
         hint = sql.bind(escape_json(json.dumps({node.key: node.value})))
-        key = self._key(node.key)
         exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(json.dumps(node.value)))} AS jsonb)"
         return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
 
