@@ -21,7 +21,9 @@ import pytest
 from sqlalchemy.engine import make_url
 from storage_gateway_client import Conflict, GatewayClient, InvalidRequest, PayloadIndex
 
+from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.filters import parse_filter
+from app.vectors.nulescape import escape_text, unescape_text
 from app.vectors.pgvector import _Positional, compile_filter as pg_compile
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
@@ -124,7 +126,12 @@ async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, se
         conn = await pg_connect(server.backend)
         try:
             table = await table_of(conn, namespace, "d")
-            await conn.execute(f"ANALYZE {table}")
+            # The builder analyzed the table after the B-trees: their expressions have statistics.
+            analyzed = {r[0] for r in await conn.fetch(
+                "SELECT tablename FROM pg_stats WHERE tablename = ANY($1::text[]) AND attname = 'expr'",
+                [f"{table}_p0", f"{table}_p1"],
+            )}
+            assert analyzed == {f"{table}_p0", f"{table}_p1"}
             names = {r[0] for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = $1", table)}
             assert {f"{table}_p0", f"{table}_p1"} <= names
             declared = {"user": "keyword", "n": "integer"}
@@ -147,6 +154,13 @@ async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, se
             await conn.execute("RESET enable_seqscan")
         finally:
             await conn.close()
+        # A declared keyword equality is estimated from those statistics: each user is 10 of the
+        # 4,000 points, and so is a value they have not seen (an average value's share, as
+        # PostgreSQL's own planner estimates it), where a block sample finding none says 1.
+        await wait_plan(gw, "d", data[0], {"hnsw", "hnsw_iterative"}, limit=5)
+        for user in ("u7", "u123", "nobody"):
+            answer = await gw.vectors.search_explained("d", data[0], 5, filters={"user": user})
+            assert answer["plan"]["estimated_matches"] == N // 400, (user, answer["plan"])
         await gw.vectors.drop_collection("d")
         conn = await pg_connect(server.backend)
         try:
@@ -246,8 +260,30 @@ def test_planner_chooses_by_the_estimated_matches() -> None:
     assert many.kind == "hnsw" and many.ef_search >= 100
     some = choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.05, **common)
     assert some.kind == "hnsw" and some.ef_search >= 400
+    # Too many matches to compare (2% of 500,000), too rare for the margin at the largest
+    # ef_search, but not for MIN_FILTER_MARGIN: the graph at its largest ef_search.
+    two = choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.019, **common)
+    assert two.kind == "hnsw" and two.ef_search == EF_SEARCH_MAX
     # Too rare for the graph: narrowed by an index, or compared one by one.
-    assert choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.015, **common).kind == "filter_first"
+    assert choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.012, **common).kind == "filter_first"
     assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **common).kind == "exact_scan"
     iterative = {**common, "iterative": True}
     assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **iterative).kind == "hnsw_iterative"
+
+
+def test_keyword_statistics_estimate_equalities_as_postgres_does() -> None:
+    stats = {
+        "user": KeywordStats(null_frac=0.1, distinct=distinct_count(-0.5, 1000), common={"a": 0.3, "b": 0.1}),
+        "kind": KeywordStats(null_frac=0.0, distinct=4, common={}),
+    }
+    assert distinct_count(-0.5, 1000) == 500 and distinct_count(7, 1000) == 7
+    assert estimate(parse_filter({"user": "a"}), stats) == 0.3
+    # Not a common value: the rest (1 - 0.1 - 0.4) over the other 498 values.
+    assert estimate(parse_filter({"user": "z"}), stats) == pytest.approx(0.5 / 498)
+    assert estimate(parse_filter({"user": "a", "kind": "k1"}), stats) == pytest.approx(0.3 * 0.25)
+    assert estimate(parse_filter({"user": {"$in": ["a", "b"]}}), stats) == pytest.approx(0.4)
+    assert estimate(parse_filter({"$or": [{"kind": "k1"}] * 5}), stats) == 1.0
+    # Anything else is sampled instead: another field, a number, a range, a negation.
+    for flt in ({"other": "a"}, {"user": 7}, {"user": {"$gt": "a"}}, {"user": {"$ne": "a"}}, {"user": "a", "n": 1}):
+        assert estimate(parse_filter(flt), stats) is None, flt
+    assert unescape_text(escape_text("a\x00b\x01c")) == "a\x00b\x01c"

@@ -288,9 +288,14 @@ class IndexBuilder:
                 return "small"
             # The payload indexes first: B-trees take seconds where the graph takes minutes,
             # and filtered searches use them while the graph is still building.
-            for p in coll.payload_indexes:
-                if not payload[p.position]:
-                    await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
+            built = [p for p in coll.payload_indexes if not payload[p.position]]
+            for p in built:
+                await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
+            if built:
+                # Statistics of the new index expressions: PostgreSQL's planner and the gateway's
+                # (``app.vectors.estimate``) estimate filters on declared fields from them.
+                # Autovacuum would gather them only after enough rows change.
+                await raw.execute(f"ANALYZE {coll.data_table}", timeout=BUILD_TIMEOUT_SECONDS)
             if not valid:
                 detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"
                 await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail)

@@ -16,6 +16,7 @@ _TO_STORED = re.compile(r"\\\\|\\u000[01]")
 _FROM_STORED = re.compile(r"\\\\|\\u0001\\u000[12]")
 _STORED = {"\\u0000": "\\u0001\\u0001", "\\u0001": "\\u0001\\u0002"}
 _SENT = {"\\u0001\\u0001": "\\u0000", "\\u0001\\u0002": "\\u0001"}
+_FROM_STORED_TEXT = re.compile("\x01[\x01\x02]")
 
 
 def escape_text(value: str) -> str:
@@ -23,6 +24,13 @@ def escape_text(value: str) -> str:
     if "\x00" not in value and "\x01" not in value:
         return value
     return value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
+
+
+def unescape_text(value: str) -> str:
+    """A string PostgreSQL stores (a value in its statistics) as it was sent."""
+    if "\x01" not in value:
+        return value
+    return _FROM_STORED_TEXT.sub(lambda m: "\x00" if m.group() == "\x01\x01" else "\x01", value)
 
 
 def escape_json(text: str) -> str:

@@ -49,7 +49,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.core.db.statements import translate_driver_error
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
 from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
-from app.vectors.nulescape import escape_json, escape_text, unescape_json
+from app.vectors.estimate import KeywordStats, distinct_count, estimate
+from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
 from app.vectors.planner import Plan, choose
 from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
 
@@ -92,6 +93,13 @@ _STATS = (
     "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0), "
     "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)) "
     "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
+)
+
+
+# The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr").
+_KEYWORD_STATS = (
+    "SELECT tablename, null_frac, n_distinct, CAST(CAST(most_common_vals AS text) AS text[]), most_common_freqs "
+    "FROM pg_stats WHERE schemaname = current_schema() AND tablename = ANY($1::text[]) AND attname = 'expr'"
 )
 
 
@@ -273,6 +281,7 @@ class PgVectorIndex(VectorIndex):
         self.exact_threshold = exact_threshold
         self._stat_cache: dict[int, tuple[float, int, bool]] = {}
         self._sel_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._kw_cache: dict[int, tuple[float, dict[str, KeywordStats]]] = {}
 
     # --- shape -----------------------------------------------------------------------------
 
@@ -521,7 +530,7 @@ class PgVectorIndex(VectorIndex):
         rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
         selectivity = None
         if ready and flt is not None:
-            selectivity = await self._selectivity(conn, coll, search.where, _args(search.sql), rows)
+            selectivity = await self._selectivity(conn, coll, search, rows)
         return choose(
             rows=rows, limit=search.limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
             narrowed=search.narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
@@ -550,11 +559,18 @@ class PgVectorIndex(VectorIndex):
         self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
         return rows, ready
 
-    async def _selectivity(self, conn: Any, coll: CollectionInfo, where: str, args: builtins.list[Any], rows: int) -> float:
-        """The share of points matching ``where``, from a block sample of about ``SAMPLE_ROWS``
-        points (``TABLESAMPLE SYSTEM``: reads only the sampled pages, never the whole table),
-        cached for ``SELECTIVITY_TTL`` seconds per collection and filter."""
-        key = (coll.id, where, tuple(json.dumps(a) if isinstance(a, (dict, list)) else a for a in args))
+    async def _selectivity(self, conn: Any, coll: CollectionInfo, search: Search, rows: int) -> float:
+        """The share of points the search's filter keeps: from the statistics of the declared
+        keyword fields when it only tests those (``app.vectors.estimate``), otherwise from a
+        block sample of about ``SAMPLE_ROWS`` points (``TABLESAMPLE SYSTEM``: reads only the
+        sampled pages, never the whole table), cached for ``SELECTIVITY_TTL`` seconds per
+        collection and filter."""
+        keywords = await self._keyword_stats(conn, coll, rows)
+        share = estimate(search.flt, keywords) if keywords else None
+        if share is not None:
+            return share
+        args = _args(search.sql)
+        key = (coll.id, search.where, tuple(json.dumps(a) if isinstance(a, (dict, list)) else a for a in args))
         now = time.monotonic()
         cached = self._sel_cache.get(key)
         if cached is not None and cached[0] > now:
@@ -562,7 +578,7 @@ class PgVectorIndex(VectorIndex):
         pct = 100.0 if rows <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / rows)
         # ``where`` is numbered from $2 (the search's $1 is the query vector; here the percentage).
         row = await conn.fetchrow(
-            f"SELECT count(*) FILTER (WHERE {where}), count(*) FROM {coll.data_table} "
+            f"SELECT count(*) FILTER (WHERE {search.where}), count(*) FROM {coll.data_table} "
             "TABLESAMPLE SYSTEM (CAST($1 AS real)) REPEATABLE (0)",
             pct, *args,
         )
@@ -573,6 +589,28 @@ class PgVectorIndex(VectorIndex):
             self._sel_cache.clear()
         self._sel_cache[key] = (now + SELECTIVITY_TTL, selectivity)
         return selectivity
+
+    async def _keyword_stats(self, conn: Any, coll: CollectionInfo, rows: int) -> dict[str, KeywordStats]:
+        """``ANALYZE``'s statistics of each declared keyword field's index expression (none
+        before the table is analyzed with the index), cached for ``SELECTIVITY_TTL`` seconds."""
+        names = {
+            sql_index_name(coll.data_table, p): p.field for p in coll.payload_indexes if p.kind == "keyword"
+        }
+        if not names:
+            return {}
+        now = time.monotonic()
+        cached = self._kw_cache.get(coll.id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        found: dict[str, KeywordStats] = {}
+        for r in await conn.fetch(_KEYWORD_STATS, list(names)):
+            common = dict(zip((unescape_text(v) for v in r[3] or ()), r[4] or (), strict=True))
+            distinct = distinct_count(float(r[2]), rows)
+            found[names[r[0]]] = KeywordStats(null_frac=float(r[1]), distinct=distinct, common=common)
+        if len(self._kw_cache) > CACHE_ENTRIES:
+            self._kw_cache.clear()
+        self._kw_cache[coll.id] = (now + SELECTIVITY_TTL, found)
+        return found
 
     async def _indexed(
         self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any], candidates: int

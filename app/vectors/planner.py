@@ -12,7 +12,11 @@ Plans:
   few points (at most ``exact_threshold`` estimated), or too few for the graph to find.
 - ``hnsw``: the HNSW graph with ``ef_search`` candidates; a filter is applied to them, so a
   filtered search gets ``ef_search`` large enough that ``limit`` of them match
-  (``FILTER_MARGIN`` times ``limit / selectivity``).
+  (``FILTER_MARGIN`` times ``limit / selectivity``), or the largest ``ef_search`` when that
+  still holds ``MIN_FILTER_MARGIN`` times ``limit`` matches and the filter keeps more than
+  ``exact_threshold`` points. Measured at 500,000 points with a 2% filter (~10,000 matches):
+  the exact search of the matches took 48 ms, the graph at ``ef_search`` 1000 22-25 ms, so the
+  graph is cheaper even with its occasional exact fallback (about 7% of searches at 1.5x).
 - ``hnsw_iterative``: pgvector 0.8's iterative index scan (``hnsw.iterative_scan``), which keeps
   walking the graph until ``limit`` candidates pass the filter.
 
@@ -36,6 +40,7 @@ PLAN_KINDS: tuple[PlanKind, ...] = ("exact_scan", "filter_first", "hnsw", "hnsw_
 EF_SEARCH_MAX = 1000  # pgvector's upper bound of hnsw.ef_search
 EF_REFERENCE_ROWS = 100_000
 FILTER_MARGIN = 2.0
+MIN_FILTER_MARGIN = 1.5
 
 
 @dataclass
@@ -85,13 +90,15 @@ def choose(
     if not filtered:
         return Plan("hnsw", "unfiltered", ef_search=ef, rows=rows)
     s = 1.0 if selectivity is None else max(selectivity, 0.0)
-    matches = math.ceil(s * rows)
+    matches = round(s * rows)
     if narrowed and matches <= exact_threshold:
         return Plan("filter_first", f"an index narrows the filter to ~{matches} points", rows=rows,
                     estimated_matches=matches)
     if iterative:
         return Plan("hnsw_iterative", "iterative index scan", ef_search=ef, rows=rows, estimated_matches=matches)
     needed = math.ceil(FILTER_MARGIN * limit / s) if s > 0 else EF_SEARCH_MAX + 1
+    if needed > EF_SEARCH_MAX and s * EF_SEARCH_MAX >= MIN_FILTER_MARGIN * limit:
+        needed = EF_SEARCH_MAX  # the matches are too many to compare exactly (see above)
     if needed <= EF_SEARCH_MAX:
         return Plan("hnsw", "the graph's candidates hold enough matches", ef_search=max(ef, needed),
                     rows=rows, estimated_matches=matches)
