@@ -198,8 +198,10 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
 
             out["cells"][name] = {"plans": plans}
             numbered = list(enumerate(queries))
+            # One untimed pass over every query first: the timed runs cycle through the same
+            # queries, and a graph just read from disk is not how a serving database answers.
+            await timed_searches(search, numbered, 1, seconds=0)
             for conc in (1, 8):
-                await timed_searches(search, numbered[: 2 * conc + 4], conc, seconds=0)
                 qps, p50, p99, found = await timed_searches(search, numbered, conc, seconds=SECONDS)
                 out["cells"][name][conc] = {"qps": qps, "p50": p50, "p99": p99, "recall": recall(found, truth[name])}
         if info["index"]["state"] == "ready":
