@@ -111,6 +111,21 @@ async def test_control_characters_in_keys_and_file_ids_are_422(http: httpx.Async
     assert await state(http, namespace) == before
 
 
+@pytest.mark.parametrize("bound", ["a%00b", "%00", "a%0Ab", "%C2%85"])
+async def test_control_characters_in_list_bounds_are_422(http: httpx.AsyncClient, namespace: str, bound: str) -> None:
+    """A list's bounds and prefix follow the keys' rule: PostgreSQL's text cannot hold a NUL,
+    which was a 500 there and a plain comparison on SQLite (schemathesis found it)."""
+    before = await seed(http, namespace)
+    for url in (
+        f"/v1/{namespace}/records/c?after={bound}", f"/v1/{namespace}/records/c?before={bound}",
+        f"/v1/{namespace}/records/c?order=desc&before={bound}", f"/v1/{namespace}/kv/c?prefix={bound}",
+    ):
+        r = await http.get(url)
+        assert r.status_code == 422, (url, r.status_code, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+    assert await state(http, namespace) == before
+
+
 @pytest.mark.parametrize(
     "filters",
     [

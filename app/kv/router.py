@@ -19,6 +19,7 @@ from app.core.errors import (
 )
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
+from app.core.names import KEY_PATTERN
 from app.kv.dependencies import KvServiceDep
 from app.kv.schemas import VALUE_REQUEST_BODY, VALUE_RESPONSE, KvPage
 
@@ -111,7 +112,7 @@ async def list_entries(
     conn: MetadataStatement,
     service: KvServiceDep,
     limit: PageLimit,
-    prefix: Annotated[str | None, Query(max_length=1024, description="Only keys starting with this.")] = None,
+    prefix: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys starting with this.")] = None,
     cursor: Annotated[str | None, Query(max_length=4096, description="`next_cursor` of the previous page.")] = None,
     keys_only: Annotated[bool, Query(description="Leave the values out of the items.")] = False,
 ) -> Response:

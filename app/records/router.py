@@ -24,6 +24,7 @@ from app.core.errors import (
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
+from app.core.names import KEY_PATTERN
 from app.records.dependencies import RecordsServiceDep
 from app.records.schemas import (
     VALUE_REQUEST_BODY,
@@ -158,8 +159,8 @@ async def list_records(
     order: Annotated[
         SortOrder | None, Query(description="`asc` (default) or `desc`: `desc` with `limit` n gives the n largest keys, largest first.")
     ] = None,
-    after: Annotated[str | None, Query(max_length=1024, description="Only keys strictly greater.")] = None,
-    before: Annotated[str | None, Query(max_length=1024, description="Only keys strictly smaller.")] = None,
+    after: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys strictly greater.")] = None,
+    before: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys strictly smaller.")] = None,
     cursor: Annotated[str | None, Query(max_length=4096, description="`next_cursor` of the previous page.")] = None,
 ) -> Response:
     """Records `{key, value}` ordered by key (UTF-8 byte order), never by insertion time."""
