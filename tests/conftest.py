@@ -315,7 +315,8 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     """Drop the SQLite variants of ``postgres_only`` tests (HNSW builds, pgvector plans): they
     test what SQLite does not have, so they are not collected rather than skipped; likewise the
     other variants of ``sqlite_only`` tests (SQLite's lock waits), and the ``httpx`` client
-    transport variants on backends other than ``HTTPX_TRANSPORT_BACKEND``."""
+    transport variants on backends other than ``HTTPX_TRANSPORT_BACKEND`` and of ``one_transport``
+    tests (bulk loads measured for what the database returns: a transport only carries them)."""
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params or {}
@@ -323,7 +324,9 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
         other_backend = (backend == "sqlite" and item.get_closest_marker("postgres_only")) or (
             backend not in (None, "sqlite") and item.get_closest_marker("sqlite_only")
         )
-        httpx_elsewhere = params.get("client_transport") == "httpx" and backend != HTTPX_TRANSPORT_BACKEND
+        httpx_elsewhere = params.get("client_transport") == "httpx" and (
+            backend != HTTPX_TRANSPORT_BACKEND or item.get_closest_marker("one_transport")
+        )
         (drop if other_backend or httpx_elsewhere else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

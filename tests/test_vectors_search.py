@@ -59,6 +59,7 @@ def recall_at_k(found: list[int], truth: np.ndarray, k: int = K, eps: float = 1e
 
 
 @pytest.mark.slow
+@pytest.mark.one_transport
 @pytest.mark.parametrize("distance", ["cosine", "l2", "ip"])
 async def test_recall_against_exact_ground_truth(
     gw: GatewayClient, server, namespace: str, dataset, distance: str
