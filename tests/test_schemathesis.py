@@ -47,12 +47,12 @@ AMBIGUOUS_ALLOW = (  # paths of POST routes that are also a {key}/{point_id} res
     "/v1/{namespace}/vectors/{collection}/points/delete",
     "/v1/{namespace}/vectors/{collection}/points/list",
 )
-# Operations where a schema-valid body can still be refused by a rule no JSON Schema can state, so
-# positive_data_acceptance is off for them (every other check still runs on them):
 # Checkpoint metadata is free-form JSON that no string in may hold U+0000 (PostgreSQL's JSONB cannot
 # store it; both backends refuse it with a 422 naming the field: tests/test_checkpoints_limits.py),
 # a rule on every nested string that JSON Schema cannot state for an open object.
 NUL_REFUSED = ("POST /v1/{namespace}/checkpoints/put",)
+# Operations where a schema-valid body can still be refused by a rule no JSON Schema can state, so
+# positive_data_acceptance is off for them (every other check still runs on them):
 CROSS_CHECKED = (
     "POST /v1/{namespace}/vectors/{collection}/points",  # vectors must have the collection's dimension
     "PATCH /v1/{namespace}/vectors/{collection}/points/{point_id}",  # the same

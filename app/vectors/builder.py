@@ -288,10 +288,10 @@ class IndexBuilder:
                 return "small"
             # The payload indexes first: B-trees take seconds where the graph takes minutes,
             # and filtered searches use them while the graph is still building.
-            built = [p for p in coll.payload_indexes if not payload[p.position]]
-            for p in built:
+            missing = [p for p in coll.payload_indexes if not payload[p.position]]
+            for p in missing:
                 await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
-            if built:
+            if missing:
                 # Statistics of the new index expressions: PostgreSQL's planner and the gateway's
                 # (``app.vectors.estimate``) estimate filters on declared fields from them.
                 # Autovacuum would gather them only after enough rows change.

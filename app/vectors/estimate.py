@@ -16,6 +16,7 @@ the last ``SELECTIVITY_TTL`` seconds (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,10 +36,9 @@ class KeywordStats:
         if value in self.common:
             return self.common[value]
         others = self.distinct - len(self.common)
-        rest = max(0.0, 1.0 - self.null_frac - sum(self.common.values()))
         if others < 1:
             return 0.0
-        return min(rest, rest / others)
+        return max(0.0, 1.0 - self.null_frac - sum(self.common.values())) / others
 
 
 def distinct_count(n_distinct: float, rows: int) -> float:
@@ -55,14 +55,11 @@ def estimate(node: Node | None, fields: Mapping[str, KeywordStats]) -> float | N
             return None
         return stats.eq(node.value)
     if isinstance(node, (And, Or)) and node.nodes:
-        parts = [estimate(n, fields) for n in node.nodes]
-        if any(p is None for p in parts):
-            return None
-        known = [p for p in parts if p is not None]
-        if isinstance(node, Or):
-            return min(1.0, sum(known))
-        share = 1.0
-        for p in known:
-            share *= p
-        return share
+        parts = []
+        for n in node.nodes:
+            part = estimate(n, fields)
+            if part is None:
+                return None
+            parts.append(part)
+        return min(1.0, sum(parts)) if isinstance(node, Or) else math.prod(parts)
     return None

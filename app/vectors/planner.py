@@ -13,8 +13,8 @@ Plans:
 - ``hnsw``: the HNSW graph with ``ef_search`` candidates; a filter is applied to them, so a
   filtered search gets ``ef_search`` large enough that ``limit`` of them match
   (``FILTER_MARGIN`` times ``limit / selectivity``), or the largest ``ef_search`` when that
-  still holds ``MIN_FILTER_MARGIN`` times ``limit`` matches and the filter keeps more than
-  ``exact_threshold`` points. Measured at 500,000 points with a 2% filter (~10,000 matches):
+  still holds ``MIN_FILTER_MARGIN`` times ``limit`` matches (a filter an index narrows to at most
+  ``exact_threshold`` points is compared exactly before this is asked). Measured at 500,000 points with a 2% filter (~10,000 matches):
   the exact search of the matches took 48 ms, the graph at ``ef_search`` 1000 22-25 ms, so the
   graph is cheaper even with its occasional exact fallback (about 7% of searches at 1.5x).
 - ``hnsw_iterative``: pgvector 0.8's iterative index scan (``hnsw.iterative_scan``), which keeps
