@@ -13,6 +13,12 @@ GET), the ceiling the gateway is measured against (``down/direct``: the gateway 
 HTTP client, aiohttp, over the direct GET), and 50 concurrent 64 MiB downloads (total MB/s,
 failures, peak RSS above idle). Requests carry a key scoped to the bench namespace, not the admin key.
 
+``relay/direct`` is the ceiling of that ratio for any relay in Python on the machine: a bare ASGI app
+(``RELAY_APP``: no auth, no metadata, no middleware) under uvicorn with the gateway's loop and HTTP
+parser, streaming the same object's presigned GET with aiohttp as the gateway does, read by the
+same client, interleaved with the other transfers. On 2 cores a relay adds a third busy process
+(the client, the relay, SeaweedFS) and two more copies of every byte through loopback TCP.
+
 Targets: peak RSS within 64 MiB of idle for the large transfers; download >= 0.3x nginx on
 PostgreSQL; on S3 download >= 0.7x direct S3 and 50 concurrent downloads without a pool timeout.
 Usage: ``.venv/bin/python bench/bench_files.py [--quick] [--backends sqlite,postgres,postgres_s3]``.
@@ -241,6 +247,7 @@ class Row:
     direct_up: float | None = None  # straight to S3 with the same library (S3 backends)
     direct_down: float | None = None
     down_aiohttp: float | None = None  # the gateway, read with aiobotocore's HTTP client (aiohttp)
+    down_relay: float | None = None  # a bare ASGI relay of the same object, read the same way
 
 
 @dataclass
@@ -288,7 +295,8 @@ async def bench_backend(
             if big:
                 await asyncio.sleep(settle)
             idle_down = rss_kib(pid)
-            down_times, nginx_times, aiohttp_down = [], [], []
+            down_times, nginx_times, aiohttp_down, relay_down = [], [], [], []
+            relay_url = await s3.relay_for(path) if s3 is not None else None
             gw_url = f"{gateway.url}/v1/bench/files/bench/{label.replace(' ', '%20')}"
             ng_url = f"{nginx.url}/{path.name}"
             with RssSampler(pid) as down_rss:
@@ -302,6 +310,8 @@ async def bench_backend(
                     if s3 is not None:
                         direct_down.append(await s3.download(path))
                         aiohttp_down.append(await s3.download_url(gw_url, raw.headers["Authorization"], size))
+                        assert relay_url is not None
+                        relay_down.append(await s3.download_url(relay_url, "", size))
             row = Row(
                 gateway.name, label,
                 up=mbps(size, sorted(up_times)[len(up_times) // 2]),
@@ -314,6 +324,7 @@ async def bench_backend(
                 row.direct_up = mbps(size, sorted(direct_up)[len(direct_up) // 2])
                 row.direct_down = mbps(size, sorted(direct_down)[len(direct_down) // 2])
                 row.down_aiohttp = mbps(size, sorted(aiohttp_down)[len(aiohttp_down) // 2])
+                row.down_relay = mbps(size, sorted(relay_down)[len(relay_down) // 2])
             rows.append(row)
             print(f"  {gateway.name} {label}: done", flush=True)
         if "1 GiB" in files:
@@ -354,6 +365,31 @@ async def bench_concurrent(gateway: Gateway, n: int = CONCURRENT) -> Concurrent:
     return Concurrent(gateway.name, n, seconds, results.count(False), (rss.peak - idle) / 1024)
 
 
+_relay_session = None
+
+
+async def relay_app(scope: dict, receive: object, send) -> None:  # noqa: ANN001
+    """``RELAY_APP``: the bare relay. Every GET streams ``RELAY_URL`` (a presigned GET) to the client,
+    piece by piece as aiohttp receives them, as the gateway's S3 download does (same read buffer)."""
+    import aiohttp
+
+    global _relay_session
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/ready":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if _relay_session is None:
+        _relay_session = aiohttp.ClientSession(read_bufsize=512 * 1024, auto_decompress=False)
+    size = os.environ["RELAY_SIZE"]
+    async with _relay_session.get(os.environ["RELAY_URL"], headers={"Range": f"bytes=0-{int(size) - 1}"}) as r:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", size.encode())]})
+        async for piece, _ in r.content.iter_chunks():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
 class DirectS3:
     """The same transfers straight to the S3 server, with the library the gateway uses
     (multipart upload in the gateway's part size; one streamed GET)."""
@@ -363,6 +399,8 @@ class DirectS3:
         self._stack = contextlib.AsyncExitStack()
         self.client = None
         self._http = None
+        self._relays: dict[str, subprocess.Popen] = {}
+        self._relay_urls: dict[str, str] = {}
 
     async def __aenter__(self) -> "DirectS3":
         from aiobotocore.config import AioConfig
@@ -378,7 +416,25 @@ class DirectS3:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for process in self._relays.values():
+            process.terminate()
+            process.wait()
         await self._stack.aclose()
+
+    async def relay_for(self, path: Path) -> str:
+        """The URL of a bare relay (``RELAY_APP``) of ``path``'s direct object, started once per file."""
+        if path.name not in self._relays:
+            assert self.client is not None
+            url = await self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": f"direct/{path.name}"}, ExpiresIn=3600)
+            port = free_port()
+            env = dict(os.environ, RELAY_URL=url, RELAY_SIZE=str(path.stat().st_size), PYTHONPATH=str(ROOT / "bench"))
+            self._relays[path.name] = process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "bench_files:relay_app", "--port", str(port), "--loop", "uvloop",
+                 "--http", "httptools", "--log-level", "warning", "--no-access-log"], env=env)
+            wait_http(f"http://127.0.0.1:{port}/ready", ok=(200,), process=process)
+            self._relay_urls[path.name] = f"http://127.0.0.1:{port}/"
+        return self._relay_urls[path.name]
 
     async def download_url(self, url: str, authorization: str, size: int) -> float:
         """A gateway download read by aiohttp, the HTTP client under aiobotocore: the ratio to
@@ -434,7 +490,7 @@ def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
     print(f"files: gateway workers: {GATEWAY_WORKERS}, {os.cpu_count()} CPUs, namespace-scoped key")
     header = (f"{'backend':<11} {'size':>7} {'upload MB/s':>12} {'download MB/s':>14} {'nginx MB/s':>11} "
               f"{'down/nginx':>11} {'RSS up +MiB':>12} {'RSS down +MiB':>14} {'S3 direct up':>13} "
-              f"{'S3 direct down':>15} {'gw down aiohttp':>16} {'down/direct':>12}")
+              f"{'S3 direct down':>15} {'gw down aiohttp':>16} {'down/direct':>12} {'relay/direct':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -444,9 +500,10 @@ def print_table(rows: list[Row], concurrent: list[Concurrent]) -> None:
         d_down = f"{r.direct_down:.1f}" if r.direct_down is not None else "-"
         d_aio = f"{r.down_aiohttp:.1f}" if r.down_aiohttp is not None else "-"
         ratio = f"{r.down_aiohttp / r.direct_down:.2f}x" if r.direct_down and r.down_aiohttp else "-"
+        relay = f"{r.down_relay / r.direct_down:.2f}x" if r.direct_down and r.down_relay else "-"
         print(f"{r.backend:<11} {r.size:>7} {r.up:>12.1f} {r.down:>14.1f} {r.nginx:>11.1f} "
               f"{r.down / r.nginx:>10.2f}x {rss_up:>12} {rss_down:>14} {d_up:>13} {d_down:>15} {d_aio:>16} "
-              f"{ratio:>12}")
+              f"{ratio:>12} {relay:>13}")
     if concurrent:
         print()
         print(f"{'backend':<11} {'concurrent 64 MiB downloads':>28} {'seconds':>8} {'total MB/s':>11} "
