@@ -38,6 +38,7 @@ SETTINGS = {
     "GATEWAY_VECTORS__EXACT_SEARCH_THRESHOLD": "200",
     "GATEWAY_VECTORS__SUBGRAPH_MAX_SHARE": "0.15",
     "GATEWAY_VECTORS__INDEX_QUIET_SECONDS": "0.2",
+    "GATEWAY_VECTORS__INDEX_SWEEP_SECONDS": "1",
 }
 
 
@@ -64,6 +65,18 @@ async def wait_subgraphs(gw: GatewayClient, collection: str, built: int, timeout
                 and team["subgraphs"]["built"] == built and team["subgraphs"]["building"] == 0):
             return info
         assert time.monotonic() < deadline, info
+        await asyncio.sleep(0.2)
+
+
+async def subgraph_search(gw: GatewayClient, q: np.ndarray, flt: dict) -> dict:
+    """A search's answer once it searches a subgraph (a search process caches which are valid
+    for a second)."""
+    deadline = time.monotonic() + 10
+    while True:
+        answer = await gw.vectors.search_explained("c", q, 10, filters=flt)
+        if answer["plan"]["kind"] == "hnsw_subgraph":
+            return answer
+        assert time.monotonic() < deadline, answer["plan"]
         await asyncio.sleep(0.2)
 
 
@@ -116,10 +129,7 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
                 assert name in plan and f"{table}_p0 " not in plan, plan
 
             # Searches take the subgraph: only matching points, min(k, matches), recall >= 0.95.
-            deadline = time.monotonic() + 10
-            while (await gw.vectors.search_explained("c", queries[0], 10, filters={"team": "mid"}))["plan"]["kind"] != "hnsw_subgraph":
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.2)
+            await subgraph_search(gw, queries[0], {"team": "mid"})
             for value in VALUES:
                 mask = np.array([p["team"] == value for p in pl])
                 recalls = []
@@ -149,6 +159,16 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
             assert answer["plan"]["kind"] == "filter_first" and len(answer["results"]) == 10
             plans = (await gw.vectors.describe_collection("c"))["index"]["plans"]
             assert plans.get("hnsw_subgraph", 0) >= 4 * len(queries), plans
+
+            # The data changes: once ANALYZE sees a new common value, the sweep builds its subgraph.
+            late = clustered(500, DIM, seed=23)
+            await gw.vectors.upsert_points("c", late, [{"team": "late", "n": N + i} for i in range(500)],
+                                           [str(N + i) for i in range(500)])
+            await conn.execute(f"ANALYZE {table}")
+            await wait_subgraphs(gw, "c", built=len(VALUES) + 1)
+            assert await conn.fetchval("SELECT to_regclass($1)", index_name(table, team, "late")) is not None
+            answer = await subgraph_search(gw, late[0], {"team": "late"})
+            assert all(h["payload"]["team"] == "late" for h in answer["results"])
 
             # Reset drops them with the graph; drop takes the rest with the table.
             await gw.vectors.reset_collection("c")

@@ -341,10 +341,12 @@ class IndexBuilder:
             missing = [p for p in coll.payload_indexes if not payload[p.position]]
             for p in missing:
                 await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
-            if missing:
+            if missing or (not valid and any(p.kind == "keyword" for p in coll.payload_indexes)):
                 # Statistics of the new index expressions: PostgreSQL's planner and the gateway's
-                # (``app.vectors.estimate``) estimate filters on declared fields from them.
-                # Autovacuum would gather them only after enough rows change.
+                # (``app.vectors.estimate``) estimate filters on declared fields from them, and
+                # the payload subgraphs are chosen from them. Autovacuum would gather them only
+                # after enough rows change, and a table emptied by a reset keeps its old ones: a
+                # graph (re)built means a (re)load.
                 await raw.execute(f"ANALYZE {coll.data_table}", timeout=BUILD_TIMEOUT_SECONDS)
             if not valid:
                 detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"

@@ -98,13 +98,15 @@ _STATS = (
     "WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3) "
     "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
 )
-# A table's payload subgraph indexes: name, valid, being built.
-SUBGRAPH_INDEXES = (
+# A table's payload subgraph indexes: name, valid, being built (asyncpg's parameters for the
+# builder, SQLAlchemy's for describe and reset).
+_SUBGRAPH_INDEXES = (
     "SELECT CAST(x.relname AS text), i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
     "WHERE p.index_relid = i.indexrelid) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
-    "WHERE i.indrelid = to_regclass($1) AND x.relname LIKE $2"
+    "WHERE i.indrelid = to_regclass({t}) AND x.relname LIKE {like}"
 )
-
+SUBGRAPH_INDEXES = _SUBGRAPH_INDEXES.format(t="$1", like="$2")
+_SUBGRAPH_INDEXES_NAMED = _SUBGRAPH_INDEXES.format(t=":t", like=":like")
 
 
 # The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr").
@@ -371,7 +373,7 @@ class PgVectorIndex(VectorIndex):
         await session.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(coll)}"))
         # Likewise the payload subgraphs: the builder chooses them again from the new points.
         rows = await session.execute(
-            text(SUBGRAPH_INDEXES.replace("$1", ":t").replace("$2", ":like")),
+            text(_SUBGRAPH_INDEXES_NAMED),
             {"t": coll.data_table, "like": subgraph_like(coll.data_table)},
         )
         for name in [r[0] for r in rows if subgraphs.is_subgraph_name(coll.data_table, r[0])]:
@@ -454,7 +456,7 @@ class PgVectorIndex(VectorIndex):
                 continue
             counts = {position: [0, 0] for position in keyword}
             rows = await session.execute(
-                text(SUBGRAPH_INDEXES.replace("$1", ":t").replace("$2", ":like")),
+                text(_SUBGRAPH_INDEXES_NAMED),
                 {"t": c.data_table, "like": subgraph_like(c.data_table)},
             )
             for name, valid, running in rows:
@@ -670,6 +672,10 @@ class PgVectorIndex(VectorIndex):
             self._stat_cache.clear()
             self._subgraph_cache.clear()
         self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
+        if self._subgraph_cache.get(coll.id, names) != names:
+            # The builder chose subgraphs from newer statistics than the cached ones: read them
+            # again, or a new subgraph's value would be estimated as rare for up to 30 s.
+            self._kw_cache.pop(coll.id, None)
         self._subgraph_cache[coll.id] = names
         return rows, ready
 
