@@ -17,6 +17,12 @@ in ``--chroma-sizes``. ``--sqlite`` adds the gateway on SQLite (exact search wit
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000 --chroma
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000,200000 --targets sqlite
 
+Searches start once describe says every index is ready and no payload subgraph (a partial HNSW
+index per common declared keyword value) has been building for two describes; the run reports the
+subgraphs' count, build time (from the gateway's log) and disk size next to the main index's.
+The gateway runs from the ``storage-gateway`` of this interpreter: run from a git worktree with
+``PYTHONPATH=<worktree>:<worktree>/clients/python`` so that its code, not the installed one, serves.
+
 PostgreSQL runs with ``shared_buffers`` a quarter of RAM (``--shared-buffers``); ``--workdir DIR``
 keeps PostgreSQL and the loaded collections in DIR and reuses them on the next run (the
 500,000-point graph takes ~10 minutes to build).
