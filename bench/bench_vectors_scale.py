@@ -17,6 +17,12 @@ in ``--chroma-sizes``. ``--sqlite`` adds the gateway on SQLite (exact search wit
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000 --chroma
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000,200000 --targets sqlite
 
+Searches start once describe says every index is ready and no payload subgraph (a partial HNSW
+index per common declared keyword value) has been building for two describes; the run reports the
+subgraphs' count, build time (from the gateway's log) and disk size next to the main index's.
+The gateway runs from the ``storage-gateway`` of this interpreter: run from a git worktree with
+``PYTHONPATH=<worktree>:<worktree>/clients/python`` so that its code, not the installed one, serves.
+
 PostgreSQL runs with ``shared_buffers`` a quarter of RAM (``--shared-buffers``); ``--workdir DIR``
 keeps PostgreSQL and the loaded collections in DIR and reuses them on the next run (the
 500,000-point graph takes ~10 minutes to build).
@@ -184,6 +190,16 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
                 break
             await asyncio.sleep(2)  # describe counts the points: not too often
         out["indexed_s"] = time.perf_counter() - started
+        # The payload subgraphs follow the main graph in the same background check: searchable
+        # once no subgraph has been building for two describes in a row.
+        quiet = 0
+        while quiet < 2:
+            info = await gw.vectors.describe_collection("s")
+            counts = [p["subgraphs"] for p in info["payload_indexes"] if p.get("subgraphs")]
+            quiet = quiet + 1 if not any(c["building"] for c in counts) else 0
+            await asyncio.sleep(2)
+        out["subgraphs"] = {p["field"]: p["subgraphs"]["built"] for p in info["payload_indexes"] if p.get("subgraphs")}
+        out["subgraphs_s"] = time.perf_counter() - started
         await asyncio.sleep(1.5)  # the search path's cached index state (1 s) sees the index
         for name, field, values in cells():
             plans: dict[str, int] = {}
@@ -234,6 +250,28 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
                 _, p50, _, _ = await timed_searches(first, fresh, 1, seconds=0)
                 out["first_seen"][kind] = {"n": len(fresh), "p50": p50}
     return out
+
+
+async def index_sizes(server) -> dict:
+    """Disk size of the collection's main HNSW index and its payload subgraphs, and the subgraph
+    build times the gateway logged."""
+    from tests.test_vectors_index import pg_connect
+
+    conn = await pg_connect(server.backend)
+    try:
+        table = await conn.fetchval("SELECT 'vec_' || id FROM vector_collections WHERE namespace = $1 AND collection = 's'",
+                                    NAMESPACE)
+        row = await conn.fetchrow(
+            "SELECT count(*), COALESCE(sum(pg_relation_size(i.indexrelid)), 0), "
+            "pg_relation_size(to_regclass($2)) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
+            "WHERE i.indrelid = to_regclass($1) AND x.relname LIKE $1 || '\\_p%\\_g%'",
+            table, f"{table}_hnsw",
+        )
+    finally:
+        await conn.close()
+    built = [float(m) for m in re.findall(r"built the payload subgraph of .*? in ([0-9.]+) s", server.log())]
+    return {"subgraph_count": int(row[0]), "subgraph_bytes": int(row[1]), "hnsw_bytes": int(row[2] or 0),
+            "subgraph_build_s": sum(built), "subgraphs_built_now": len(built)}
 
 
 # --- Chroma (its own virtualenv) ---------------------------------------------------------------
@@ -337,6 +375,12 @@ def print_table(results: dict[tuple[str, int], dict | str]) -> None:
             if res.get("ef_sweep"):
                 sweep = ", ".join(f"ef {ef}: {v['recall']:.3f} / {v['p50']:.1f} ms" for ef, v in res["ef_sweep"].items())
                 print(f"  unfiltered recall@10 / c1 p50 by ef_search: {sweep}")
+            if res.get("subgraphs") is not None:
+                sizes = res.get("index_sizes") or {}
+                print(f"  payload subgraphs {res['subgraphs']}: searchable {res['subgraphs_s'] - res['indexed_s']:.1f} s "
+                      f"after the main graph; built in {sizes.get('subgraph_build_s', 0):.1f} s (log), "
+                      f"{sizes.get('subgraph_bytes', 0) / 2**20:.1f} MiB on disk in {sizes.get('subgraph_count', 0)} "
+                      f"indexes (main HNSW index {sizes.get('hnsw_bytes', 0) / 2**20:.1f} MiB)")
             if res.get("first_seen"):
                 seen = ", ".join(f"{k} {v['p50']:.1f} ms" for k, v in res["first_seen"].items())
                 print(f"  0.1% filter values searched for the first time (c1 p50 of {res['first_seen']['declared']['n']} each): {seen}")
@@ -383,6 +427,8 @@ def main() -> None:
                 server, key = start_gateway(kind, workdir, pg, f"{n}", args.build_memory_mb)
                 try:
                     results[(name, n)] = asyncio.run(bench_gateway(server.url, key, data, payloads, queries, truth))
+                    if kind == "postgres":
+                        results[(name, n)]["index_sizes"] = asyncio.run(index_sizes(server))
                 except Exception as exc:
                     results[(name, n)] = f"failed: {exc!r}"[:300]
                 finally:

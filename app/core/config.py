@@ -339,6 +339,21 @@ class VectorsSettings(_Strict):
         gt=0,
         description="How often a running background index build logs its progress (pgvector).",
     )
+    subgraph_max_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="A value of a declared keyword field gets a payload subgraph (a partial HNSW index of its "
+        "points, built in the background) when it holds more than `exact_search_threshold` points and at most "
+        "this share of the collection; above it the main graph finds its matches cheaply (at 500,000 points "
+        "and limit 10, from about 9%: twice limit / share candidates within the unfiltered ef_search) (pgvector).",
+    )
+    subgraph_max_count: int = Field(
+        default=64,
+        ge=0,
+        le=1000,
+        description="Most payload subgraphs per collection, the most common values first; 0: none (pgvector).",
+    )
     idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
 
 

@@ -180,6 +180,14 @@ class VectorIndex(ABC):
         """By collection id, the state of each declared payload index in declaration order
         (``pending``, ``building`` or ``ready``)."""
 
+    async def subgraph_states(
+        self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
+    ) -> dict[int, dict[int, tuple[int, int]]]:
+        """By collection id and declaration position, each declared keyword field's payload
+        subgraphs (``app.vectors.subgraphs``) as (built, building); a backend without them, or a
+        collection without a graph, is left out."""
+        return {}
+
     @abstractmethod
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
         """The running index build on the collection (phase, tuples and blocks done/total), or None."""

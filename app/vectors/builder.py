@@ -25,6 +25,13 @@ cancelled build left behind, and is dropped and rebuilt. Shutdown cancels a runn
 (PostgreSQL leaves an invalid index; the next start-up's sweep rebuilds it). Dropping or
 resetting a collection cancels a build on its table (``PgVectorIndex._exclusive``); the builder
 takes that, and a table that vanished under it, as normal.
+
+Once a collection's HNSW index is valid, each check also makes its payload subgraphs
+(``app.vectors.subgraphs``: partial HNSW indexes of the common values of declared keyword fields)
+from the latest ``ANALYZE`` statistics, after the main index, one at a time, and drops invalid
+leftovers of interrupted ones first. Each sweep looks again at every such collection whose
+statistics changed (``last_analyze``/``last_autoanalyze``) or that has an invalid subgraph
+nobody builds, so the subgraphs follow the data as autovacuum's ``ANALYZE`` sees it.
 """
 
 from __future__ import annotations
@@ -42,14 +49,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
+from app.vectors import subgraphs
+from app.vectors.estimate import KeywordStats, distinct_count
 from app.vectors.payload_index import sql_index_name
 from app.vectors.pgvector import (
     BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
     HNSW_KINDS,
+    SUBGRAPH_INDEXES,
     hnsw_index_name,
     hnsw_index_sql,
     payload_index_sql,
+    subgraph_index_sql,
+    subgraph_like,
 )
 from app.vectors.telemetry import INDEX_BUILD_TOTAL, INDEX_BUILD_TUPLES
 
@@ -88,6 +100,26 @@ _REGISTRY_ROW = (
     "FROM vector_collections WHERE id = $1"
 )
 _INDEX_VALID = "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)"
+# HNSW collections with a valid index and a declared keyword field: when their statistics were
+# last gathered, and how many invalid payload subgraphs nobody builds they have.
+_SUBGRAPH_SWEEP = (
+    "SELECT c.id, COALESCE(CAST(GREATEST(s.last_analyze, s.last_autoanalyze) AS text), ''), "
+    "(SELECT count(*) FROM pg_index x JOIN pg_class xc ON xc.oid = x.indexrelid "
+    "WHERE x.indrelid = i.indrelid AND NOT x.indisvalid AND xc.relname LIKE 'vec\\_' || c.id || '\\_p%\\_g%' "
+    "AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = x.indexrelid)) "
+    "FROM vector_collections c JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
+    "LEFT JOIN pg_stat_user_tables s ON s.relid = i.indrelid "
+    "WHERE i.indisvalid AND CAST(c.index_options AS jsonb) -> 'payload_indexes' @> '[{\"kind\": \"keyword\"}]'"
+)
+# The statistics of the declared keyword fields' expressions, values as stored (escaped).
+_KEYWORD_STATS = (
+    "SELECT tablename, null_frac, n_distinct, CAST(CAST(most_common_vals AS text) AS text[]), most_common_freqs "
+    "FROM pg_stats WHERE schemaname = current_schema() AND tablename = ANY($1::text[]) AND attname = 'expr'"
+)
+_TABLE_ROWS = (
+    "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0) FROM pg_class c "
+    "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
+)
 
 
 class _Session:
@@ -108,6 +140,10 @@ class IndexBuilder:
         self.sweep_seconds = settings.index_sweep_seconds
         self.memory_mb = settings.index_build_memory_mb
         self.progress_log_seconds = settings.index_progress_log_seconds
+        self.subgraph_min_points = settings.exact_search_threshold
+        self.subgraph_max_share = settings.subgraph_max_share
+        self.subgraph_max_count = settings.subgraph_max_count
+        self._subgraphs_seen: dict[int, tuple[str, int]] = {}  # id -> (statistics' time, invalid leftovers)
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
         self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
         # (when, id): at most one entry per collection, except after an earlier re-schedule;
@@ -207,6 +243,7 @@ class IndexBuilder:
             raw = (await conn.get_raw_connection()).driver_connection
             assert raw is not None  # a checked-out connection has its asyncpg connection
             rows = await raw.fetch(_SWEEP, int(self.min_rows))
+            subgraph_rows = await raw.fetch(_SUBGRAPH_SWEEP)
         now = time.monotonic()
         scheduled = 0
         pending: set[int] = set()
@@ -227,6 +264,19 @@ class IndexBuilder:
         for gone in set(self._writes_seen) - pending:  # indexed, or dropped
             self._writes_seen.pop(gone, None)
             self._busy_sweeps.pop(gone, None)
+        # Payload subgraphs: look again at a collection whose statistics changed (or that has a
+        # leftover of an interrupted subgraph build); a check with nothing to do is a few reads.
+        seen: set[int] = set()
+        for coll_id, analyzed, leftovers in subgraph_rows:
+            seen.add(coll_id)
+            key = (analyzed, int(leftovers))
+            if self._subgraphs_seen.get(coll_id) != key:
+                self._subgraphs_seen[coll_id] = key
+                if coll_id not in pending:
+                    self._schedule(coll_id, now, debounce=False)
+                    scheduled += 1
+        for gone in set(self._subgraphs_seen) - seen:
+            self._subgraphs_seen.pop(gone, None)
         return scheduled
 
     # --- one check ------------------------------------------------------------------------------
@@ -261,10 +311,10 @@ class IndexBuilder:
         index = hnsw_index_name(coll)
         valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
         payload = await self._payload_validity(raw, coll)
-        if valid and all(payload.values()):
+        if valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=False)):
             return "ready"
         stale = valid is False or any(v is False for v in payload.values())
-        if not stale and await self._rows(raw, coll) < self.min_rows:
+        if not valid and not stale and await self._rows(raw, coll) < self.min_rows:
             return "small"
         if not await raw.fetchval("SELECT pg_try_advisory_lock($1, $2)", ADVISORY_LOCK_CLASS, coll.id):
             return "locked"  # another worker or replica is on it
@@ -275,7 +325,7 @@ class IndexBuilder:
         )
         valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
         payload = await self._payload_validity(raw, coll)
-        if valid and all(payload.values()):
+        if valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=True)):
             return "ready"
         try:
             # Invalid and nobody holds the lock: a crashed or cancelled build left it.
@@ -284,26 +334,79 @@ class IndexBuilder:
                     await self._drop_invalid(raw, coll, sql_index_name(coll.data_table, p))
             if valid is False:
                 await self._drop_invalid(raw, coll, index)
-            if await self._rows(raw, coll) < self.min_rows:
+            if not valid and await self._rows(raw, coll) < self.min_rows:
                 return "small"
             # The payload indexes first: B-trees take seconds where the graph takes minutes,
             # and filtered searches use them while the graph is still building.
             missing = [p for p in coll.payload_indexes if not payload[p.position]]
             for p in missing:
                 await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
-            if missing:
+            if missing or (not valid and any(p.kind == "keyword" for p in coll.payload_indexes)):
                 # Statistics of the new index expressions: PostgreSQL's planner and the gateway's
-                # (``app.vectors.estimate``) estimate filters on declared fields from them.
-                # Autovacuum would gather them only after enough rows change.
+                # (``app.vectors.estimate``) estimate filters on declared fields from them, and
+                # the payload subgraphs are chosen from them. Autovacuum would gather them only
+                # after enough rows change, and a table emptied by a reset keeps its old ones: a
+                # graph (re)built means a (re)load.
                 await raw.execute(f"ANALYZE {coll.data_table}", timeout=BUILD_TIMEOUT_SECONDS)
             if not valid:
                 detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"
                 await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail)
+            if hnsw:
+                await self._subgraphs(raw, coll)
         except asyncpg.QueryCanceledError:
             log.info("vectors: index build of %s/%s cancelled (collection dropped or reset)",
                      coll.namespace, coll.collection)
             return "cancelled"
         return "built"
+
+    async def _subgraph_work(
+        self, raw: Any, coll: CollectionInfo, *, valid: bool, locked: bool
+    ) -> tuple[list[subgraphs.Wanted], list[str], list[str]]:
+        """The payload subgraphs to build, the invalid leftovers of interrupted builds to drop,
+        and the valid ones no longer wanted to drop (beyond ``subgraph_max_count`` only: a
+        subgraph chosen from older statistics is still correct); nothing while the HNSW index is
+        not ``valid``. An invalid one being built elsewhere (before we hold the lock) is left."""
+        if not valid or not any(p.kind == "keyword" for p in coll.payload_indexes):
+            return [], [], []
+        t = coll.data_table
+        existing = [
+            (name, ok, running) for name, ok, running in await raw.fetch(SUBGRAPH_INDEXES, t, subgraph_like(t))
+            if subgraphs.is_subgraph_name(t, name)
+        ]
+        names = {p.position: sql_index_name(t, p) for p in coll.payload_indexes if p.kind == "keyword"}
+        by_table = {v: k for k, v in names.items()}
+        rows = int(await raw.fetchval(_TABLE_ROWS, t) or 0)
+        stats: dict[int, KeywordStats] = {}
+        for r in await raw.fetch(_KEYWORD_STATS, list(names.values())):
+            common = dict(zip(r[3] or (), r[4] or (), strict=True))
+            stats[by_table[r[0]]] = KeywordStats(float(r[1]), distinct_count(float(r[2]), rows), common)
+        wanted = subgraphs.wanted(
+            t, coll.payload_indexes, stats, rows, min_points=self.subgraph_min_points,
+            max_share=self.subgraph_max_share, max_count=self.subgraph_max_count,
+        )
+        ready = [name for name, ok, _ in existing if ok]
+        leftovers = [name for name, ok, running in existing if not ok and (locked or not running)]
+        building = {name for name, ok, running in existing if not ok and running and not locked}
+        build = [w for w in wanted if w.name not in ready and w.name not in building]
+        wanted_names = {w.name for w in wanted}
+        surplus = len(ready) + len(build) - max(0, self.subgraph_max_count)
+        unwanted = [name for name in ready if name not in wanted_names][: max(0, surplus)]
+        return build, leftovers, unwanted
+
+    async def _subgraphs(self, raw: Any, coll: CollectionInfo) -> None:
+        """Drop the subgraph indexes to drop and build the missing ones (holding the lock)."""
+        build, leftovers, unwanted = await self._subgraph_work(raw, coll, valid=True, locked=True)
+        for name in leftovers:
+            await self._drop_invalid(raw, coll, name)
+        for name in unwanted:
+            log.info("vectors: dropping the payload subgraph %s of %s/%s (its value is no longer among the "
+                     "most common)", name, coll.namespace, coll.collection)
+            await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}", timeout=BUILD_TIMEOUT_SECONDS)
+        for w in build:
+            await self._build(
+                raw, coll, f"payload subgraph of {w.index.field!r} = {w.value!r} (~{w.points} points)",
+                subgraph_index_sql(coll, w.index, w.value),
+            )
 
     async def _payload_validity(self, raw: Any, coll: CollectionInfo) -> dict[int, bool | None]:
         """Each declared payload index by position: valid, invalid (False) or missing (None)."""
@@ -321,7 +424,7 @@ class IndexBuilder:
         """Run one ``CREATE INDEX CONCURRENTLY``, logging its progress every
         ``progress_log_seconds`` and when it is done."""
         started = time.perf_counter()
-        kind = "hnsw" if what.startswith("HNSW") else "payload"
+        kind = "hnsw" if what.startswith(("HNSW", "payload subgraph")) else "payload"
         reporter = asyncio.create_task(self._report_progress(raw.get_server_pid(), coll, what, kind, started))
         try:
             await raw.execute(stmt, timeout=BUILD_TIMEOUT_SECONDS)

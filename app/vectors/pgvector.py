@@ -48,10 +48,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
-from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
+from app.vectors import subgraphs
+from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
-from app.vectors.planner import Plan, choose
+from app.vectors.planner import Plan, Subgraph, choose
 from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
 
 
@@ -89,11 +90,23 @@ STATS_TTL = 1.0
 SELECTIVITY_TTL = 30.0
 SAMPLE_ROWS = 2000
 CACHE_ENTRIES = 4096
+# ... and the names of its valid payload subgraphs (``app.vectors.subgraphs``; $3: their LIKE).
 _STATS = (
     "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0), "
-    "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)) "
+    "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)), "
+    "(SELECT array_agg(CAST(x.relname AS text)) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
+    "WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3) "
     "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
 )
+# A table's payload subgraph indexes: name, valid, being built (asyncpg's parameters for the
+# builder, SQLAlchemy's for describe and reset).
+_SUBGRAPH_INDEXES = (
+    "SELECT CAST(x.relname AS text), i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
+    "WHERE p.index_relid = i.indexrelid) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
+    "WHERE i.indrelid = to_regclass({t}) AND x.relname LIKE {like}"
+)
+SUBGRAPH_INDEXES = _SUBGRAPH_INDEXES.format(t="$1", like="$2")
+_SUBGRAPH_INDEXES_NAMED = _SUBGRAPH_INDEXES.format(t=":t", like=":like")
 
 
 # The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr").
@@ -109,6 +122,10 @@ def hnsw_index_name(coll: CollectionInfo) -> str:
 
 def hnsw_index_sql(coll: CollectionInfo) -> str:
     """``CREATE INDEX CONCURRENTLY`` of a collection's HNSW index, from its stored options."""
+    return _hnsw_sql(coll, hnsw_index_name(coll), "")
+
+
+def _hnsw_sql(coll: CollectionInfo, name: str, where: str) -> str:
     t = coll.data_table
     n = int(coll.vector_size)
     m = int(coll.index.get("m", 16))
@@ -119,9 +136,27 @@ def hnsw_index_sql(coll: CollectionInfo) -> str:
     else:
         column = f"embedding vector_{ops}_ops"
     return (
-        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {hnsw_index_name(coll)} ON {t} USING hnsw ({column}) "
-        f"WITH (m = {m}, ef_construction = {efc})"
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} USING hnsw ({column}) "
+        f"WITH (m = {m}, ef_construction = {efc}){where}"
     )
+
+
+def subgraph_predicate(field: str, stored_value: str) -> str:
+    """The predicate of the payload subgraph of a declared keyword field's value (as stored):
+    a search must spell it the same way for PostgreSQL to use the partial index."""
+    return f"{keyword_expr(field)} = {subgraphs.sql_literal(stored_value)}"
+
+
+def subgraph_index_sql(coll: CollectionInfo, index: PayloadIndex, stored_value: str) -> str:
+    """``CREATE INDEX CONCURRENTLY`` of a payload subgraph: the main index's HNSW over the
+    points whose declared keyword field is ``stored_value``."""
+    name = subgraphs.index_name(coll.data_table, index, stored_value)
+    return _hnsw_sql(coll, name, f" WHERE {subgraph_predicate(index.field, stored_value)}")
+
+
+def subgraph_like(data_table: str) -> str:
+    """A ``LIKE`` pattern of the table's subgraph index names (checked with ``is_subgraph_name``)."""
+    return subgraphs.name_prefix(data_table).replace("_", "\\_") + "%\\_g%"
 
 
 def parse_version(value: str | None) -> tuple[int, ...]:
@@ -282,6 +317,7 @@ class PgVectorIndex(VectorIndex):
         self._stat_cache: dict[int, tuple[float, int, bool]] = {}
         self._sel_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._kw_cache: dict[int, tuple[float, dict[str, KeywordStats]]] = {}
+        self._subgraph_cache: dict[int, frozenset[str]] = {}  # valid subgraphs, with ``_stat_cache``
 
     # --- shape -----------------------------------------------------------------------------
 
@@ -335,6 +371,13 @@ class PgVectorIndex(VectorIndex):
         # bulk-inserted and indexed once instead of going into the graph row by row.
         await self._exclusive(session, coll, f"TRUNCATE {coll.data_table}")
         await session.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(coll)}"))
+        # Likewise the payload subgraphs: the builder chooses them again from the new points.
+        rows = await session.execute(
+            text(_SUBGRAPH_INDEXES_NAMED),
+            {"t": coll.data_table, "like": subgraph_like(coll.data_table)},
+        )
+        for name in [r[0] for r in rows if subgraphs.is_subgraph_name(coll.data_table, r[0])]:
+            await session.execute(text(f"DROP INDEX IF EXISTS {name}"))
 
     async def _exclusive(self, session: AsyncConnection, coll: CollectionInfo, stmt: str) -> None:
         """Run ``stmt`` (which needs the table's exclusive lock) without waiting for an index
@@ -401,6 +444,28 @@ class PgVectorIndex(VectorIndex):
             for p in c.payload_indexes:
                 valid, running = found.get(sql_index_name(c.data_table, p), (None, False))
                 out[c.id].append("ready" if valid else "building" if running else "pending")
+        return out
+
+    async def subgraph_states(
+        self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
+    ) -> dict[int, dict[int, tuple[int, int]]]:
+        out: dict[int, dict[int, tuple[int, int]]] = {}
+        for c in colls:
+            keyword = [p.position for p in c.payload_indexes if p.kind == "keyword"]
+            if c.index.get("kind") not in HNSW_KINDS or not keyword:
+                continue
+            counts = {position: [0, 0] for position in keyword}
+            rows = await session.execute(
+                text(_SUBGRAPH_INDEXES_NAMED),
+                {"t": c.data_table, "like": subgraph_like(c.data_table)},
+            )
+            for name, valid, running in rows:
+                if not subgraphs.is_subgraph_name(c.data_table, name):
+                    continue
+                position = subgraphs.position_of(c.data_table, name)
+                if position in counts and (valid or running):
+                    counts[position][0 if valid else 1] += 1
+            out[c.id] = {position: (built, building) for position, (built, building) in counts.items()}
         return out
 
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
@@ -529,34 +594,89 @@ class PgVectorIndex(VectorIndex):
         hnsw = coll.index.get("kind") in HNSW_KINDS
         rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
         selectivity = None
+        subgraph = None
         if ready and flt is not None:
             selectivity = await self._selectivity(conn, coll, search, rows)
+            subgraph = await self._subgraph(conn, coll, flt, rows, selectivity)
         return choose(
             rows=rows, limit=search.limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
             narrowed=search.narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
-            iterative=self.iterative_scan, fixed_ef=search.ef_search,
+            iterative=self.iterative_scan, fixed_ef=search.ef_search, subgraph=subgraph,
         )
+
+    def _subgraph_conditions(self, coll: CollectionInfo, flt: Node) -> builtins.list[tuple[Eq, str]]:
+        """The string equalities on declared keyword fields that ``flt`` requires (itself, or the
+        conditions of its top AND), with the name their subgraph would have."""
+        nodes = flt.nodes if isinstance(flt, And) else [flt]
+        declared = {p.field: p for p in coll.payload_indexes if p.kind == "keyword"}
+        out = []
+        for n in nodes:
+            if isinstance(n, Eq) and isinstance(n.value, str) and n.key in declared:
+                stored = escape_text(n.value)
+                out.append((n, subgraphs.index_name(coll.data_table, declared[n.key], stored)))
+        return out
+
+    async def _subgraph(
+        self, conn: Any, coll: CollectionInfo, flt: Node, rows: int, selectivity: float
+    ) -> Subgraph | None:
+        """The smallest valid payload subgraph of an equality ``flt`` requires, or None."""
+        valid = self._subgraph_cache.get(coll.id)
+        if not valid:
+            return None
+        best = None
+        for node, name in self._subgraph_conditions(coll, flt):
+            if name not in valid:
+                continue
+            stats = (await self._keyword_stats(conn, coll, rows)).get(node.key)
+            share = stats.eq(node.value) if stats is not None and isinstance(node.value, str) else selectivity
+            if best is None or share < best.share:
+                best = Subgraph(name, max(share, selectivity))
+        return best
 
     async def _graph(self, conn: Any, search: Search, plan: Plan) -> builtins.list[Hit]:
         ef = int(plan.ef_search or self.default_ef)
         await self._settings(conn, ef, plan.kind == "hnsw_iterative")
+        if plan.kind == "hnsw_subgraph":
+            stmt = self._subgraph_statement(search, plan)
+            if stmt is not None:
+                return self._hits(await conn.fetch(stmt, search.q["q"], *_args(search.sql)))
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
         candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
         return await self._indexed(
             conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), candidates
         )
 
+    def _subgraph_statement(self, search: Search, plan: Plan) -> str | None:
+        """The search of ``plan``'s payload subgraph: the subgraph's predicate spelled as its
+        index has it (a literal: PostgreSQL uses a partial index only for a query whose WHERE
+        implies the index's, which a parameter cannot), the nearest ``candidates`` (or
+        ``limit``) from it, and the whole filter on them."""
+        coll = search.coll
+        for node, name in self._subgraph_conditions(coll, search.flt) if search.flt is not None else []:
+            if name == plan.subgraph and isinstance(node.value, str):
+                take = max(search.limit, int(plan.candidates or 0))
+                return subgraph_statement(coll, node.key, escape_text(node.value), search.where, search.limit, take)
+        return None
+
     async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool]:
-        """(estimated rows, HNSW index valid) of a collection, cached for ``STATS_TTL`` seconds."""
+        """(estimated rows, HNSW index valid) of a collection, cached for ``STATS_TTL`` seconds
+        with its valid payload subgraphs (``_subgraph_cache``)."""
         now = time.monotonic()
         cached = self._stat_cache.get(coll.id)
         if cached is not None and cached[0] > now:
             return cached[1], cached[2]
-        row = await conn.fetchrow(_STATS, coll.data_table, hnsw_index_name(coll))
+        row = await conn.fetchrow(_STATS, coll.data_table, hnsw_index_name(coll), subgraph_like(coll.data_table))
         rows, ready = (int(row[0] or 0), bool(row[1])) if row is not None else (0, False)
+        names = frozenset(row[2] or ()) if row is not None else frozenset()
         if len(self._stat_cache) > CACHE_ENTRIES:
             self._stat_cache.clear()
+            self._subgraph_cache.clear()
         self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
+        if self._subgraph_cache.get(coll.id, names) != names:
+            # The builder chose subgraphs from newer statistics than the cached ones: read them
+            # again, or a new subgraph's value would be estimated as rare for up to 30 s.
+            self._kw_cache.pop(coll.id, None)
+        self._subgraph_cache[coll.id] = names
         return rows, ready
 
     async def _selectivity(self, conn: Any, coll: CollectionInfo, search: Search, rows: int) -> float:
@@ -656,6 +776,23 @@ class PgVectorIndex(VectorIndex):
             *_args(search.sql),
         )
         return self._hits(rows)
+
+
+def subgraph_statement(coll: CollectionInfo, field: str, stored_value: str, where: str, limit: int, take: int) -> str:
+    """A search of the payload subgraph of ``field`` = ``stored_value``: its ``take`` nearest
+    points (``$1``: the query vector), then ``where`` (the search's whole filter, numbered from
+    ``$2``) on them, nearest first."""
+    op = _OPERATOR[coll.distance]
+    if coll.index.get("kind") == "hnsw_halfvec":
+        n = int(coll.vector_size)
+        order = f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
+    else:
+        order = f"(embedding {op} $1)"
+    return (
+        f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+        f"FROM {coll.data_table} WHERE {subgraph_predicate(field, stored_value)} ORDER BY {order} "
+        f"LIMIT {int(take)}) c WHERE {where} ORDER BY d, id LIMIT {int(limit)}"
+    )
 
 
 async def detect_version(session_or_conn: Any) -> str | None:

@@ -19,6 +19,14 @@ Plans:
   graph is cheaper even with its occasional exact fallback (about 7% of searches at 1.5x).
 - ``hnsw_iterative``: pgvector 0.8's iterative index scan (``hnsw.iterative_scan``), which keeps
   walking the graph until ``limit`` candidates pass the filter.
+- ``hnsw_subgraph``: a payload subgraph (``app.vectors.subgraphs``): a partial HNSW index of the
+  points whose declared keyword field holds one value, for a filter that is that equality (alone
+  or in an AND). Its ``ef_search`` is the unfiltered one of a collection of the subgraph's size;
+  other conditions of the AND are applied to its candidates, with ``ef_search`` large enough that
+  ``limit`` of them match (``FILTER_MARGIN``), and when that is more than ``EF_SEARCH_MAX`` the
+  subgraph is not used. Chosen before the main graph when the ANN index is ready, unless the
+  filter is narrowed to at most ``exact_threshold`` points (``filter_first`` is exact and cheap
+  there). Measured at 500,000 points with a 2% value (~10,000 points): see docs/benchmarks.md.
 
 A graph search that returns fewer than ``limit`` points is redone exactly (``fallback``), so a
 filtered search always returns ``min(limit, matches)``; the planner's margins make that rare.
@@ -34,8 +42,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-PlanKind = Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative"]
-PLAN_KINDS: tuple[PlanKind, ...] = ("exact_scan", "filter_first", "hnsw", "hnsw_iterative")
+PlanKind = Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph"]
+PLAN_KINDS: tuple[PlanKind, ...] = ("exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph")
+GRAPH_PLANS: tuple[PlanKind, ...] = ("hnsw", "hnsw_iterative", "hnsw_subgraph")
 
 EF_SEARCH_MAX = 1000  # pgvector's upper bound of hnsw.ef_search
 EF_REFERENCE_ROWS = 100_000
@@ -51,9 +60,22 @@ class Plan:
     rows: int | None = None
     estimated_matches: int | None = None
     fallback: bool = False
+    candidates: int | None = None  # graph candidates the filter is applied to (0: the graph's own LIMIT)
+    subgraph: str | None = None  # the partial index a ``hnsw_subgraph`` plan searches
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["candidates"], out["subgraph"]  # how the backend runs it, not part of the answer
+        return out
+
+
+@dataclass(frozen=True)
+class Subgraph:
+    """A valid payload subgraph that serves a search's filter: its index, and the estimated
+    share of the collection's points it holds."""
+
+    index: str
+    share: float
 
 
 def ef_for(rows: int, limit: int, base: int) -> int:
@@ -74,12 +96,14 @@ def choose(
     exact_threshold: int,
     iterative: bool,
     fixed_ef: int | None = None,
+    subgraph: Subgraph | None = None,
 ) -> Plan:
     """The plan of one search.
 
     ``narrowed``: an index can narrow the filter's rows; ``selectivity``: the estimated share of
     points the filter keeps (None: unfiltered or unknown); ``fixed_ef``: the request's own
-    ``ef_search`` (the planner still raises it to ``limit``).
+    ``ef_search`` (the planner still raises it to ``limit``); ``subgraph``: a valid payload
+    subgraph of a string equality the filter requires.
     """
     if not index_ready:
         if filtered and narrowed:
@@ -94,6 +118,11 @@ def choose(
     if narrowed and matches <= exact_threshold:
         return Plan("filter_first", f"an index narrows the filter to ~{matches} points", rows=rows,
                     estimated_matches=matches)
+    if subgraph is not None:
+        plan = _subgraph_plan(subgraph, rows=rows, limit=limit, base_ef=base_ef, selectivity=s, matches=matches,
+                              fixed_ef=fixed_ef)
+        if plan is not None:
+            return plan
     if iterative:
         return Plan("hnsw_iterative", "iterative index scan", ef_search=ef, rows=rows, estimated_matches=matches)
     needed = math.ceil(FILTER_MARGIN * limit / s) if s > 0 else EF_SEARCH_MAX + 1
@@ -107,3 +136,24 @@ def choose(
                     estimated_matches=matches)
     return Plan("exact_scan", "too few matches for the graph and no index narrows the filter", rows=rows,
                 estimated_matches=matches)
+
+
+def _subgraph_plan(
+    subgraph: Subgraph, *, rows: int, limit: int, base_ef: int, selectivity: float, matches: int, fixed_ef: int | None
+) -> Plan | None:
+    """The search of ``subgraph``, or None when the filter's other conditions keep too few of its
+    points for ``EF_SEARCH_MAX`` candidates to hold ``limit`` of them."""
+    points = max(1, round(subgraph.share * rows))
+    ef = ef_for(points, limit, base_ef) if fixed_ef is None else max(fixed_ef, limit)
+    # The share of the subgraph's points the whole filter keeps (1: the equality alone).
+    inner = min(1.0, selectivity / subgraph.share) if subgraph.share > 0 else 1.0
+    candidates = 0
+    if inner < 1.0:
+        needed = math.ceil(FILTER_MARGIN * limit / inner) if inner > 0 else EF_SEARCH_MAX + 1
+        if needed > EF_SEARCH_MAX:
+            return None
+        ef = max(ef, needed)
+        candidates = ef
+    return Plan("hnsw_subgraph", f"the payload subgraph of ~{points} points holds the filter's matches",
+                ef_search=min(EF_SEARCH_MAX, ef), rows=rows, estimated_matches=matches, candidates=candidates,
+                subgraph=subgraph.index)

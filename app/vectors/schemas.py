@@ -52,12 +52,25 @@ class PayloadIndexCreate(_Body):
     kind: PayloadKind = Field(description="The values indexed: keyword (strings), integer, float or bool.")
 
 
+class SubgraphsRead(BaseModel):
+    """A declared keyword field's payload subgraphs (pgvector, described only)."""
+
+    built: int = Field(description="Values with a ready subgraph (a partial HNSW index of their points).")
+    building: int = Field(description="Subgraphs being built in the background.")
+
+
 class PayloadIndexRead(BaseModel):
     field: str
     kind: PayloadKind
     state: Literal["pending", "building", "ready"] = Field(
         description="pending (built in the background with the HNSW index once the collection is big and quiet; "
         "filters on the field are correct meanwhile), building, ready. SQLite: made with the collection."
+    )
+    subgraphs: SubgraphsRead | None = Field(
+        default=None,
+        description="Describe of a keyword field of an HNSW collection (pgvector): its payload subgraphs, "
+        "partial HNSW indexes of the values too common to compare exactly and too rare for the main graph "
+        "(`hnsw_subgraph` plans); null elsewhere (SQLite has no graph).",
     )
 
 
@@ -109,7 +122,7 @@ class IndexRead(BaseModel):
     plans: dict[str, int] | None = Field(
         default=None,
         description="Describe only: searches of this collection by plan (exact_scan, filter_first, hnsw, "
-        "hnsw_iterative; `fallback`: graph searches redone exactly), counted by the worker that answered "
+        "hnsw_iterative, hnsw_subgraph; `fallback`: graph searches redone exactly), counted by the worker that answered "
         "since it started.",
     )
 
@@ -218,7 +231,10 @@ class SearchHit(BaseModel):
 class SearchPlan(BaseModel):
     """How a search ran (``explain``)."""
 
-    kind: Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative"]
+    kind: Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph"] = Field(
+        description="exact_scan, filter_first (an index narrows the filter; exact), hnsw, hnsw_iterative "
+        "(pgvector 0.8's iterative scan), hnsw_subgraph (the payload subgraph of a declared keyword value)."
+    )
     reason: str
     ef_search: int | None = None
     rows: int | None = Field(default=None, description="The collection's estimated size (pgvector).")

@@ -143,6 +143,7 @@ class VectorService:
         payload_states: Sequence[str] | None = None,
         progress: dict[str, Any] | None = None,
         plans: dict[str, int] | None = None,
+        subgraphs: dict[int, tuple[int, int]] | None = None,
     ) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
@@ -163,7 +164,8 @@ class VectorService:
                 "plans": plans,
             },
             "payload_indexes": [
-                {**p.as_option(), "state": st} for p, st in zip(info.payload_indexes, states, strict=True)
+                {**p.as_option(), "state": st, "subgraphs": _subgraphs_read((subgraphs or {}).get(p.position))}
+                for p, st in zip(info.payload_indexes, states, strict=True)
             ],
             "count": count,
             "created_at": info.created_at.isoformat(),
@@ -258,7 +260,7 @@ class VectorService:
         return self.read(
             info, state, await self.index.count(conn, info),
             (await self.index.payload_index_states(conn, [info]))[info.id], progress,
-            telemetry.plans_of(info.id),
+            telemetry.plans_of(info.id), (await self.index.subgraph_states(conn, [info])).get(info.id),
         )
 
     async def read_created(self, conn: AsyncConnection, info: CollectionInfo) -> dict[str, Any]:
@@ -593,3 +595,7 @@ class VectorService:
             if len(out) == limit:
                 break
         return out, plan
+
+
+def _subgraphs_read(counts: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if counts is None else {"built": counts[0], "building": counts[1]}

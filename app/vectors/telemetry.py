@@ -11,7 +11,7 @@ from app.vectors.planner import Plan
 
 SEARCH_PLANS = Counter(
     "gateway_vector_search_plans",
-    "Vector searches by the plan that ran (exact_scan, filter_first, hnsw, hnsw_iterative) and "
+    "Vector searches by the plan that ran (exact_scan, filter_first, hnsw, hnsw_iterative, hnsw_subgraph) and "
     "whether a graph search was redone exactly (fallback).",
     ("plan", "fallback"),
     registry=REGISTRY,

@@ -232,7 +232,7 @@ class VectorsAPI(Resource):
         explain: bool = True,
     ) -> dict[str, Any]:
         """The whole answer ``{results, plan}``: ``plan`` says how the gateway searched
-        (``kind``: exact_scan, filter_first, hnsw or hnsw_iterative; ``ef_search``; ``fallback``)."""
+        (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``)."""
         body: dict[str, Any] = {"limit": limit}
         packed = pack_vector(vector)
         if packed is not None:
