@@ -63,6 +63,7 @@ class RecordingTransport(asyncio.Transport):
         super().__init__()
         self.calls: list[tuple[str, bytes]] = []
         self.closing = False
+        self.written_when_complete: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.calls.append(("write", bytes(data)))
@@ -109,13 +110,16 @@ def answer_with(body: bytes, pieces: int = 1) -> Any:
                     "headers": [(b"content-length", str(len(body) * pieces).encode())]})
         for i in range(pieces):
             await send({"type": "http.response.body", "body": body, "more_body": i < pieces - 1})
+        # What had reached the socket when the answer was complete, before any clean-up ran.
+        transport = scope["state"]["transport"]
+        transport.written_when_complete = transport.sent
     return app
 
 
 async def serve_one(app: Any, request: bytes) -> RecordingTransport:
     config = Config(app=app, lifespan="off", log_level="warning")
-    protocol = GatewayHttpProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
     transport = RecordingTransport()
+    protocol = GatewayHttpProtocol(config, ServerState(), {"transport": transport}, _loop=asyncio.get_running_loop())
     protocol.connection_made(transport)
     protocol.data_received(request)
     for _ in range(100):  # the app's task, then the flush it scheduled
@@ -130,11 +134,14 @@ async def serve_one(app: Any, request: bytes) -> RecordingTransport:
 GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 
 
-async def test_a_small_answer_leaves_in_one_socket_write() -> None:
+async def test_a_small_answer_leaves_in_one_socket_write_as_soon_as_it_is_complete() -> None:
     transport = await serve_one(answer_with(b'{"value": 1}'), GET)
     assert transport.writes == ["writelines"]
     head, _, body = transport.sent.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and body == b'{"value": 1}'
+    # not at the end of the event-loop step, after the request's clean-up (returning its database
+    # connection, metrics, the access log): that only delays the answer
+    assert transport.written_when_complete == transport.sent
 
 
 async def test_a_large_body_goes_out_at_once_with_the_head_before_it() -> None:

@@ -81,10 +81,12 @@ class CoalescingTransport(asyncio.Transport):
     uvicorn writes an answer's head when the app sends ``http.response.start`` and its body on the
     next message, in the same step for any answer that is not streamed. Written through, that was two
     ``send`` system calls and two TCP segments per answer: on a kv get, ~24% of a worker's CPU was in
-    those two calls (py-spy, PostgreSQL, concurrency 16). Here a small write waits for the end of
-    the step (``call_soon``) and the writes waiting then leave together (``writelines``: one
-    ``writev`` on uvloop); a write of ``COALESCE_BYTES`` or more takes the waiting ones with it at
-    once. Closing, half-closing and pausing never leave a write behind or reorder writes.
+    those two calls (py-spy, PostgreSQL, concurrency 16). Here a small write waits, and the writes
+    waiting leave together (``writelines``: one ``writev`` on uvloop) when the answer is complete
+    (``GatewayHttpProtocol.on_response_complete`` flushes, before the request's clean-up runs), when
+    a write of ``COALESCE_BYTES`` or more comes (it takes them with it), or at the end of the
+    event-loop step (``call_soon``: a streamed head does not wait for its first piece). Closing and
+    half-closing never leave a write behind, and writes are never reordered.
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
@@ -94,6 +96,8 @@ class CoalescingTransport(asyncio.Transport):
         self._waiting: list[bytes | bytearray | memoryview] = []
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
         if not self._waiting:
             if len(data) >= COALESCE_BYTES:
                 self._transport.write(data)
@@ -182,7 +186,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # --- connections --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(CoalescingTransport(transport, self.loop))
+        self._out = CoalescingTransport(transport, self.loop)
+        super().connection_made(self._out)
         self.idle_since = time.monotonic()
         if len(self.connections) > self._max_connections and not self._close_an_idle_connection():
             self.connections.discard(self)
@@ -253,6 +258,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
 
     def on_response_complete(self) -> None:
+        self._out.flush()  # the whole answer leaves now, not after the request's clean-up
         super().on_response_complete()
         if self.transport.is_closing():
             return
