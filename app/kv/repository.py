@@ -5,6 +5,14 @@ namespaces (it only deletes entries that have already expired, whoever owns them
 Compare-and-swap is a single statement each time: ``UPDATE ... WHERE version IN (...)`` for
 ``If-Match`` and ``INSERT ... ON CONFLICT DO UPDATE ... WHERE <expired or not matching>`` for
 ``If-None-Match``, so two racing writers can never both win.
+
+Every write stores a version it chose itself (``new_version``: random, as a new entry's always
+was), so no write needs ``RETURNING``: whether a conditional write happened is its row count. On
+SQLite a ``RETURNING`` statement keeps its write transaction open between its first step (the
+change) and the last (the commit), and in between aiosqlite's thread must take the GIL back from
+a busy event loop: 16 concurrent kv sets held SQLite's write lock while idle that way, the other
+writers slept in SQLite's busy handler, and the gateway served 1,440-1,460 sets/s against
+1,850-1,910 without ``RETURNING`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ def _expired() -> Any:
 
 
 def new_version() -> int:
-    """A fresh entry's first version: random, so a deleted and re-created key never reuses an ETag."""
+    """The version a write stores: random (52 bits), so a deleted and re-created key never reuses
+    an ETag, and a write can know its version without reading it back."""
     return secrets.randbits(52) + 1
 
 
@@ -62,11 +71,8 @@ def _replace_if(versions: int | None, not_versions: int) -> Any:
         cond.append(t.c.version.in_(_numbered("mv", versions)))
     if not_versions:
         cond.append(t.c.version.not_in(_numbered("xv", not_versions)))
-    return (
-        update(t).where(*cond)
-        .values(value=bindparam("v"), version=t.c.version + 1, updated_at=_now(),
-                expires_at=bindparam("exp", type_=t.c.expires_at.type))
-        .returning(t.c.version)
+    return update(t).where(*cond).values(
+        value=bindparam("v"), version=bindparam("nv"), updated_at=_now(), expires_at=bindparam("exp", type_=t.c.expires_at.type)
     )
 
 
@@ -113,13 +119,13 @@ class KvRepository:
         )
         set_ = {
             "value": ins.excluded.value,
-            # An expired entry being replaced counts as new: a fresh version and creation time.
-            "version": case((_expired(), ins.excluded.version), else_=t.c.version + 1),
+            "version": ins.excluded.version,
+            # An expired entry being replaced counts as new: its creation time is now.
             "created_at": case((_expired(), ins.excluded.created_at), else_=t.c.created_at),
             "updated_at": ins.excluded.updated_at,
             "expires_at": ins.excluded.expires_at,
         }
-        return ins.on_conflict_do_update(index_elements=_PK, set_=set_, where=where).returning(t.c.version)
+        return ins.on_conflict_do_update(index_elements=_PK, set_=set_, where=where)
 
     def _params(self, ns: str, c: str, k: str, value: str, now: datetime, expires: datetime | None) -> dict[str, Any]:
         return {"ns": ns, "c": c, "k": k, "v": value, "nv": new_version(), "now": now, "exp": expires}
@@ -146,9 +152,10 @@ class KvRepository:
         expires: datetime | None,
     ) -> int:
         """Set unconditionally; the new version."""
-        row = await self._upsert.first(conn, self._params(ns, c, k, value, now, expires))
-        assert row is not None  # an unconditional upsert always writes
-        version: int = row[0]
+        params = self._params(ns, c, k, value, now, expires)
+        written = await self._upsert.rowcount(conn, params)
+        assert written == 1  # an unconditional upsert always writes
+        version: int = params["nv"]
         return version
 
     async def create_or_replace_unless(
@@ -165,8 +172,7 @@ class KvRepository:
             params.update(_numbered_params("iv", versions))
         else:
             stmt = self._upsert
-        row = await stmt.first(conn, params)
-        return row[0] if row is not None else None
+        return params["nv"] if await stmt.rowcount(conn, params) else None
 
     async def replace_if(
         self, conn: StatementConnection, ns: str, c: str, k: str, value: str, now: datetime,
@@ -178,10 +184,10 @@ class KvRepository:
             return None  # none of the listed ETags is one of ours: nothing can match
         not_versions = not_versions or []
         stmt = self._replace_if(None if versions is None else len(versions), len(not_versions))
-        params = {"ns": ns, "c": c, "k": k, "v": value, "now": now, "exp": expires,
+        version = new_version()
+        params = {"ns": ns, "c": c, "k": k, "v": value, "nv": version, "now": now, "exp": expires,
                   **_numbered_params("mv", versions or []), **_numbered_params("xv", not_versions)}
-        row = await stmt.first(conn, params)
-        return row[0] if row is not None else None
+        return version if await stmt.rowcount(conn, params) else None
 
     async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
         await self._delete.rowcount(conn, {"ns": ns, "c": c, "k": k})
