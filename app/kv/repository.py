@@ -184,10 +184,10 @@ class KvRepository:
             return None  # none of the listed ETags is one of ours: nothing can match
         not_versions = not_versions or []
         stmt = self._replace_if(None if versions is None else len(versions), len(not_versions))
-        version = new_version()
-        params = {"ns": ns, "c": c, "k": k, "v": value, "nv": version, "now": now, "exp": expires,
-                  **_numbered_params("mv", versions or []), **_numbered_params("xv", not_versions)}
-        return version if await stmt.rowcount(conn, params) else None
+        params = self._params(ns, c, k, value, now, expires)
+        params.update(_numbered_params("mv", versions or []))
+        params.update(_numbered_params("xv", not_versions))
+        return params["nv"] if await stmt.rowcount(conn, params) else None
 
     async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
         await self._delete.rowcount(conn, {"ns": ns, "c": c, "k": k})
