@@ -50,15 +50,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
 from app.vectors import subgraphs
-from app.vectors.estimate import KeywordStats, distinct_count
 from app.vectors.payload_index import sql_index_name
 from app.vectors.pgvector import (
     BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
     HNSW_KINDS,
+    KEYWORD_STATS,
     SUBGRAPH_INDEXES,
+    TABLE_ROWS,
     hnsw_index_name,
     hnsw_index_sql,
+    keyword_stats,
     payload_index_sql,
     subgraph_index_sql,
     subgraph_like,
@@ -110,15 +112,6 @@ _SUBGRAPH_SWEEP = (
     "FROM vector_collections c JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
     "LEFT JOIN pg_stat_user_tables s ON s.relid = i.indrelid "
     "WHERE i.indisvalid AND CAST(c.index_options AS jsonb) -> 'payload_indexes' @> '[{\"kind\": \"keyword\"}]'"
-)
-# The statistics of the declared keyword fields' expressions, values as stored (escaped).
-_KEYWORD_STATS = (
-    "SELECT tablename, null_frac, n_distinct, CAST(CAST(most_common_vals AS text) AS text[]), most_common_freqs "
-    "FROM pg_stats WHERE schemaname = current_schema() AND tablename = ANY($1::text[]) AND attname = 'expr'"
-)
-_TABLE_ROWS = (
-    "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0) FROM pg_class c "
-    "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
 )
 
 
@@ -375,11 +368,9 @@ class IndexBuilder:
         ]
         names = {p.position: sql_index_name(t, p) for p in coll.payload_indexes if p.kind == "keyword"}
         by_table = {v: k for k, v in names.items()}
-        rows = int(await raw.fetchval(_TABLE_ROWS, t) or 0)
-        stats: dict[int, KeywordStats] = {}
-        for r in await raw.fetch(_KEYWORD_STATS, list(names.values())):
-            common = dict(zip(r[3] or (), r[4] or (), strict=True))
-            stats[by_table[r[0]]] = KeywordStats(float(r[1]), distinct_count(float(r[2]), rows), common)
+        rows = int(await raw.fetchval(TABLE_ROWS, t) or 0)
+        # values as stored: a subgraph's predicate spells the stored value
+        stats = {by_table[r[0]]: keyword_stats(r, rows) for r in await raw.fetch(KEYWORD_STATS, list(names.values()))}
         wanted = subgraphs.wanted(
             t, coll.payload_indexes, stats, rows, min_points=self.subgraph_min_points,
             max_share=self.subgraph_max_share, max_count=self.subgraph_max_count,

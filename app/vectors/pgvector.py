@@ -37,7 +37,7 @@ import sys
 import time
 import weakref
 from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -90,13 +90,17 @@ STATS_TTL = 1.0
 SELECTIVITY_TTL = 30.0
 SAMPLE_ROWS = 2000
 CACHE_ENTRIES = 4096
-# ... and the names of its valid payload subgraphs (``app.vectors.subgraphs``; $3: their LIKE).
+# A table's estimated rows ($1: the table).
+_ROWS_ESTIMATE = "GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0)"
+_OF_TABLE = "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
+TABLE_ROWS = f"SELECT {_ROWS_ESTIMATE} {_OF_TABLE}"
+# ... with its HNSW index's validity ($2) and the names of its valid payload subgraphs
+# (``app.vectors.subgraphs``; $3: their LIKE).
 _STATS = (
-    "SELECT GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0), "
+    f"SELECT {_ROWS_ESTIMATE}, "
     "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)), "
     "(SELECT array_agg(CAST(x.relname AS text)) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
-    "WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3) "
-    "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
+    f"WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3) {_OF_TABLE}"
 )
 # A table's payload subgraph indexes: name, valid, being built (asyncpg's parameters for the
 # builder, SQLAlchemy's for describe and reset).
@@ -109,11 +113,19 @@ SUBGRAPH_INDEXES = _SUBGRAPH_INDEXES.format(t="$1", like="$2")
 _SUBGRAPH_INDEXES_NAMED = _SUBGRAPH_INDEXES.format(t=":t", like=":like")
 
 
-# The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr").
-_KEYWORD_STATS = (
+# The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr"),
+# by index name ($1), values as stored (NUL-escaped: ``keyword_stats`` reads them).
+KEYWORD_STATS = (
     "SELECT tablename, null_frac, n_distinct, CAST(CAST(most_common_vals AS text) AS text[]), most_common_freqs "
     "FROM pg_stats WHERE schemaname = current_schema() AND tablename = ANY($1::text[]) AND attname = 'expr'"
 )
+
+
+def keyword_stats(row: Any, rows: int, value: Callable[[str], str] = str) -> KeywordStats:
+    """A ``KEYWORD_STATS`` row of a table of ``rows`` points; ``value`` reads a common value
+    (``unescape_text``: as searched; the default: as stored)."""
+    common = dict(zip((value(v) for v in row[3] or ()), row[4] or (), strict=True))
+    return KeywordStats(null_frac=float(row[1]), distinct=distinct_count(float(row[2]), rows), common=common)
 
 
 def hnsw_index_name(coll: CollectionInfo) -> str:
@@ -372,11 +384,7 @@ class PgVectorIndex(VectorIndex):
         await self._exclusive(session, coll, f"TRUNCATE {coll.data_table}")
         await session.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(coll)}"))
         # Likewise the payload subgraphs: the builder chooses them again from the new points.
-        rows = await session.execute(
-            text(_SUBGRAPH_INDEXES_NAMED),
-            {"t": coll.data_table, "like": subgraph_like(coll.data_table)},
-        )
-        for name in [r[0] for r in rows if subgraphs.is_subgraph_name(coll.data_table, r[0])]:
+        for name, _, _ in await _subgraph_indexes(session, coll):
             await session.execute(text(f"DROP INDEX IF EXISTS {name}"))
 
     async def _exclusive(self, session: AsyncConnection, coll: CollectionInfo, stmt: str) -> None:
@@ -455,13 +463,7 @@ class PgVectorIndex(VectorIndex):
             if c.index.get("kind") not in HNSW_KINDS or not keyword:
                 continue
             counts = {position: [0, 0] for position in keyword}
-            rows = await session.execute(
-                text(_SUBGRAPH_INDEXES_NAMED),
-                {"t": c.data_table, "like": subgraph_like(c.data_table)},
-            )
-            for name, valid, running in rows:
-                if not subgraphs.is_subgraph_name(c.data_table, name):
-                    continue
+            for name, valid, running in await _subgraph_indexes(session, c):
                 position = subgraphs.position_of(c.data_table, name)
                 if position in counts and (valid or running):
                     counts[position][0 if valid else 1] += 1
@@ -722,11 +724,7 @@ class PgVectorIndex(VectorIndex):
         cached = self._kw_cache.get(coll.id)
         if cached is not None and cached[0] > now:
             return cached[1]
-        found: dict[str, KeywordStats] = {}
-        for r in await conn.fetch(_KEYWORD_STATS, list(names)):
-            common = dict(zip((unescape_text(v) for v in r[3] or ()), r[4] or (), strict=True))
-            distinct = distinct_count(float(r[2]), rows)
-            found[names[r[0]]] = KeywordStats(null_frac=float(r[1]), distinct=distinct, common=common)
+        found = {names[r[0]]: keyword_stats(r, rows, unescape_text) for r in await conn.fetch(KEYWORD_STATS, list(names))}
         if len(self._kw_cache) > CACHE_ENTRIES:
             self._kw_cache.clear()
         self._kw_cache[coll.id] = (now + SELECTIVITY_TTL, found)
@@ -741,11 +739,7 @@ class PgVectorIndex(VectorIndex):
         """
         op = _OPERATOR[coll.distance]
         t = coll.data_table
-        if coll.index.get("kind") == "hnsw_halfvec":
-            n = int(coll.vector_size)
-            order = f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
-        else:
-            order = f"(embedding {op} $1)"
+        order = _graph_order(coll)
         if candidates:
             stmt = (
                 f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
@@ -778,16 +772,29 @@ class PgVectorIndex(VectorIndex):
         return self._hits(rows)
 
 
+def _graph_order(coll: CollectionInfo) -> str:
+    """The ORDER BY expression that the collection's HNSW index (and its subgraphs) serve, against
+    ``$1``: half precision for ``hnsw_halfvec``, which is then re-ranked by the exact distance."""
+    op = _OPERATOR[coll.distance]
+    if coll.index.get("kind") == "hnsw_halfvec":
+        n = int(coll.vector_size)
+        return f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
+    return f"(embedding {op} $1)"
+
+
+async def _subgraph_indexes(session: AsyncConnection, coll: CollectionInfo) -> builtins.list[tuple[str, bool, bool]]:
+    """The collection's payload subgraph indexes: (name, valid, being built)."""
+    t = coll.data_table
+    rows = await session.execute(text(_SUBGRAPH_INDEXES_NAMED), {"t": t, "like": subgraph_like(t)})
+    return [(r[0], r[1], r[2]) for r in rows if subgraphs.is_subgraph_name(t, r[0])]
+
+
 def subgraph_statement(coll: CollectionInfo, field: str, stored_value: str, where: str, limit: int, take: int) -> str:
     """A search of the payload subgraph of ``field`` = ``stored_value``: its ``take`` nearest
     points (``$1``: the query vector), then ``where`` (the search's whole filter, numbered from
     ``$2``) on them, nearest first."""
     op = _OPERATOR[coll.distance]
-    if coll.index.get("kind") == "hnsw_halfvec":
-        n = int(coll.vector_size)
-        order = f"(CAST(embedding AS halfvec({n})) {op} CAST($1 AS halfvec({n})))"
-    else:
-        order = f"(embedding {op} $1)"
+    order = _graph_order(coll)
     return (
         f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
         f"FROM {coll.data_table} WHERE {subgraph_predicate(field, stored_value)} ORDER BY {order} "
