@@ -9,8 +9,14 @@ connection given back inside a transaction is rolled back.
 
 from __future__ import annotations
 
+import email.utils
+import os
 import uuid
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 import pytest
 from sqlalchemy import Float, String, bindparam, column, func, insert, select, table, text
@@ -22,7 +28,7 @@ from app.core.errors import is_database_unavailable
 from app.core.db.statements import StatementShapes, fixed_statements
 from app.core.db.transactions import RequestConnections
 from app.kv.models import kv_entries as t
-from tests.conftest import Backend
+from tests.conftest import Backend, Server
 from tests.test_migrations import settings_for
 
 SELECT_ONE = select(bindparam("ns", type_=String()).label("echo"))  # needs no table
@@ -321,3 +327,37 @@ async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
         await request_connections(request.scope).end(commit=False)
     finally:
         await databases.close()
+
+
+async def test_a_one_chunk_file_download_is_one_driver_statement_with_the_stored_timestamps(
+    backend: Backend, server: Server, tmp_path: Path
+) -> None:
+    """A download of a file that is one chunk reads its row and bytes in one fixed statement on
+    the driver (no BEGIN, nothing through SQLAlchemy), and its timestamps, which the driver
+    returns unprocessed (text on SQLite), come back as the stored ones."""
+    from tests.test_scoping import capture_statements, in_process_settings
+
+    settings = in_process_settings(backend, tmp_path)  # (the server fixture migrated the databases)
+    data = os.urandom(300_000)
+    path = "/v1/dl/files/c/one-chunk"
+    stored: dict[str, Any] = {}
+
+    async def upload(client: httpx.AsyncClient) -> None:
+        put = await client.put(path, content=data, headers={"Content-Type": "text/plain"})
+        assert put.status_code == 201, put.text
+        stored.update(put.json())
+
+    async def download(client: httpx.AsyncClient) -> None:
+        got = await client.get(path)
+        assert got.status_code == 200 and got.content == data
+        updated = datetime.fromisoformat(stored["updated_at"])
+        assert got.headers["last-modified"] == email.utils.format_datetime(updated.astimezone(UTC), usegmt=True)
+        assert got.headers["etag"] == f'"{stored["sha256"]}"'
+        listed = (await client.get("/v1/dl/files/c")).json()["items"][0]  # read through SQLAlchemy
+        assert (listed["created_at"], listed["updated_at"]) == (stored["created_at"], stored["updated_at"])
+
+    await capture_statements(settings, upload)
+    captured, driver_path = await capture_statements(settings, download)
+    reads = [sql for sql, _ in captured if "file_chunks" in sql]
+    assert len(reads) == 1 and reads == [sql for sql in driver_path if "file_chunks" in sql], captured
+    assert not any(sql.strip().upper().startswith("BEGIN") for sql in driver_path), captured

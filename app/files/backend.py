@@ -3,8 +3,8 @@
 Chosen once by the lifespan from ``Databases.dialect``; nothing else in the package looks at the
 dialect. The differences: how a write transaction takes its lock (SQLite: ``BEGIN IMMEDIATE``;
 PostgreSQL: row locks with ``FOR UPDATE``), how a download reads one consistent snapshot (SQLite:
-a read transaction in WAL mode; PostgreSQL: ``REPEATABLE READ``), how a read of one statement
-runs (PostgreSQL: in autocommit, no BEGIN/ROLLBACK), and the ``ON CONFLICT`` builder.
+a read transaction in WAL mode; PostgreSQL: ``REPEATABLE READ``) and the ``ON CONFLICT``
+builder. (A download's first read is a fixed statement: ``app.core.db.statements``.)
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ class FilesBackend(Protocol):
     def snapshot_options(self) -> dict[str, Any]:
         """Execution options for a connection whose transaction must see one snapshot throughout."""
 
-    def single_read_options(self) -> dict[str, Any]:
-        """Execution options for a connection that runs one reading statement (one statement
-        sees one snapshot by itself)."""
-
     def locked(self, stmt: _Select) -> _Select:
         """``stmt`` locking the rows it reads until the transaction ends."""
 
@@ -58,11 +54,6 @@ class SqliteFiles:
         # In WAL mode a read transaction sees the database as of its first read until it ends.
         return {SQLITE_BEGIN_OPTION: "DEFERRED"}
 
-    def single_read_options(self) -> dict[str, Any]:
-        # The engine's BEGIN hook runs under AUTOCOMMIT too; a deferred read transaction costs
-        # only hand-offs to aiosqlite's thread, no round trips.
-        return {SQLITE_BEGIN_OPTION: "DEFERRED"}
-
     def locked(self, stmt: _Select) -> _Select:
         return stmt  # BEGIN IMMEDIATE already serialises writers.
 
@@ -82,10 +73,6 @@ class PostgresFiles:
 
     def snapshot_options(self) -> dict[str, Any]:
         return {"isolation_level": "REPEATABLE READ", "postgresql_readonly": True}
-
-    def single_read_options(self) -> dict[str, Any]:
-        # BEGIN and ROLLBACK around one SELECT are two round trips more, for the same answer.
-        return {"isolation_level": "AUTOCOMMIT"}
 
     def locked(self, stmt: _Select) -> _Select:
         return stmt.with_for_update()

@@ -6,6 +6,7 @@ Functions take an open ``AsyncConnection`` (or session); the service decides the
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,6 +15,8 @@ from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
+from app.core.db.statements import FixedStatement, StatementConnection
+from app.core.db.tables import driver_timestamp, from_driver_timestamp
 from app.files.backend import FilesBackend
 from app.files.models import file_chunks, file_uploads, files
 
@@ -61,13 +64,30 @@ _FILE_COLUMNS = (
     files.c.object_key,
 )
 
+# The same columns for a fixed statement: the timestamps as the driver returns them.
+_DRIVER_FILE_COLUMNS = tuple(
+    driver_timestamp(c).label(c.key) if c.key in ("created_at", "updated_at") else c for c in _FILE_COLUMNS
+)
+
+
+def _download_row(row: Sequence[Any]) -> tuple[FileRow, bytes | None]:
+    """A ``_row_and_only_chunk`` row (a driver's row, or SQLAlchemy's): the file and its chunk."""
+    file_id, blob_id, size, chunk_bytes, content_type, sha256, created_at, updated_at, object_key, data = row
+    return FileRow(
+        file_id=file_id, blob_id=blob_id, size=size, chunk_bytes=chunk_bytes, content_type=content_type,
+        sha256=sha256, created_at=from_driver_timestamp(created_at),
+        updated_at=from_driver_timestamp(updated_at), object_key=object_key,
+    ), data
+
 
 class FilesRepository:
-    def __init__(self, backend: FilesBackend) -> None:
+    def __init__(self, backend: FilesBackend, fixed: type[FixedStatement] = FixedStatement) -> None:
         self.backend = backend
-        # A download's row and, when the whole file is one chunk in the database, that chunk.
-        self._row_and_only_chunk = (
-            select(*_FILE_COLUMNS, file_chunks.c.data)
+        # A download's row and, when the whole file is one chunk in the database, that chunk:
+        # a fixed statement, sent with the driver outside a transaction (the timestamps as the
+        # driver returns them, converted in ``_download_row``).
+        self._row_and_only_chunk = fixed(
+            select(*_DRIVER_FILE_COLUMNS, file_chunks.c.data)
             .select_from(
                 files.outerjoin(
                     file_chunks,
@@ -94,14 +114,12 @@ class FilesRepository:
         return FileRow.of(row) if row else None
 
     async def get_with_only_chunk(
-        self, conn: Conn, namespace: str, collection: str, file_id: str
+        self, conn: StatementConnection, namespace: str, collection: str, file_id: str
     ) -> tuple[FileRow, bytes | None] | None:
         """The row, and its bytes when they are one chunk in the database (None otherwise:
         an empty file, a file of several chunks, or one in S3), in one statement."""
-        row = (
-            await conn.execute(self._row_and_only_chunk, {"ns": namespace, "c": collection, "id": file_id})
-        ).first()
-        return (FileRow.of(row), row.data) if row else None
+        row = await self._row_and_only_chunk.first(conn, {"ns": namespace, "c": collection, "id": file_id})
+        return _download_row(row) if row else None
 
     async def get_for_update(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
         row = (await conn.execute(self.backend.locked(self._one(namespace, collection, file_id)))).first()

@@ -40,7 +40,10 @@ from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnav
 from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
+from app.core.db.databases import borrow_raw_connection
 from app.core.db.slots import Slots
+from app.core.db.statements import fixed_statements
+from app.core.fences.sqlalchemy_ import close_pooled
 from app.files.backend import FilesBackend
 from app.files.ranges import ByteRange, parse_range, whole
 from app.files.repository import FileRow, FilesRepository
@@ -243,12 +246,11 @@ class FilesService:
     def __init__(
         self, engine: AsyncEngine, backend: FilesBackend, settings: Settings, objects: S3Objects | None = None
     ) -> None:
-        self.repo = FilesRepository(backend)
+        self.repo = FilesRepository(backend, fixed_statements(engine.dialect.name))
         self._backend = backend
         self._engine = engine
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
-        self._single_read_engine = engine.execution_options(**backend.single_read_options())
         self.chunk_bytes = settings.limits.file_chunk_bytes
         self.max_file_bytes = settings.limits.max_file_bytes
         self.stale_after = timedelta(seconds=settings.files.upload_stale_seconds)
@@ -351,18 +353,19 @@ class FilesService:
     async def open(self, namespace: str, collection: str, file_id: str) -> BlobReader:
         """A reader of ``file_id`` as it is now; the caller must ``close()`` it. 404 if missing.
 
-        The row is read in one statement, with the bytes when they are one chunk in the database
-        (most files, at the default 1 MiB), outside any transaction (on PostgreSQL: autocommit, one
-        round trip): such a file, and an object in S3 (immutable), need no connection once it is
+        The row is read in one fixed statement, with the bytes when they are one chunk in the
+        database (most files, at the default 1 MiB), sent with the driver outside any transaction
+        (``app.core.db.statements``: on PostgreSQL one round trip, on SQLite one hand-off to
+        aiosqlite's thread instead of about nine): such a file, and an object in S3 (immutable), need no connection once it is
         read. A file of several chunks is read again, with its chunks, from a snapshot
         transaction kept open until ``close``.
         """
-        conn = await self._single_read_engine.connect()
+        raw = await borrow_raw_connection(self._engine)
         try:
-            found = await self.repo.get_with_only_chunk(conn, namespace, collection, file_id)
+            found = await self.repo.get_with_only_chunk(raw, namespace, collection, file_id)
         finally:
             with anyio.CancelScope(shield=True):
-                await conn.close()
+                await close_pooled(raw)
         if found is None:
             raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
         row, only_chunk = found

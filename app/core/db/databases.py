@@ -170,6 +170,21 @@ def _count_new_connections(engine: AsyncEngine, db: Database) -> None:
         opened.inc()
 
 
+async def borrow_raw_connection(engine: AsyncEngine) -> PoolProxiedConnection:
+    """A connection from ``engine``'s pool for driver-level statements (``app.core.db.statements``),
+    its checkout the pool's own (events included); a failed connect raised as SQLAlchemy's
+    ``Connection`` raises it (a ``DBAPIError``, answered 503). Give it back with
+    ``app.core.fences.sqlalchemy_.close_pooled``."""
+    dialect = engine.sync_engine.dialect
+    try:
+        return await engine.raw_connection()
+    except dialect.loaded_dbapi.Error as exc:
+        raise sa_exc.DBAPIError.instance(
+            None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect,
+            connection_invalidated=bool(dialect.is_disconnect(exc, None, None)),
+        ) from exc
+
+
 @dataclass
 class Databases:
     """The engines of the three databases, owned by the app's lifespan."""
@@ -210,15 +225,7 @@ class Databases:
         """
         if self.dialect(db) != "postgresql" and not sqlite:
             return None
-        engine = self.engines[db].sync_engine
-        try:
-            return await self.engines[db].raw_connection()
-        except engine.dialect.loaded_dbapi.Error as exc:
-            # As SQLAlchemy's Connection raises a failed connect: a DBAPIError the app answers 503.
-            raise sa_exc.DBAPIError.instance(
-                None, None, exc, engine.dialect.loaded_dbapi.Error, dialect=engine.dialect,
-                connection_invalidated=bool(engine.dialect.is_disconnect(exc, None, None)),
-            ) from exc
+        return await borrow_raw_connection(self.engines[db])
 
     async def check(self, db: Database, timeout: float | None = None) -> None:
         """Open a connection and run a trivial query, or raise."""
