@@ -335,6 +335,18 @@ def stuck_download(server: Server, path: str) -> socket.socket:
     return sock
 
 
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything ``sock`` receives until the server closes (or resets) the connection."""
+    sock.settimeout(10)
+    got = bytearray()
+    try:
+        while piece := sock.recv(1 << 20):
+            got += piece
+    except ConnectionResetError:
+        pass
+    return bytes(got)
+
+
 def test_stuck_downloads_are_capped_and_cut_off(strict_server: Server, namespace: str) -> None:
     """Downloads hold a connection while their client reads: per namespace and per process only a
     share of the pool may do so (503 + Retry-After past it, before a connection is taken), and a
@@ -369,6 +381,9 @@ def test_stuck_downloads_of_one_chunk_files_hold_no_slot(strict_server: Server, 
         try:
             r = client.get(f"/v1/{namespace}/files/c/one")
             assert r.status_code == 200 and r.content == blob
+            time.sleep(4)  # past send_idle_timeout_seconds=2: each stuck answer was cut off
+            for sock in stuck:
+                assert len(read_to_end(sock)) < len(blob)  # what was sent before the cut, not all
         finally:
             for sock in stuck:
                 sock.close()

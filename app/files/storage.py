@@ -81,6 +81,7 @@ class BlobSink(Protocol):
 
 class BlobReader(Protocol):
     row: FileRow
+    in_memory: bool  # every byte is already read and nothing is held (no connection, slot, GET)
 
     async def start(self, byte_range: ByteRange) -> None: ...
 
@@ -124,6 +125,8 @@ class ChunkSink:
 class BytesReader:
     """A file whose bytes are already read (one chunk, or none): no connection, no slot."""
 
+    in_memory = True
+
     def __init__(self, row: FileRow, data: bytes) -> None:
         self.row = row
         self._data = data
@@ -146,6 +149,8 @@ class BytesReader:
 class ChunkReader:
     """A file row and its chunks, read in one snapshot transaction on a connection of its own,
     holding a download slot (``app.core.db.slots``) until closed."""
+
+    in_memory = False
 
     def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot) -> None:
         self._conn = conn
@@ -246,6 +251,8 @@ class ObjectSink:
 
 class ObjectReader:
     """A committed row and a ranged GET of its object; no database connection is held."""
+
+    in_memory = False
 
     def __init__(self, objects: S3Objects, row: FileRow) -> None:
         self._objects = objects
