@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.core.config import Settings
+from app.core.db import statements
 from app.files.backend import backend_for
 from app.files.s3 import ObjectMissing, S3Objects
 from app.files.service import FilesService
@@ -102,23 +103,29 @@ async def test_a_missing_object_is_object_missing(backend: Backend, key: str) ->
 async def test_the_download_row_is_read_outside_a_transaction(
     backend: Backend, http: httpx.AsyncClient, namespace: str
 ) -> None:
-    """One SELECT, no BEGIN/ROLLBACK around it: asyncpg is not in a transaction while it runs."""
+    """One SELECT sent with asyncpg in autocommit (the driver path), nothing through SQLAlchemy:
+    no BEGIN/ROLLBACK around it."""
     data = os.urandom(1000)
     assert (await http.put(url(namespace, "f", "row"), content=data)).status_code == 201
     engine = create_async_engine(backend.urls["metadata"])
-    seen: list[bool] = []
+    through_sqlalchemy: list[str] = []
+    on_driver: list[str] = []
 
-    @event.listens_for(engine.sync_engine, "after_cursor_execute")  # (asyncpg's BEGIN comes with the statement)
-    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "FROM files" in statement:
-            seen.append(conn.connection.driver_connection.is_in_transaction())
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        through_sqlalchemy.append(statement)
 
+    def observe(sql: str, arguments: Any) -> None:
+        on_driver.append(sql)
+
+    statements.observers.append(observe)
     try:
         async with bucket(backend) as objects:
             service = FilesService(engine, backend_for("postgresql"), Settings(), objects)
             reader = await service.open(namespace, "f", "row")
             await reader.close()
     finally:
+        statements.observers.remove(observe)
         await engine.dispose()
     assert isinstance(reader, ObjectReader) and reader.row.size == len(data)
-    assert seen == [False]
+    assert through_sqlalchemy == [] and len(on_driver) == 1 and "FROM files" in on_driver[0]
