@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
+from app.core.db.inline import InlineConnection, InlineReader
 from app.core.ops import metrics
 from app.core.config import Database, Settings
 
@@ -191,6 +192,7 @@ class Databases:
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
+    inline_readers: dict[Database, InlineReader] = field(default_factory=dict)
 
     @classmethod
     def open(cls, settings: Settings) -> Databases:
@@ -199,6 +201,10 @@ class Databases:
             engine = create_engine(settings, db)
             _count_new_connections(engine, db)
             dbs.engines[db] = engine
+            path = dbs.sqlite_file(db)
+            budget = settings.databases.get(db).inline_read_budget_ms / 1000
+            if path is not None and budget > 0:
+                dbs.inline_readers[db] = InlineReader(path, db.value, budget)
         return dbs
 
     def engine(self, db: Database) -> AsyncEngine:
@@ -237,6 +243,16 @@ class Databases:
 
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
 
+    def inline_connection(self, db: Database) -> InlineConnection | None:
+        """For a request that runs one reading statement on ``db``: its SQLite file's inline
+        reader (``app.core.db.inline``); None on PostgreSQL, in memory, or when turned off."""
+        reader = self.inline_readers.get(db)
+        if reader is None:
+            return None
+        return InlineConnection(reader, lambda: borrow_raw_connection(self.engines[db]))
+
     async def close(self) -> None:
+        for reader in self.inline_readers.values():
+            reader.close()
         for engine in self.engines.values():
             await engine.dispose()

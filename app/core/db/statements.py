@@ -56,11 +56,13 @@ from sqlalchemy.sql.selectable import ExecutableReturnsRows
 from app.core.db.sqlite import SQLITE  # first: the sqlite3 module aiosqlite must import
 
 import aiosqlite  # (after the line above, so it imports that sqlite3)
+from app.core.db.inline import InlineConnection
 from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
 Row = Sequence[Any]
-StatementConnection = AsyncConnection | PoolProxiedConnection
-"""What a single-statement route gets: a pooled driver connection on PostgreSQL, else SQLAlchemy's."""
+StatementConnection = AsyncConnection | PoolProxiedConnection | InlineConnection
+"""What a single-statement route gets: a pooled driver connection, an inline read on SQLite
+(``app.core.db.inline``), or SQLAlchemy's connection inside a transaction."""
 
 observers: list[Callable[[str, Sequence[Any]], None]] = []
 """Called with (SQL, arguments) for every statement sent on the driver path."""
@@ -96,15 +98,15 @@ def check_driver_results(statement: ExecutableReturnsRows) -> None:
 
 
 # Borrowed single-statement connections in strict mode -> whether each has run its statement.
-_single: weakref.WeakKeyDictionary[PoolProxiedConnection, bool] = weakref.WeakKeyDictionary()
+_single: weakref.WeakKeyDictionary[PoolProxiedConnection | InlineConnection, bool] = weakref.WeakKeyDictionary()
 
 
-def expect_one_statement(conn: PoolProxiedConnection) -> None:
+def expect_one_statement(conn: PoolProxiedConnection | InlineConnection) -> None:
     """From now on (strict mode), a second statement on ``conn`` raises ``SecondStatementError``."""
     _single[conn] = False
 
 
-def _ran_statement(conn: PoolProxiedConnection, sql: str) -> None:
+def _ran_statement(conn: PoolProxiedConnection | InlineConnection, sql: str) -> None:
     ran = _single.get(conn)
     if ran is None:
         return
@@ -168,7 +170,7 @@ class _DriverStatement(FixedStatement):
             args.append(process(value) if process is not None and value is not None else value)
         return args
 
-    def _sending(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Any]:
+    def _sending(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> list[Any]:
         """The statement's arguments, once strict mode and the observers have seen it."""
         args = self._args(params)
         if STRICT:
@@ -177,13 +179,13 @@ class _DriverStatement(FixedStatement):
             observe(self.sql, args)
         return args
 
-    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
+    async def _first(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> Row | None:
         raise NotImplementedError
 
-    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+    async def _all(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> list[Row]:
         raise NotImplementedError
 
-    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
+    async def _rowcount(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> int:
         raise NotImplementedError
 
     async def first(self, conn: StatementConnection, params: Mapping[str, Any]) -> Row | None:
@@ -207,22 +209,24 @@ class _AsyncpgStatement(_DriverStatement):
 
     dialect = ASYNCPG_DIALECT
 
-    async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
+    async def _send(self, conn: PoolProxiedConnection | InlineConnection, method: str, params: Mapping[str, Any]) -> Any:
+        if isinstance(conn, InlineConnection):
+            raise TypeError("inline reads are SQLite's; a PostgreSQL statement got one")
         args = self._sending(conn, params)
         try:
             return await getattr(conn.driver_connection, method)(self.sql, *args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised
             raise translate_driver_error(conn, exc, self.sql) from exc
 
-    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
+    async def _first(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> Row | None:
         row: Row | None = await self._send(conn, "fetchrow", params)  # an asyncpg Record
         return row
 
-    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+    async def _all(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> list[Row]:
         rows: list[Row] = await self._send(conn, "fetch", params)
         return rows
 
-    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
+    async def _rowcount(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> int:
         status = await self._send(conn, "execute", params)  # e.g. "DELETE 3", "INSERT 0 1"
         last = status.rsplit(" ", 1)[-1] if status else ""
         return int(last) if last.isdigit() else 0
@@ -241,21 +245,27 @@ class _AiosqliteStatement(_DriverStatement):
             raise TypeError("a SQLite fixed statement got a connection that is not aiosqlite's")
         return driver
 
-    async def _send(self, conn: PoolProxiedConnection, method: str, params: Mapping[str, Any]) -> Any:
+    async def _send(self, conn: PoolProxiedConnection | InlineConnection, method: str, params: Mapping[str, Any]) -> Any:
         args = self._sending(conn, params)
+        if isinstance(conn, InlineConnection):
+            if method == "execute_fetchall":
+                rows = conn.reader.read(self.sql, args)
+                if rows is not None:
+                    return rows
+            conn = await conn.pooled()  # it could not run inline (or writes): as any other statement
         try:
             return await getattr(self._driver(conn), method)(self.sql, args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised
             raise translate_sqlite_error(conn, exc, self.sql, args) from exc
 
-    async def _all(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> list[Row]:
+    async def _all(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> list[Row]:
         return list(await self._send(conn, "execute_fetchall", params))
 
-    async def _first(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> Row | None:
+    async def _first(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> Row | None:
         rows = await self._all(conn, params)  # statements read by `first` select one row (a key)
         return rows[0] if rows else None
 
-    async def _rowcount(self, conn: PoolProxiedConnection, params: Mapping[str, Any]) -> int:
+    async def _rowcount(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> int:
         # The cursor is left to the garbage collector: closing it would be a second hand-off,
         # and a statement that returns no rows is finished once it has run.
         cursor = await self._send(conn, "execute", params)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
 from sqlalchemy.pool import PoolProxiedConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.db.inline import InlineConnection
 from app.core.errors import app_error_response
 from app.core.fences.sqlalchemy_ import close_pooled
 
@@ -34,12 +35,17 @@ class RequestConnections:
 
     def __init__(self) -> None:
         self._open: list[tuple[AsyncConnection | PoolProxiedConnection, AsyncTransaction | None]] = []
+        self._inline: list[InlineConnection] = []
 
     def add(self, conn: AsyncConnection | PoolProxiedConnection, transaction: AsyncTransaction | None = None) -> None:
         self._open.append((conn, transaction))
 
+    def add_inline(self, conn: InlineConnection) -> None:
+        """An inline read: nothing to end, unless its statement borrowed a pooled connection."""
+        self._inline.append(conn)
+
     def __bool__(self) -> bool:
-        return bool(self._open)
+        return bool(self._open or self._inline)
 
     async def end(self, commit: bool, *, clean: bool = True) -> None:
         """Commit (or roll back) and close every connection, newest first; after a failed
@@ -49,6 +55,10 @@ class RequestConnections:
         so a borrowed driver connection may be inside a statement: it is discarded, not pooled.
         """
         error: BaseException | None = None
+        while self._inline:
+            pooled = self._inline.pop().pooled_if_borrowed()
+            if pooled is not None:
+                self._open.insert(0, (pooled, None))
         while self._open:
             conn, transaction = self._open.pop()
             if not isinstance(conn, AsyncConnection):

@@ -72,6 +72,14 @@ DB_CONNECTIONS_OPENED = Counter(
     registry=REGISTRY,
 )
 
+SQLITE_INLINE_READS = Counter(
+    "gateway_sqlite_inline_reads",
+    "One-statement SQLite reads tried on the event loop's thread (app.core.db.inline), by outcome: "
+    "inline (answered there), or over_budget / busy / error (sent through the pool instead).",
+    ("database", "outcome"),
+    registry=REGISTRY,
+)
+
 
 def count_problem(code: str, status: int) -> None:
     """Called by the problem renderer for every error it answers."""

@@ -1,0 +1,125 @@
+"""SQLite reads of one statement on the event loop's own thread, within a time budget.
+
+aiosqlite runs every statement on a thread of its own connection: each call is a hand-off there
+and back (a queue put, a futex wake, a context switch, ``call_soon_threadsafe``). For a kv or
+record read, a primary-key lookup that SQLite answers in tens of microseconds, that hand-off
+was the largest single cost: wrk, kv get at concurrency 1, one worker, the embedded default,
+1,642-1,697 req/s and 562-579 us of server CPU per read through aiosqlite against 2,391-2,466
+req/s and 401-413 us run in the loop's thread (``docs/benchmarks.md``, issue 17).
+
+So a request that runs one reading statement (the ``*Statement`` dependencies, on a GET or a
+read-only POST) gets an ``InlineConnection`` instead of a pooled connection. Its statement runs
+on the database's ``InlineReader``: one sqlite3 connection per database, used only from the
+event loop's thread. It is synchronous, so one statement runs to its end before the loop does
+anything else and one connection serves them all. The loop is never held for long:
+
+- a statement that runs past ``inline_read_budget_ms`` is interrupted (a progress handler,
+  every ``CHECK_EVERY`` virtual-machine steps);
+- a statement that would wait for a lock fails at once (``busy_timeout`` 0);
+- the connection is ``query_only``: a statement that writes fails.
+
+Any of these, and any other error, sends the statement again through the pool and aiosqlite's
+thread, where it runs (or fails) exactly as every other statement: the answer is always the one
+that path gives, and only a statement that succeeds inline is answered from here. Each outcome
+is counted (``gateway_sqlite_inline_reads``).
+
+A read sees the newest committed state: in WAL mode each statement outside a transaction
+starts its own read of the latest commit, and a write is acknowledged only after its commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.pool import PoolProxiedConnection
+
+from app.core.db.sqlite import SQLITE
+from app.core.ops import metrics
+
+log = logging.getLogger("app.db")
+
+CHECK_EVERY = 1000
+"""SQLite virtual-machine steps between two looks at the clock (a point read takes a few hundred)."""
+
+Row = Sequence[Any]
+
+
+class InlineReader:
+    """One sqlite3 connection to ``path`` for reads on the event loop's thread (see the module)."""
+
+    def __init__(self, path: Path, database: str, budget_seconds: float) -> None:
+        self._path = path
+        self._budget = budget_seconds
+        self._conn: Any = None
+        self._thread: int | None = None  # the loop's thread: the only one that may use it
+        self._deadline = 0.0
+        self._outcomes = {
+            outcome: metrics.SQLITE_INLINE_READS.labels(database=database, outcome=outcome)
+            for outcome in ("inline", "over_budget", "busy", "error")
+        }
+
+    def _open(self) -> Any:
+        # mode=rw: never create the file (the pool's connections do that, in WAL mode).
+        conn = SQLITE.connect(
+            f"{self._path.resolve().as_uri()}?mode=rw", uri=True, timeout=0, isolation_level=None,
+            check_same_thread=False, cached_statements=256,
+        )
+        conn.execute("PRAGMA query_only=ON")
+        conn.set_progress_handler(self._over_budget, CHECK_EVERY)
+        return conn
+
+    def _over_budget(self) -> bool:
+        return time.perf_counter() > self._deadline
+
+    def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
+        """The rows of ``sql``, or None: it must run through the pool instead (see the module)."""
+        if self._thread != threading.get_ident():
+            if self._thread is not None:
+                return None  # another thread than the one that first used it (never the loop's)
+            self._thread = threading.get_ident()
+        try:
+            if self._conn is None:
+                self._conn = self._open()
+            self._deadline = time.perf_counter() + self._budget
+            rows: list[Row] = self._conn.execute(sql, args).fetchall()
+        except SQLITE.OperationalError as exc:
+            message = str(exc)
+            outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+            self._outcomes[outcome].inc()
+            return None
+        except SQLITE.Error:
+            self._outcomes["error"].inc()
+            return None
+        self._outcomes["inline"].inc()
+        return rows
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class InlineConnection:
+    """What a one-statement read gets on SQLite: the database's ``InlineReader``, and a pooled
+    connection borrowed (once, then kept for the request) when a statement cannot run inline."""
+
+    def __init__(
+        self, reader: InlineReader, borrow: Callable[[], Awaitable[PoolProxiedConnection]]
+    ) -> None:
+        self.reader = reader
+        self._borrow = borrow
+        self._pooled: PoolProxiedConnection | None = None
+
+    async def pooled(self) -> PoolProxiedConnection:
+        if self._pooled is None:
+            self._pooled = await self._borrow()
+        return self._pooled
+
+    def pooled_if_borrowed(self) -> PoolProxiedConnection | None:
+        """The pooled connection a statement borrowed, for the request's end to give back."""
+        return self._pooled

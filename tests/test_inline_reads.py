@@ -1,0 +1,133 @@
+"""SQLite reads of one statement on the event loop's thread (``app.core.db.inline``).
+
+Through the real server: kv and record reads are answered inline (no pooled connection, no
+hand-off to aiosqlite's thread), see what was just written, and a read past its budget is sent
+through the pool with the same answer. On the reader itself: the loop is never held past the
+budget, a lock is never waited for, a write never runs, and another thread never uses it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.core.db.inline import InlineReader
+from app.core.db.sqlite import SQLITE
+from app.core.ops import metrics
+from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
+from tests.test_ops_telemetry import parse_metrics, value
+
+pytestmark = pytest.mark.sqlite_only
+
+INLINE = "gateway_sqlite_inline_reads_total"
+
+
+def outcomes(client: httpx.Client) -> dict[str, float]:
+    samples = parse_metrics(client.get("/metrics").text)
+    return {o: value(samples, INLINE, outcome=o) for o in ("inline", "over_budget", "busy", "error")}
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {o: after[o] - before[o] for o in after if after[o] != before[o]}
+
+
+def test_kv_and_record_reads_run_inline_and_see_every_write(server: Server, namespace: str) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+        before = outcomes(client)
+        for i in range(20):  # each read right after the write it must see
+            assert client.put(f"/v1/{namespace}/kv/c/k", json={"i": i}).status_code in (200, 201, 204)
+            assert client.get(f"/v1/{namespace}/kv/c/k").json() == {"i": i}
+            assert client.put(f"/v1/{namespace}/records/r/k", json={"i": i}).is_success
+            assert client.get(f"/v1/{namespace}/records/r/k").json()["value"] == {"i": i}
+        assert client.get(f"/v1/{namespace}/kv/c/missing").status_code == 404
+        assert moved(before, outcomes(client)) == {"inline": 41}  # one worker: every read, nothing else
+
+
+def test_a_read_past_its_budget_is_answered_through_the_pool(backend: Backend, tmp_path: Path) -> None:
+    """A budget of 1 us interrupts any statement that reaches SQLite's first progress check: a
+    page of 500 records (a point read finishes before it). The answer is the pool's, the same."""
+    assert run_cli(backend, "migrate").returncode == 0
+    server = start_server(
+        backend, tmp_path / "gateway.log", GATEWAY_DATABASES__CHECKPOINTS__INLINE_READ_BUDGET_MS="0.001",
+    )
+    ns = f"budget{time.monotonic_ns()}"
+    try:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30) as client:
+            batch = {"records": [{"key": f"{i:05d}", "value": {"i": i}} for i in range(500)]}
+            assert client.post(f"/v1/{ns}/records/r", json=batch).is_success
+            before = outcomes(client)
+            page = client.get(f"/v1/{ns}/records/r", params={"limit": 500}).json()
+            assert [item["key"] for item in page["items"]] == [f"{i:05d}" for i in range(500)]
+            assert client.get(f"/v1/{ns}/records/r/00007").json()["value"] == {"i": 7}
+            assert moved(before, outcomes(client)) == {"over_budget": 1, "inline": 1}
+    finally:
+        stop_server(server)
+
+
+def _database(tmp_path: Path) -> Path:
+    path = tmp_path / "inline.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"v{i}") for i in range(100)])
+    conn.commit()
+    conn.close()
+    return path
+
+
+def _count(database: str, outcome: str) -> float:
+    return metrics.REGISTRY.get_sample_value(INLINE, {"database": database, "outcome": outcome}) or 0.0
+
+
+def test_the_reader_never_holds_the_loop_past_its_budget(tmp_path: Path) -> None:
+    reader = InlineReader(_database(tmp_path), "budget-test", budget_seconds=0.002)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    try:
+        assert reader.read("SELECT v FROM t WHERE k = ?", [7]) == [("v7",)]
+        started = time.perf_counter()
+        assert reader.read(endless, []) is None
+        assert time.perf_counter() - started < 0.05
+        assert _count("budget-test", "over_budget") == 1 and _count("budget-test", "inline") == 1
+        assert reader.read("SELECT v FROM t WHERE k = ?", [8]) == [("v8",)]  # usable after
+    finally:
+        reader.close()
+
+
+def test_the_reader_never_waits_for_a_lock_and_never_writes(tmp_path: Path) -> None:
+    path = _database(tmp_path)
+    reader = InlineReader(path, "lock-test", budget_seconds=0.5)
+    holder = SQLITE.connect(path, isolation_level=None)
+    try:
+        assert reader.read("UPDATE t SET v = 'x' WHERE k = 1 RETURNING v", []) is None  # query_only
+        assert reader.read("SELECT v FROM t WHERE k = 1", []) == [("v1",)]
+        # An exclusive lock (locking_mode=EXCLUSIVE keeps it after the write) shuts readers out;
+        # the holder can take it only while no other connection is open.
+        reader.close()
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("UPDATE t SET v = 'held' WHERE k = 2")
+        started = time.perf_counter()
+        assert reader.read("SELECT v FROM t WHERE k = 2", []) is None
+        assert time.perf_counter() - started < 0.05  # busy_timeout 0: refused, not waited for
+        assert _count("lock-test", "busy") == 1 and _count("lock-test", "error") == 1
+    finally:
+        holder.close()
+        reader.close()
+
+
+def test_the_reader_is_used_by_the_first_thread_only(tmp_path: Path) -> None:
+    reader = InlineReader(_database(tmp_path), "thread-test", budget_seconds=0.5)
+    try:
+        assert reader.read("SELECT v FROM t WHERE k = ?", [1]) == [("v1",)]
+        other: list[object] = []
+        thread = threading.Thread(target=lambda: other.append(reader.read("SELECT v FROM t WHERE k = ?", [1])))
+        thread.start()
+        thread.join()
+        assert other == [None]
+    finally:
+        reader.close()
