@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.db.inline import InlineReader
+from app.core.db.inline import SKIP_AFTER_OVER_BUDGET, InlineReader
 from app.core.db.sqlite import SQLITE
 from app.core.ops import metrics
 from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
@@ -29,7 +29,7 @@ INLINE = "gateway_sqlite_inline_reads_total"
 
 def outcomes(client: httpx.Client) -> dict[str, float]:
     samples = parse_metrics(client.get("/metrics").text)
-    return {o: value(samples, INLINE, outcome=o) for o in ("inline", "over_budget", "busy", "error")}
+    return {o: value(samples, INLINE, outcome=o) for o in ("inline", "over_budget", "skipped", "busy", "error")}
 
 
 def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -95,6 +95,12 @@ def test_the_reader_never_holds_the_loop_past_its_budget(tmp_path: Path) -> None
         assert time.perf_counter() - started < 0.05
         assert _count("budget-test", "over_budget") == 1 and _count("budget-test", "inline") == 1
         assert reader.read("SELECT v FROM t WHERE k = ?", [8]) == [("v8",)]  # usable after
+        # The same SQL goes straight to the pool for its next SKIP_AFTER_OVER_BUDGET runs.
+        started = time.perf_counter()
+        assert all(reader.read(endless, []) is None for _ in range(SKIP_AFTER_OVER_BUDGET))
+        assert time.perf_counter() - started < 0.01
+        assert _count("budget-test", "skipped") == SKIP_AFTER_OVER_BUDGET
+        assert reader.read(endless, []) is None and _count("budget-test", "over_budget") == 2
     finally:
         reader.close()
 

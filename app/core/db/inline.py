@@ -14,7 +14,8 @@ event loop's thread. It is synchronous, so one statement runs to its end before 
 anything else and one connection serves them all. The loop is never held for long:
 
 - a statement that runs past ``inline_read_budget_ms`` is interrupted (a progress handler,
-  every ``CHECK_EVERY`` virtual-machine steps);
+  every ``CHECK_EVERY`` virtual-machine steps), and its SQL skips this path for its next
+  ``SKIP_AFTER_OVER_BUDGET`` runs;
 - a statement that would wait for a lock fails at once (``busy_timeout`` 0);
 - the connection is ``query_only``: a statement that writes fails.
 
@@ -46,6 +47,10 @@ log = logging.getLogger("app.db")
 CHECK_EVERY = 1000
 """SQLite virtual-machine steps between two looks at the clock (a point read takes a few hundred)."""
 
+SKIP_AFTER_OVER_BUDGET = 32
+"""A statement that ran past its budget goes straight to the pool for its next this many runs
+(the same SQL with other values, such as a large page, tends to run long again)."""
+
 Row = Sequence[Any]
 
 
@@ -58,9 +63,10 @@ class InlineReader:
         self._conn: Any = None
         self._thread: int | None = None  # the loop's thread: the only one that may use it
         self._deadline = 0.0
+        self._skip: dict[str, int] = {}  # SQL that ran past its budget -> runs left to send to the pool
         self._outcomes = {
             outcome: metrics.SQLITE_INLINE_READS.labels(database=database, outcome=outcome)
-            for outcome in ("inline", "over_budget", "busy", "error")
+            for outcome in ("inline", "over_budget", "skipped", "busy", "error")
         }
 
     def _open(self) -> Any:
@@ -82,6 +88,13 @@ class InlineReader:
             if self._thread is not None:
                 return None  # another thread than the one that first used it (never the loop's)
             self._thread = threading.get_ident()
+        if self._skip:
+            left = self._skip.pop(sql, 0)
+            if left:
+                if left > 1:
+                    self._skip[sql] = left - 1
+                self._outcomes["skipped"].inc()
+                return None
         try:
             if self._conn is None:
                 self._conn = self._open()
@@ -90,6 +103,8 @@ class InlineReader:
         except SQLITE.OperationalError as exc:
             message = str(exc)
             outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+            if outcome == "over_budget":
+                self._skip[sql] = SKIP_AFTER_OVER_BUDGET
             self._outcomes[outcome].inc()
             return None
         except SQLITE.Error:

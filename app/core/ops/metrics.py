@@ -75,7 +75,8 @@ DB_CONNECTIONS_OPENED = Counter(
 SQLITE_INLINE_READS = Counter(
     "gateway_sqlite_inline_reads",
     "One-statement SQLite reads tried on the event loop's thread (app.core.db.inline), by outcome: "
-    "inline (answered there), or over_budget / busy / error (sent through the pool instead).",
+    "inline (answered there), or over_budget / skipped (its SQL ran past the budget lately) / busy / "
+    "error (sent through the pool instead).",
     ("database", "outcome"),
     registry=REGISTRY,
 )
