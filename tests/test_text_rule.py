@@ -469,3 +469,13 @@ async def test_checkpoint_metadata_keeps_integers_beyond_64_bits(http: httpx.Asy
     assert r.is_success, r.text
     got = (await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "t"})).json()
     assert got["metadata"]["n"] == big
+
+
+@given(st.text())
+def test_json_string_writes_what_json_dumps_writes(key: str) -> None:
+    """Keys in kv and records pages are written with ``json_string``; it must write exactly what
+    ``json.dumps(key, ensure_ascii=False)`` writes for every string (quotes, controls, U+0000,
+    astral characters, lone surrogates)."""
+    from app.core.jsonvalue import json_string
+
+    assert json_string(key) == json.dumps(key, ensure_ascii=False)

@@ -27,6 +27,11 @@ LONE_SURROGATE = "must be valid Unicode: a lone surrogate (\\ud800-\\udfff) cann
 NOT_A_NUMBER = "must be a finite JSON number (NaN and Infinity are not JSON)"
 MAX_DEPTH = 255  # orjson's: a value sent as text and nested deeper is refused (422)
 
+json_string = json.JSONEncoder(ensure_ascii=False).encode
+"""A ``str`` as a JSON string literal, non-ASCII kept: ``json.dumps(s, ensure_ascii=False)``
+without building an encoder on every call (0.09 against 0.73 us; a page of 50 keys calls it 50
+times)."""
+
 
 class _Constant:
     """``NaN``/``Infinity`` where the stdlib parser found one, so the check can name its place."""

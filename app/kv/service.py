@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.http.conditions import WriteConditions, quote_etag
 from app.core.config import KvSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PreconditionFailed
-from app.core.jsonvalue import parse_value
+from app.core.jsonvalue import json_string, parse_value
 from app.core.http.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
 from app.core.db.statements import StatementConnection
 from app.kv.repository import KvRepository
@@ -117,17 +117,13 @@ class KvService:
         )
         more = len(rows) > limit
         rows = rows[:limit]
-        dumps = json.dumps
         if keys_only:
-            items = [f'{{"key":{dumps(r.key, ensure_ascii=False)},"etag":"\\"{r.version}\\""}}' for r in rows]
+            items = [f'{{"key":{json_string(r.key)},"etag":"\\"{r.version}\\""}}' for r in rows]
         else:
-            items = [
-                f'{{"key":{dumps(r.key, ensure_ascii=False)},"value":{r.value},"etag":"\\"{r.version}\\""}}'
-                for r in rows
-            ]
+            items = [f'{{"key":{json_string(r.key)},"value":{r.value},"etag":"\\"{r.version}\\""}}' for r in rows]
         next_cursor = encode_cursor({"k": rows[-1].key, "p": prefix}) if more and rows else None
         return KvListPage(
-            '{"items":[' + ",".join(items) + '],"next_cursor":' + dumps(next_cursor) + "}"
+            '{"items":[' + ",".join(items) + '],"next_cursor":' + json.dumps(next_cursor) + "}"
         )
 
     async def sweep(self, conn: AsyncConnection) -> int:

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import LimitsSettings
 from app.core.errors import NotFound, PayloadTooLarge
-from app.core.jsonvalue import encode_value, literal_numbers, parse_value
+from app.core.jsonvalue import encode_value, json_string, literal_numbers, parse_value
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor, invalid_cursor
 from app.core.db.statements import StatementConnection
@@ -26,7 +26,7 @@ def _utcnow() -> datetime:
 
 def _record_json(key: str, value: str) -> str:
     """``{"key": ..., "value": ...}`` with the stored value text embedded verbatim."""
-    return '{"key":' + _dumps(key, ensure_ascii=False) + ',"value":' + value + "}"
+    return '{"key":' + json_string(key) + ',"value":' + value + "}"
 
 
 class RecordsService:
