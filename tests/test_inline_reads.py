@@ -1,4 +1,4 @@
-"""SQLite reads of one statement on the event loop's thread (``app.core.db.inline``).
+"""SQLite statements of one-statement requests on the event loop's thread (``app.core.db.inline``).
 
 Through the real server: kv and record reads are answered inline (no pooled connection, no
 hand-off to aiosqlite's thread), see what was just written, and a read past its budget is sent
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.db.inline import SKIP_AFTER_OVER_BUDGET, InlineReader
+from app.core.db.inline import CHECKPOINT_EVERY, SKIP_AFTER_OVER_BUDGET, InlineReader
 from app.core.db.sqlite import SQLITE
 from app.core.ops import metrics
 from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
@@ -54,7 +54,7 @@ def test_a_read_past_its_budget_is_answered_through_the_pool(backend: Backend, t
     page of 500 records (a point read finishes before it). The answer is the pool's, the same."""
     assert run_cli(backend, "migrate").returncode == 0
     server = start_server(
-        backend, tmp_path / "gateway.log", GATEWAY_DATABASES__CHECKPOINTS__INLINE_READ_BUDGET_MS="0.001",
+        backend, tmp_path / "gateway.log", GATEWAY_DATABASES__CHECKPOINTS__INLINE_BUDGET_MS="0.001",
     )
     ns = f"budget{time.monotonic_ns()}"
     try:
@@ -135,5 +135,94 @@ def test_the_reader_is_used_by_the_first_thread_only(tmp_path: Path) -> None:
         thread.start()
         thread.join()
         assert other == [None]
+    finally:
+        reader.close()
+
+
+# --- writes -----------------------------------------------------------------------------------
+
+WRITES = "gateway_sqlite_inline_writes_total"
+CHECKPOINTS = "gateway_sqlite_checkpoints_total"
+
+
+def write_outcomes(client: httpx.Client) -> dict[str, float]:
+    samples = parse_metrics(client.get("/metrics").text)
+    counts = {o: value(samples, WRITES, outcome=o) for o in ("inline", "over_budget", "skipped", "busy", "error")}
+    counts["checkpoints"] = value(samples, CHECKPOINTS)
+    return counts
+
+
+def test_kv_and_record_writes_commit_inline_and_the_wal_is_checkpointed_through_the_pool(
+    server: Server, namespace: str
+) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+        before = write_outcomes(client)
+        for i in range(CHECKPOINT_EVERY + 5):  # kv and records live in two databases
+            assert client.put(f"/v1/{namespace}/kv/w/k{i}", json={"i": i}).is_success
+            assert client.put(f"/v1/{namespace}/records/w/{i:05d}", json={"i": i}).is_success
+        assert client.get(f"/v1/{namespace}/kv/w/k7").json() == {"i": 7}
+        assert client.get(f"/v1/{namespace}/records/w/00007").json()["value"] == {"i": 7}
+        deadline = time.monotonic() + 5
+        while True:  # the checkpoint task runs beside the requests
+            after = write_outcomes(client)
+            if after["checkpoints"] > before["checkpoints"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert after["inline"] - before["inline"] == 2 * (CHECKPOINT_EVERY + 5)
+        assert after["checkpoints"] - before["checkpoints"] >= 1
+
+
+def test_a_write_that_meets_a_held_lock_waits_for_it_through_the_pool(server: Server, namespace: str) -> None:
+    """Another connection holds SQLite's write lock: the inline write is refused at once (never
+    waited for on the loop's thread) and sent through the pool, which waits for the lock as
+    before; it succeeds once the lock is gone, and other requests are answered meanwhile."""
+    path = server.backend.urls["metadata"].split(":///", 1)[1]
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    holder = SQLITE.connect(path, isolation_level=None, check_same_thread=False)  # (released by a timer)
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+        assert client.put(f"/v1/{namespace}/kv/l/k", json=0).is_success
+        before = write_outcomes(client)
+        holder.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.5, holder.execute, ("COMMIT",))
+        release.start()
+        try:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=30) as other:
+                started = time.monotonic()
+                result: list[httpx.Response] = []
+                writer = threading.Thread(target=lambda: result.append(other.put(f"/v1/{namespace}/kv/l/k", json=1)))
+                writer.start()
+                time.sleep(0.1)
+                assert client.get(f"/v1/{namespace}/kv/l/k").json() == 0  # the loop is not held
+                writer.join()
+            assert result[0].is_success and time.monotonic() - started >= 0.4
+            assert client.get(f"/v1/{namespace}/kv/l/k").json() == 1
+            assert write_outcomes(client)["busy"] - before["busy"] == 1
+        finally:
+            release.join()
+            holder.close()
+
+
+def test_an_inline_write_that_fails_or_runs_over_changes_nothing(tmp_path: Path) -> None:
+    path = _database(tmp_path)
+    reader = InlineReader(path, "write-test", budget_seconds=0.002, checkpoint=lambda: None)
+    endless = (
+        "INSERT INTO t (k, v) WITH RECURSIVE c(x) AS (SELECT 1000 UNION ALL SELECT x + 1 FROM c) "
+        "SELECT x, 'n' FROM c"
+    )
+    try:
+        assert reader.write("UPDATE t SET v = 'w' WHERE k = ?", [3]) == 1
+        assert reader.write("INSERT INTO t (k, v) VALUES (?, ?)", [3, "dup"]) is None  # constraint
+        started = time.perf_counter()
+        assert reader.write(endless, []) is None
+        assert time.perf_counter() - started < 0.05
+        assert _count("write-test", "error") == 0  # (reads' counter: writes have their own)
+        check = sqlite3.connect(path)
+        assert check.execute("SELECT v FROM t WHERE k = 3").fetchall() == [("w",)]
+        assert check.execute("SELECT count(*) FROM t").fetchone() == (100,)  # the interrupted insert left nothing
+        check.close()
+        writes = metrics.REGISTRY.get_sample_value
+        assert writes(WRITES, {"database": "write-test", "outcome": "over_budget"}) == 1
+        assert writes(WRITES, {"database": "write-test", "outcome": "error"}) == 1
     finally:
         reader.close()

@@ -14,13 +14,15 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import text
+from sqlalchemy import literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.auth.ratelimit import RateLimiter
 from app.core.config import Database
 from app.core.db.databases import Databases
+from app.core.db.inline import InlineConnection
+from app.core.db.statements import fixed_statements
 from app.core.dependencies import CheckpointsConnection, CheckpointsStatement
 from app.core.errors import InvalidInput, install_error_handlers
 from app.core.state import GatewayState
@@ -86,11 +88,14 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
         await databases.close()
 
 
-async def driver_in_transaction(conn: AsyncConnection | PoolProxiedConnection) -> bool:
+async def driver_in_transaction(conn: AsyncConnection | PoolProxiedConnection | InlineConnection) -> bool:
     """Whether the driver connection is inside BEGIN after a statement: what the server was sent."""
     if isinstance(conn, AsyncConnection):
         await conn.execute(text("SELECT 1"))
         driver = (await conn.get_raw_connection()).driver_connection
+    elif isinstance(conn, InlineConnection):  # SQLite's single-statement routes: the loop's thread
+        assert await fixed_statements("sqlite")(select(literal(1).label("one"))).rowcount(conn, {}) >= 0
+        return conn.reader.in_transaction
     else:  # a pooled driver connection (single-statement routes)
         driver = conn.driver_connection
         await (driver.fetchval("SELECT 1") if hasattr(driver, "fetchval") else driver.execute_fetchall("SELECT 1"))

@@ -60,12 +60,12 @@ class DatabaseSettings(_Strict):
     statement_timeout: float = Field(
         default=30.0, gt=0, description="Seconds a single statement may run (PostgreSQL)."
     )
-    inline_read_budget_ms: float = Field(
+    inline_budget_ms: float = Field(
         default=1.0,
         ge=0,
         le=100,
-        description="SQLite: a request's one reading statement runs on the event loop's thread for at "
-        "most this long (then it is sent again through the pool and aiosqlite's thread); 0: never.",
+        description="SQLite: a request's one statement (a read, or a write that finds the lock free) runs "
+        "on the event loop's thread for at most this long, else it is sent through the pool; 0: never.",
     )
 
 

@@ -36,9 +36,9 @@ def _connection_dependency(
     statement (``single_statement``; on SQLite too only if ``on_sqlite``) gets a pooled driver
     connection for ``app.core.db.statements`` instead: no BEGIN/COMMIT, since one statement is
     atomic by itself and it is the last thing such a route does, so what it acknowledges is
-    committed and what it refuses was never written. On SQLite such a route's read gets an
+    committed and what it refuses was never written. On SQLite such a route gets an
     ``InlineConnection`` (``app.core.db.inline``): its statement runs on the loop's thread when it
-    can, and borrows a pooled connection only when it cannot. Reads run in a transaction too,
+    can, and borrows a pooled connection only when it cannot (a write that finds the lock held). Reads run in a transaction too,
     unless single-statement. ``read_only`` marks POST routes that only read. ``begin=False`` (reads
     only): no transaction is begun for the request; SQLAlchemy begins one itself on the
     connection's first statement through it, if any, and it is rolled back when the connection
@@ -49,7 +49,7 @@ def _connection_dependency(
         databases = gateway_state(request.app).databases
         connections = request_connections(request.scope)
         reading = read_only or request.method in _READ_METHODS
-        if single_statement and reading and on_sqlite:
+        if single_statement and on_sqlite:
             inline = databases.inline_connection(db)
             if inline is not None:
                 connections.add_inline(inline)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.db.inline import InlineConnection, InlineReader
+from app.core.fences.sqlalchemy_ import close_pooled
 from app.core.ops import metrics
 from app.core.config import Database, Settings
 
@@ -193,6 +195,7 @@ class Databases:
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
     inline_readers: dict[Database, InlineReader] = field(default_factory=dict)
+    checkpoints: set[asyncio.Task[None]] = field(default_factory=set)  # in flight (inline writes')
 
     @classmethod
     def open(cls, settings: Settings) -> Databases:
@@ -202,10 +205,41 @@ class Databases:
             _count_new_connections(engine, db)
             dbs.engines[db] = engine
             path = dbs.sqlite_file(db)
-            budget = settings.databases.get(db).inline_read_budget_ms / 1000
+            budget = settings.databases.get(db).inline_budget_ms / 1000
             if path is not None and budget > 0:
-                dbs.inline_readers[db] = InlineReader(path, db.value, budget)
+                dbs.inline_readers[db] = InlineReader(path, db.value, budget, dbs._checkpointer(db))
         return dbs
+
+    def _checkpointer(self, db: Database) -> Callable[[], None]:
+        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
+        ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
+        a request (inline writes never checkpoint on the loop's thread)."""
+        running: set[asyncio.Task[None]] = set()  # this database's (at most one)
+        counter = metrics.SQLITE_CHECKPOINTS.labels(database=db.value)
+
+        async def checkpoint() -> None:
+            raw = await borrow_raw_connection(self.engines[db])
+            try:
+                driver: Any = raw.driver_connection  # aiosqlite
+                await driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                counter.inc()
+            finally:
+                await close_pooled(raw)
+
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            self.checkpoints.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("WAL checkpoint of %s failed: %s", db.value, task.exception())
+
+        def ask() -> None:
+            if not running:
+                task = asyncio.get_running_loop().create_task(checkpoint())
+                running.add(task)
+                self.checkpoints.add(task)
+                task.add_done_callback(done)
+
+        return ask
 
     def engine(self, db: Database) -> AsyncEngine:
         return self.engines[db]
@@ -252,6 +286,8 @@ class Databases:
         return InlineConnection(reader, lambda: borrow_raw_connection(self.engines[db]))
 
     async def close(self) -> None:
+        if self.checkpoints:
+            await asyncio.gather(*self.checkpoints, return_exceptions=True)
         for reader in self.inline_readers.values():
             reader.close()
         for engine in self.engines.values():

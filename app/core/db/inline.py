@@ -1,31 +1,37 @@
-"""SQLite reads of one statement on the event loop's own thread, within a time budget.
+"""SQLite statements of one-statement requests on the event loop's own thread, within a time budget.
 
 aiosqlite runs every statement on a thread of its own connection: each call is a hand-off there
 and back (a queue put, a futex wake, a context switch, ``call_soon_threadsafe``). For a kv or
 record read, a primary-key lookup that SQLite answers in tens of microseconds, that hand-off
 was the largest single cost: wrk, kv get at concurrency 1, one worker, the embedded default,
 1,642-1,697 req/s and 562-579 us of server CPU per read through aiosqlite against 2,391-2,466
-req/s and 401-413 us run in the loop's thread (``docs/benchmarks.md``, issue 17).
+req/s and 401-413 us run in the loop's thread (``docs/benchmarks.md``, issue 17). A kv set at
+concurrency 16: 1,404-1,498 against 3,474-3,613 req/s.
 
-So a request that runs one reading statement (the ``*Statement`` dependencies, on a GET or a
-read-only POST) gets an ``InlineConnection`` instead of a pooled connection. Its statement runs
-on the database's ``InlineReader``: one sqlite3 connection per database, used only from the
-event loop's thread. It is synchronous, so one statement runs to its end before the loop does
-anything else and one connection serves them all. The loop is never held for long:
+So a request that runs one statement (the ``*Statement`` dependencies) gets an
+``InlineConnection`` instead of a pooled connection. Its statement runs on the database's
+``InlineReader``: two sqlite3 connections per database (one ``query_only`` for reads, one for
+writes), used only from the event loop's thread. A statement is synchronous, so it runs to its
+end before the loop does anything else and one connection of each kind serves them all. The
+loop is never held for long:
 
-- a statement that runs past ``inline_read_budget_ms`` is interrupted (a progress handler,
-  every ``CHECK_EVERY`` virtual-machine steps), and its SQL skips this path for its next
-  ``SKIP_AFTER_OVER_BUDGET`` runs;
-- a statement that would wait for a lock fails at once (``busy_timeout`` 0);
-- the connection is ``query_only``: a statement that writes fails.
+- a statement that runs past ``inline_budget_ms`` is interrupted (a progress handler,
+  every ``CHECK_EVERY`` virtual-machine steps; an interrupted write changes nothing), and its
+  SQL skips this path for its next ``SKIP_AFTER_OVER_BUDGET`` runs;
+- a statement that would wait for a lock fails at once (``busy_timeout`` 0): a write that finds
+  SQLite's write lock held (by another worker, or a transaction on the pool) never waits here;
+- the writer never checkpoints the WAL (``wal_autocheckpoint`` 0: a checkpoint copies pages and
+  fsyncs); every ``CHECKPOINT_EVERY`` inline writes ask for a PASSIVE checkpoint through the pool
+  (``Databases``), where the pool's own commits also keep checkpointing as before.
 
 Any of these, and any other error, sends the statement again through the pool and aiosqlite's
-thread, where it runs (or fails) exactly as every other statement: the answer is always the one
-that path gives, and only a statement that succeeds inline is answered from here. Each outcome
-is counted (``gateway_sqlite_inline_reads``).
+thread, where it runs (or fails, or waits for the lock) exactly as every other statement: the
+answer is always the one that path gives, and only a statement that succeeds inline is answered
+from here. Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``).
 
 A read sees the newest committed state: in WAL mode each statement outside a transaction
-starts its own read of the latest commit, and a write is acknowledged only after its commit.
+starts its own read of the latest commit. A write commits before ``write`` returns
+(autocommit, ``synchronous=NORMAL`` as the pool's connections), so it is acknowledged committed.
 """
 
 from __future__ import annotations
@@ -51,16 +57,27 @@ SKIP_AFTER_OVER_BUDGET = 32
 """A statement that ran past its budget goes straight to the pool for its next this many runs
 (the same SQL with other values, such as a large page, tends to run long again)."""
 
+CHECKPOINT_EVERY = 200
+"""Inline writes between two WAL checkpoints asked of the pool (a kv or record write adds a few
+pages to the WAL; SQLite's own automatic checkpoint comes every 1,000 pages)."""
+
 Row = Sequence[Any]
 
 
 class InlineReader:
-    """One sqlite3 connection to ``path`` for reads on the event loop's thread (see the module)."""
+    """sqlite3 connections to ``path`` for one-statement reads and writes on the event loop's
+    thread (see the module)."""
 
-    def __init__(self, path: Path, database: str, budget_seconds: float) -> None:
+    def __init__(
+        self, path: Path, database: str, budget_seconds: float,
+        checkpoint: Callable[[], None] | None = None,
+    ) -> None:
         self._path = path
         self._budget = budget_seconds
         self._conn: Any = None
+        self._writer: Any = None
+        self._checkpoint = checkpoint
+        self._writes = 0  # inline writes since the last checkpoint was asked for
         self._thread: int | None = None  # the loop's thread: the only one that may use it
         self._deadline = 0.0
         self._skip: dict[str, int] = {}  # SQL that ran past its budget -> runs left to send to the pool
@@ -68,26 +85,80 @@ class InlineReader:
             outcome: metrics.SQLITE_INLINE_READS.labels(database=database, outcome=outcome)
             for outcome in ("inline", "over_budget", "skipped", "busy", "error")
         }
+        self._write_outcomes = {
+            outcome: metrics.SQLITE_INLINE_WRITES.labels(database=database, outcome=outcome)
+            for outcome in ("inline", "over_budget", "skipped", "busy", "error")
+        }
 
-    def _open(self) -> Any:
+    def _open(self, *, writes: bool) -> Any:
         # mode=rw: never create the file (the pool's connections do that, in WAL mode).
         conn = SQLITE.connect(
             f"{self._path.resolve().as_uri()}?mode=rw", uri=True, timeout=0, isolation_level=None,
             check_same_thread=False, cached_statements=256,
         )
-        conn.execute("PRAGMA query_only=ON")
+        if writes:
+            # As the pool's connections (app.core.db.databases), but never a checkpoint here:
+            # it would copy pages and fsync on the loop's thread. CHECKPOINT_EVERY writes ask
+            # for one through the pool instead.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA secure_delete=FAST")
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        else:
+            conn.execute("PRAGMA query_only=ON")
         conn.set_progress_handler(self._over_budget, CHECK_EVERY)
         return conn
+
+    def _bound(self) -> bool:
+        """Whether this is the loop's thread (the first one to use the reader)."""
+        if self._thread != threading.get_ident():
+            if self._thread is not None:
+                return False
+            self._thread = threading.get_ident()
+        return True
+
+    def write(self, sql: str, args: Sequence[Any]) -> int | None:
+        """The row count of a one-statement write (committed when this returns), or None: it
+        must run through the pool instead (a lock held elsewhere, over budget, any error;
+        an interrupted or failed statement changed nothing)."""
+        if self._checkpoint is None or not self._bound():
+            return None
+        if self._skip:
+            left = self._skip.pop(sql, 0)
+            if left:
+                if left > 1:
+                    self._skip[sql] = left - 1
+                self._write_outcomes["skipped"].inc()
+                return None
+        try:
+            if self._writer is None:
+                self._writer = self._open(writes=True)
+            self._deadline = time.perf_counter() + self._budget
+            count: int = self._writer.execute(sql, args).rowcount
+        except SQLITE.OperationalError as exc:
+            message = str(exc)
+            outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+            if outcome == "over_budget":
+                self._skip[sql] = SKIP_AFTER_OVER_BUDGET
+            self._write_outcomes[outcome].inc()
+            return None
+        except SQLITE.Error:
+            self._write_outcomes["error"].inc()
+            return None
+        self._write_outcomes["inline"].inc()
+        self._writes += 1
+        if self._writes >= CHECKPOINT_EVERY:
+            self._writes = 0
+            self._checkpoint()
+        return count
 
     def _over_budget(self) -> bool:
         return time.perf_counter() > self._deadline
 
     def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
         """The rows of ``sql``, or None: it must run through the pool instead (see the module)."""
-        if self._thread != threading.get_ident():
-            if self._thread is not None:
-                return None  # another thread than the one that first used it (never the loop's)
-            self._thread = threading.get_ident()
+        if not self._bound():
+            return None  # another thread than the one that first used it (never the loop's)
         if self._skip:
             left = self._skip.pop(sql, 0)
             if left:
@@ -97,7 +168,7 @@ class InlineReader:
                 return None
         try:
             if self._conn is None:
-                self._conn = self._open()
+                self._conn = self._open(writes=False)
             self._deadline = time.perf_counter() + self._budget
             rows: list[Row] = self._conn.execute(sql, args).fetchall()
         except SQLITE.OperationalError as exc:
@@ -113,10 +184,16 @@ class InlineReader:
         self._outcomes["inline"].inc()
         return rows
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether either connection is inside a transaction (never, between statements)."""
+        return any(c is not None and c.in_transaction for c in (self._conn, self._writer))
+
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in (self._conn, self._writer):
+            if conn is not None:
+                conn.close()
+        self._conn = self._writer = None
 
 
 class InlineConnection:

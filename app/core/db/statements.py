@@ -233,6 +233,15 @@ class _AsyncpgStatement(_DriverStatement):
         return int(last) if last.isdigit() else 0
 
 
+class _Counted:
+    """What ``_rowcount`` reads of an inline write: its row count, as a cursor gives it."""
+
+    __slots__ = ("rowcount",)
+
+    def __init__(self, rowcount: int) -> None:
+        self.rowcount = rowcount
+
+
 class _AiosqliteStatement(_DriverStatement):
     """SQLite: sent with aiosqlite in one hand-off to the connection's thread, in autocommit
     (the engine's connections have the sqlite3 module's implicit transactions off)."""
@@ -253,7 +262,11 @@ class _AiosqliteStatement(_DriverStatement):
                 rows = conn.reader.read(self.sql, args)
                 if rows is not None:
                     return rows
-            conn = await conn.pooled()  # it could not run inline (or writes): as any other statement
+            elif method == "execute":
+                count = conn.reader.write(self.sql, args)
+                if count is not None:
+                    return _Counted(count)
+            conn = await conn.pooled()  # it could not run inline: as any other statement
         try:
             return await getattr(self._driver(conn), method)(self.sql, args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised

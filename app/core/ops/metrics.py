@@ -81,6 +81,22 @@ SQLITE_INLINE_READS = Counter(
     registry=REGISTRY,
 )
 
+SQLITE_INLINE_WRITES = Counter(
+    "gateway_sqlite_inline_writes",
+    "One-statement SQLite writes tried on the event loop's thread (app.core.db.inline), by outcome: "
+    "inline (committed there), or over_budget / skipped / busy (the write lock was held elsewhere) / "
+    "error (sent through the pool instead, where it waits for the lock as before).",
+    ("database", "outcome"),
+    registry=REGISTRY,
+)
+
+SQLITE_CHECKPOINTS = Counter(
+    "gateway_sqlite_checkpoints",
+    "WAL checkpoints run through the pool after inline writes (PASSIVE).",
+    ("database",),
+    registry=REGISTRY,
+)
+
 
 def count_problem(code: str, status: int) -> None:
     """Called by the problem renderer for every error it answers."""
