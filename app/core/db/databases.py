@@ -207,10 +207,10 @@ class Databases:
             path = dbs.sqlite_file(db)
             budget = settings.databases.get(db).inline_budget_ms / 1000
             if path is not None and budget > 0:
-                dbs.inline_readers[db] = InlineReader(path, db.value, budget, dbs._checkpointer(db))
+                dbs.inline_readers[db] = InlineReader(path, db.value, budget, dbs.checkpointer(db))
         return dbs
 
-    def _checkpointer(self, db: Database) -> Callable[[], None]:
+    def checkpointer(self, db: Database) -> Callable[[], None]:
         """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
         ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
         a request (inline writes never checkpoint on the loop's thread)."""
