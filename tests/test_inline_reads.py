@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.db.inline import CHECKPOINT_EVERY, SKIP_AFTER_OVER_BUDGET, InlineReader
+from app.core.db.inline import CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, SKIP_AFTER_OVER_BUDGET, InlineReader
 from app.core.db.sqlite import SQLITE
 from app.core.ops import metrics
 from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
@@ -171,6 +171,18 @@ def test_kv_and_record_writes_commit_inline_and_the_wal_is_checkpointed_through_
             time.sleep(0.05)
         assert after["inline"] - before["inline"] == 2 * (CHECKPOINT_EVERY + 5)
         assert after["checkpoints"] - before["checkpoints"] >= 1
+
+
+def test_large_inline_writes_ask_for_checkpoints_by_bytes_too(tmp_path: Path) -> None:
+    asked: list[int] = []
+    reader = InlineReader(_database(tmp_path), "bytes-test", budget_seconds=0.5, checkpoint=lambda: asked.append(1))
+    try:
+        value = "x" * (CHECKPOINT_EVERY_BYTES // 4)
+        for i in range(4):
+            assert reader.write("INSERT INTO t (k, v) VALUES (?, ?)", [1000 + i, value]) == 1
+        assert asked == [1]  # after 4 writes of a quarter each, not after CHECKPOINT_EVERY
+    finally:
+        reader.close()
 
 
 def test_a_write_that_meets_a_held_lock_waits_for_it_through_the_pool(server: Server, namespace: str) -> None:

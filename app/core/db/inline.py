@@ -21,8 +21,9 @@ loop is never held for long:
 - a statement that would wait for a lock fails at once (``busy_timeout`` 0): a write that finds
   SQLite's write lock held (by another worker, or a transaction on the pool) never waits here;
 - the writer never checkpoints the WAL (``wal_autocheckpoint`` 0: a checkpoint copies pages and
-  fsyncs); every ``CHECKPOINT_EVERY`` inline writes ask for a PASSIVE checkpoint through the pool
-  (``Databases``), where the pool's own commits also keep checkpointing as before.
+  fsyncs); every ``CHECKPOINT_EVERY`` inline writes (or ``CHECKPOINT_EVERY_BYTES`` of values)
+  ask for a PASSIVE checkpoint through the pool (``Databases``), where the pool's own commits
+  also keep checkpointing as before.
 
 Any of these, and any other error, sends the statement again through the pool and aiosqlite's
 thread, where it runs (or fails, or waits for the lock) exactly as every other statement: the
@@ -59,7 +60,12 @@ SKIP_AFTER_OVER_BUDGET = 32
 
 CHECKPOINT_EVERY = 200
 """Inline writes between two WAL checkpoints asked of the pool (a kv or record write adds a few
-pages to the WAL; SQLite's own automatic checkpoint comes every 1,000 pages)."""
+pages to the WAL; SQLite's own automatic checkpoint comes every 1,000 pages)..."""
+
+CHECKPOINT_EVERY_BYTES = 4 * 1024 * 1024
+"""... or sooner, once the values written inline add up to this (1,000 pages of 4 KiB): a burst
+of large values (a 1 MiB kv value is one statement) does not grow the WAL far past SQLite's own
+cadence."""
 
 Row = Sequence[Any]
 
@@ -78,6 +84,7 @@ class InlineReader:
         self._writer: Any = None
         self._checkpoint = checkpoint
         self._writes = 0  # inline writes since the last checkpoint was asked for
+        self._written = 0  # bytes of their text and blob values
         self._thread: int | None = None  # the loop's thread: the only one that may use it
         self._deadline = 0.0
         self._skip: dict[str, int] = {}  # SQL that ran past its budget -> runs left to send to the pool
@@ -147,8 +154,9 @@ class InlineReader:
             return None
         self._write_outcomes["inline"].inc()
         self._writes += 1
-        if self._writes >= CHECKPOINT_EVERY:
-            self._writes = 0
+        self._written += sum(len(a) for a in args if isinstance(a, (str, bytes)))
+        if self._writes >= CHECKPOINT_EVERY or self._written >= CHECKPOINT_EVERY_BYTES:
+            self._writes = self._written = 0
             self._checkpoint()
         return count
 
