@@ -116,6 +116,9 @@ class InlineReader:
         conn.set_progress_handler(self._over_budget, CHECK_EVERY)
         return conn
 
+    def _over_budget(self) -> bool:
+        return time.perf_counter() > self._deadline
+
     def _bound(self) -> bool:
         """Whether this is the loop's thread (the first one to use the reader)."""
         if self._thread != threading.get_ident():
@@ -124,47 +127,11 @@ class InlineReader:
             self._thread = threading.get_ident()
         return True
 
-    def write(self, sql: str, args: Sequence[Any]) -> int | None:
-        """The row count of a one-statement write (committed when this returns), or None: it
-        must run through the pool instead (a lock held elsewhere, over budget, any error;
-        an interrupted or failed statement changed nothing)."""
-        if self._checkpoint is None or not self._bound():
-            return None
-        if self._skip:
-            left = self._skip.pop(sql, 0)
-            if left:
-                if left > 1:
-                    self._skip[sql] = left - 1
-                self._write_outcomes["skipped"].inc()
-                return None
-        try:
-            if self._writer is None:
-                self._writer = self._open(writes=True)
-            self._deadline = time.perf_counter() + self._budget
-            count: int = self._writer.execute(sql, args).rowcount
-        except SQLITE.OperationalError as exc:
-            message = str(exc)
-            outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
-            if outcome == "over_budget":
-                self._skip[sql] = SKIP_AFTER_OVER_BUDGET
-            self._write_outcomes[outcome].inc()
-            return None
-        except SQLITE.Error:
-            self._write_outcomes["error"].inc()
-            return None
-        self._write_outcomes["inline"].inc()
-        self._writes += 1
-        self._written += sum(len(a) for a in args if isinstance(a, (str, bytes)))
-        if self._writes >= CHECKPOINT_EVERY or self._written >= CHECKPOINT_EVERY_BYTES:
-            self._writes = self._written = 0
-            self._checkpoint()
-        return count
-
-    def _over_budget(self) -> bool:
-        return time.perf_counter() > self._deadline
-
-    def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
-        """The rows of ``sql``, or None: it must run through the pool instead (see the module)."""
+    def _run(self, sql: str, args: Sequence[Any], *, writes: bool) -> Any:
+        """The cursor of ``sql`` run on the reading or the writing connection, or None: it must
+        run through the pool instead (another thread, skipped, over budget, a lock, any error;
+        an interrupted or failed statement changed nothing). Counts the outcome."""
+        outcomes = self._write_outcomes if writes else self._outcomes
         if not self._bound():
             return None  # another thread than the one that first used it (never the loop's)
         if self._skip:
@@ -172,24 +139,48 @@ class InlineReader:
             if left:
                 if left > 1:
                     self._skip[sql] = left - 1
-                self._outcomes["skipped"].inc()
+                outcomes["skipped"].inc()
                 return None
         try:
-            if self._conn is None:
-                self._conn = self._open(writes=False)
+            if writes:
+                conn = self._writer = self._writer or self._open(writes=True)
+            else:
+                conn = self._conn = self._conn or self._open(writes=False)
             self._deadline = time.perf_counter() + self._budget
-            rows: list[Row] = self._conn.execute(sql, args).fetchall()
+            cursor = conn.execute(sql, args)
+            result = cursor if writes else cursor.fetchall()
         except SQLITE.OperationalError as exc:
             message = str(exc)
             outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
             if outcome == "over_budget":
                 self._skip[sql] = SKIP_AFTER_OVER_BUDGET
-            self._outcomes[outcome].inc()
+            outcomes[outcome].inc()
             return None
         except SQLITE.Error:
-            self._outcomes["error"].inc()
+            outcomes["error"].inc()
             return None
-        self._outcomes["inline"].inc()
+        outcomes["inline"].inc()
+        return result
+
+    def write(self, sql: str, args: Sequence[Any]) -> int | None:
+        """The row count of a one-statement write (committed when this returns), or None: it
+        must run through the pool instead (see ``_run``)."""
+        if self._checkpoint is None:
+            return None
+        cursor = self._run(sql, args, writes=True)
+        if cursor is None:
+            return None
+        self._writes += 1
+        self._written += sum(len(a) for a in args if isinstance(a, (str, bytes)))
+        if self._writes >= CHECKPOINT_EVERY or self._written >= CHECKPOINT_EVERY_BYTES:
+            self._writes = self._written = 0
+            self._checkpoint()
+        count: int = cursor.rowcount
+        return count
+
+    def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
+        """The rows of ``sql``, or None: it must run through the pool instead (see ``_run``)."""
+        rows: list[Row] | None = self._run(sql, args, writes=False)
         return rows
 
     @property
