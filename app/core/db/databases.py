@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.db.inline import InlineConnection, InlineReader
+from app.core.db.sqlite import WRITER_PRAGMAS
 from app.core.fences.sqlalchemy_ import close_pooled
 from app.core.ops import metrics
 from app.core.config import Database, Settings
@@ -68,12 +69,8 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        # Builds with SQLITE_SECURE_DELETE (Debian's) overwrite every freed page, so a DELETE
-        # needs as much new WAL space as it frees and cannot run on a full disk. FAST zeroes
-        # deleted cells in b-tree pages only, not pages going to the freelist.
-        cursor.execute("PRAGMA secure_delete=FAST")
+        for pragma in WRITER_PRAGMAS:
+            cursor.execute(pragma)
         cursor.close()
         if db is Database.vectors:
             _load_sqlite_vec(dbapi_connection)

@@ -46,7 +46,7 @@ from typing import Any
 
 from sqlalchemy.pool import PoolProxiedConnection
 
-from app.core.db.sqlite import SQLITE
+from app.core.db.sqlite import SQLITE, WRITER_PRAGMAS
 from app.core.ops import metrics
 
 log = logging.getLogger("app.db")
@@ -104,12 +104,10 @@ class InlineReader:
             check_same_thread=False, cached_statements=256,
         )
         if writes:
-            # As the pool's connections (app.core.db.databases), but never a checkpoint here:
-            # it would copy pages and fsync on the loop's thread. CHECKPOINT_EVERY writes ask
-            # for one through the pool instead.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA secure_delete=FAST")
+            for pragma in WRITER_PRAGMAS:  # as the pool's connections
+                conn.execute(pragma)
+            # Never a checkpoint here: it would copy pages and fsync on the loop's thread.
+            # CHECKPOINT_EVERY writes ask for one through the pool instead.
             conn.execute("PRAGMA wal_autocheckpoint=0")
         else:
             conn.execute("PRAGMA query_only=ON")

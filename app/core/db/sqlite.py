@@ -49,3 +49,15 @@ def select_sqlite_module() -> ModuleType:
 
 
 SQLITE = select_sqlite_module()
+
+
+WRITER_PRAGMAS = (
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA synchronous=NORMAL",
+    # Builds with SQLITE_SECURE_DELETE (Debian's) overwrite every freed page, so a DELETE
+    # needs as much new WAL space as it frees and cannot run on a full disk. FAST zeroes
+    # deleted cells in b-tree pages only, not pages going to the freelist.
+    "PRAGMA secure_delete=FAST",
+)
+"""Per-connection settings of every connection that writes: the pool's (``app.core.db.databases``)
+and the inline writer's (``app.core.db.inline``)."""
