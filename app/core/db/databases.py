@@ -192,7 +192,7 @@ class Databases:
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
     inline_readers: dict[Database, InlineReader] = field(default_factory=dict)
-    checkpoints: set[asyncio.Task[None]] = field(default_factory=set)  # in flight (inline writes')
+    checkpoints: dict[Database, asyncio.Task[None]] = field(default_factory=dict)  # in flight (inline writes')
 
     @classmethod
     def open(cls, settings: Settings) -> Databases:
@@ -211,7 +211,6 @@ class Databases:
         """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
         ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
         a request (inline writes never checkpoint on the loop's thread)."""
-        running: set[asyncio.Task[None]] = set()  # this database's (at most one)
         counter = metrics.SQLITE_CHECKPOINTS.labels(database=db.value)
 
         async def checkpoint() -> None:
@@ -224,16 +223,13 @@ class Databases:
                 await close_pooled(raw)
 
         def done(task: asyncio.Task[None]) -> None:
-            running.discard(task)
-            self.checkpoints.discard(task)
+            del self.checkpoints[db]
             if not task.cancelled() and task.exception() is not None:
                 log.warning("WAL checkpoint of %s failed: %s", db.value, task.exception())
 
         def ask() -> None:
-            if not running:
-                task = asyncio.get_running_loop().create_task(checkpoint())
-                running.add(task)
-                self.checkpoints.add(task)
+            if db not in self.checkpoints:
+                task = self.checkpoints[db] = asyncio.get_running_loop().create_task(checkpoint())
                 task.add_done_callback(done)
 
         return ask
@@ -284,7 +280,7 @@ class Databases:
 
     async def close(self) -> None:
         if self.checkpoints:
-            await asyncio.gather(*self.checkpoints, return_exceptions=True)
+            await asyncio.gather(*self.checkpoints.values(), return_exceptions=True)
         for reader in self.inline_readers.values():
             reader.close()
         for engine in self.engines.values():
