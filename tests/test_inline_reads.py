@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.db.inline import CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, SKIP_AFTER_OVER_BUDGET, InlineReader
+from app.core.db.inline import CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, SKIP_AFTER_OVER_BUDGET, InlineStatements
 from app.core.db.sqlite import SQLITE
 from app.core.ops import metrics
 from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
@@ -86,7 +86,7 @@ def _count(database: str, outcome: str) -> float:
 
 
 def test_the_reader_never_holds_the_loop_past_its_budget(tmp_path: Path) -> None:
-    reader = InlineReader(_database(tmp_path), "budget-test", budget_seconds=0.002)
+    reader = InlineStatements(_database(tmp_path), "budget-test", budget_seconds=0.002)
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     try:
         assert reader.read("SELECT v FROM t WHERE k = ?", [7]) == [("v7",)]
@@ -107,7 +107,7 @@ def test_the_reader_never_holds_the_loop_past_its_budget(tmp_path: Path) -> None
 
 def test_the_reader_never_waits_for_a_lock_and_never_writes(tmp_path: Path) -> None:
     path = _database(tmp_path)
-    reader = InlineReader(path, "lock-test", budget_seconds=0.5)
+    reader = InlineStatements(path, "lock-test", budget_seconds=0.5)
     holder = SQLITE.connect(path, isolation_level=None)
     try:
         assert reader.read("UPDATE t SET v = 'x' WHERE k = 1 RETURNING v", []) is None  # query_only
@@ -127,7 +127,7 @@ def test_the_reader_never_waits_for_a_lock_and_never_writes(tmp_path: Path) -> N
 
 
 def test_the_reader_is_used_by_the_first_thread_only(tmp_path: Path) -> None:
-    reader = InlineReader(_database(tmp_path), "thread-test", budget_seconds=0.5)
+    reader = InlineStatements(_database(tmp_path), "thread-test", budget_seconds=0.5)
     try:
         assert reader.read("SELECT v FROM t WHERE k = ?", [1]) == [("v1",)]
         other: list[object] = []
@@ -175,7 +175,7 @@ def test_kv_and_record_writes_commit_inline_and_the_wal_is_checkpointed_through_
 
 def test_large_inline_writes_ask_for_checkpoints_by_bytes_too(tmp_path: Path) -> None:
     asked: list[int] = []
-    reader = InlineReader(_database(tmp_path), "bytes-test", budget_seconds=0.5, checkpoint=lambda: asked.append(1))
+    reader = InlineStatements(_database(tmp_path), "bytes-test", budget_seconds=0.5, checkpoint=lambda: asked.append(1))
     try:
         value = "x" * (CHECKPOINT_EVERY_BYTES // 4)
         for i in range(4):
@@ -217,7 +217,7 @@ def test_a_write_that_meets_a_held_lock_waits_for_it_through_the_pool(server: Se
 
 def test_an_inline_write_that_fails_or_runs_over_changes_nothing(tmp_path: Path) -> None:
     path = _database(tmp_path)
-    reader = InlineReader(path, "write-test", budget_seconds=0.002, checkpoint=lambda: None)
+    reader = InlineStatements(path, "write-test", budget_seconds=0.002, checkpoint=lambda: None)
     endless = (
         "INSERT INTO t (k, v) WITH RECURSIVE c(x) AS (SELECT 1000 UNION ALL SELECT x + 1 FROM c) "
         "SELECT x, 'n' FROM c"

@@ -356,9 +356,9 @@ class FilesService:
         The row is read in one fixed statement, with the bytes when they are one chunk in the
         database (most files, at the default 1 MiB), sent with the driver outside any transaction
         (``app.core.db.statements``: on PostgreSQL one round trip, on SQLite one hand-off to
-        aiosqlite's thread instead of about nine): such a file, and an object in S3 (immutable), need no connection once it is
-        read. A file of several chunks is read again, with its chunks, from a snapshot
-        transaction kept open until ``close``.
+        aiosqlite's thread instead of about nine): such a file, and an object in S3 (immutable),
+        need no connection once it is read. A file of several chunks is read again, with its
+        chunks, from a snapshot transaction kept open until ``close``.
         """
         raw = await borrow_raw_connection(self._engine)
         try:

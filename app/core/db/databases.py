@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
 
-from app.core.db.inline import InlineConnection, InlineReader
+from app.core.db.inline import InlineConnection, InlineStatements
 from app.core.db.sqlite import WRITER_PRAGMAS
 from app.core.fences.sqlalchemy_ import close_pooled
 from app.core.ops import metrics
@@ -191,7 +191,7 @@ class Databases:
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
-    inline_readers: dict[Database, InlineReader] = field(default_factory=dict)
+    inline_statements: dict[Database, InlineStatements] = field(default_factory=dict)
     checkpoints: dict[Database, asyncio.Task[None]] = field(default_factory=dict)  # in flight (inline writes')
 
     @classmethod
@@ -204,7 +204,7 @@ class Databases:
             path = dbs.sqlite_file(db)
             budget = settings.databases.get(db).inline_budget_ms / 1000
             if path is not None and budget > 0:
-                dbs.inline_readers[db] = InlineReader(path, db.value, budget, dbs.checkpointer(db))
+                dbs.inline_statements[db] = InlineStatements(path, db.value, budget, dbs.checkpointer(db))
         return dbs
 
     def checkpointer(self, db: Database) -> Callable[[], None]:
@@ -271,9 +271,9 @@ class Databases:
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
 
     def inline_connection(self, db: Database) -> InlineConnection | None:
-        """For a request that runs one reading statement on ``db``: its SQLite file's inline
-        reader (``app.core.db.inline``); None on PostgreSQL, in memory, or when turned off."""
-        reader = self.inline_readers.get(db)
+        """For a request that runs one statement on ``db``: its SQLite file's inline
+        statements (``app.core.db.inline``); None on PostgreSQL, in memory, or when turned off."""
+        reader = self.inline_statements.get(db)
         if reader is None:
             return None
         return InlineConnection(reader, lambda: borrow_raw_connection(self.engines[db]))
@@ -281,7 +281,7 @@ class Databases:
     async def close(self) -> None:
         if self.checkpoints:
             await asyncio.gather(*self.checkpoints.values(), return_exceptions=True)
-        for reader in self.inline_readers.values():
+        for reader in self.inline_statements.values():
             reader.close()
         for engine in self.engines.values():
             await engine.dispose()

@@ -10,7 +10,7 @@ concurrency 16: 1,404-1,498 against 3,474-3,613 req/s.
 
 So a request that runs one statement (the ``*Statement`` dependencies) gets an
 ``InlineConnection`` instead of a pooled connection. Its statement runs on the database's
-``InlineReader``: two sqlite3 connections per database (one ``query_only`` for reads, one for
+``InlineStatements``: two sqlite3 connections per database (one ``query_only`` for reads, one for
 writes), used only from the event loop's thread. A statement is synchronous, so it runs to its
 end before the loop does anything else and one connection of each kind serves them all. The
 loop is never held for long:
@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.db.sqlite import SQLITE, WRITER_PRAGMAS
@@ -70,7 +71,12 @@ cadence."""
 Row = Sequence[Any]
 
 
-class InlineReader:
+def _outcomes(counter: Counter, database: str) -> dict[str, Counter]:
+    """``counter``'s child for each outcome of a statement tried inline, on ``database``."""
+    return {o: counter.labels(database=database, outcome=o) for o in ("inline", "over_budget", "skipped", "busy", "error")}
+
+
+class InlineStatements:
     """sqlite3 connections to ``path`` for one-statement reads and writes on the event loop's
     thread (see the module)."""
 
@@ -88,14 +94,8 @@ class InlineReader:
         self._thread: int | None = None  # the loop's thread: the only one that may use it
         self._deadline = 0.0
         self._skip: dict[str, int] = {}  # SQL that ran past its budget -> runs left to send to the pool
-        self._outcomes = {
-            outcome: metrics.SQLITE_INLINE_READS.labels(database=database, outcome=outcome)
-            for outcome in ("inline", "over_budget", "skipped", "busy", "error")
-        }
-        self._write_outcomes = {
-            outcome: metrics.SQLITE_INLINE_WRITES.labels(database=database, outcome=outcome)
-            for outcome in ("inline", "over_budget", "skipped", "busy", "error")
-        }
+        self._outcomes = _outcomes(metrics.SQLITE_INLINE_READS, database)
+        self._write_outcomes = _outcomes(metrics.SQLITE_INLINE_WRITES, database)
 
     def _open(self, *, writes: bool) -> Any:
         # mode=rw: never create the file (the pool's connections do that, in WAL mode).
@@ -118,7 +118,7 @@ class InlineReader:
         return time.perf_counter() > self._deadline
 
     def _bound(self) -> bool:
-        """Whether this is the loop's thread (the first one to use the reader)."""
+        """Whether this is the loop's thread (the first one to use these connections)."""
         if self._thread != threading.get_ident():
             if self._thread is not None:
                 return False
@@ -194,11 +194,12 @@ class InlineReader:
 
 
 class InlineConnection:
-    """What a one-statement read gets on SQLite: the database's ``InlineReader``, and a pooled
-    connection borrowed (once, then kept for the request) when a statement cannot run inline."""
+    """What a one-statement request gets on SQLite: the database's ``InlineStatements``, and a
+    pooled connection borrowed (once, then kept for the request) when its statement cannot run
+    inline."""
 
     def __init__(
-        self, reader: InlineReader, borrow: Callable[[], Awaitable[PoolProxiedConnection]]
+        self, reader: InlineStatements, borrow: Callable[[], Awaitable[PoolProxiedConnection]]
     ) -> None:
         self.reader = reader
         self._borrow = borrow

@@ -15,8 +15,8 @@ as a transaction (on SQLite a writing statement takes the write lock when it sta
   back. Through SQLAlchemy a one-statement request made nine (BEGIN, cursor, execute, fetch and
   close, twice over, then COMMIT); here it makes one (``execute_fetchall``, or ``execute`` for
   a row count), and about 70% of a record read's wall time had been spent waiting on them
-  (``docs/benchmarks.md``, issue 17). A read runs on the loop's own thread instead when it can
-  (``app.core.db.inline``: an ``InlineConnection``), with no hand-off and no pooled connection.
+  (``docs/benchmarks.md``, issue 17). The statement runs on the loop's own thread instead when
+  it can (``app.core.db.inline``: an ``InlineConnection``), with no hand-off and no pooled connection.
 
 A statement whose shape depends on the request (which bounds a page has, how many ETags an
 ``If-Match`` lists) is one fixed statement per shape (``StatementShapes``).
@@ -62,8 +62,8 @@ from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_gener
 
 Row = Sequence[Any]
 StatementConnection = AsyncConnection | PoolProxiedConnection | InlineConnection
-"""What a single-statement route gets: a pooled driver connection, an inline read on SQLite
-(``app.core.db.inline``), or SQLAlchemy's connection inside a transaction."""
+"""What a single-statement route gets: a pooled driver connection, an inline statement on
+SQLite (``app.core.db.inline``), or SQLAlchemy's connection inside a transaction."""
 
 observers: list[Callable[[str, Sequence[Any]], None]] = []
 """Called with (SQL, arguments) for every statement sent on the driver path."""

@@ -41,7 +41,7 @@ class RequestConnections:
         self._open.append((conn, transaction))
 
     def add_inline(self, conn: InlineConnection) -> None:
-        """An inline read: nothing to end, unless its statement borrowed a pooled connection."""
+        """An inline statement: nothing to end, unless it borrowed a pooled connection."""
         self._inline.append(conn)
 
     def __bool__(self) -> bool:
