@@ -40,10 +40,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 PlanKind = Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph"]
-PLAN_KINDS: tuple[PlanKind, ...] = ("exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph")
+PLAN_KINDS: tuple[PlanKind, ...] = get_args(PlanKind)
 GRAPH_PLANS: tuple[PlanKind, ...] = ("hnsw", "hnsw_iterative", "hnsw_subgraph")
 
 EF_SEARCH_MAX = 1000  # pgvector's upper bound of hnsw.ef_search

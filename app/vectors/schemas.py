@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 from app.core.names import DocumentedKey
 from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
+from app.vectors.planner import PlanKind
 
 StrictNumber = Annotated[float, Strict()]  # NaN/infinity: refused with the vector's own message
 # Hard ceilings on request lists, so validation stops at the first element past them instead of
@@ -231,7 +232,7 @@ class SearchHit(BaseModel):
 class SearchPlan(BaseModel):
     """How a search ran (``explain``)."""
 
-    kind: Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph"] = Field(
+    kind: PlanKind = Field(
         description="exact_scan, filter_first (an index narrows the filter; exact), hnsw, hnsw_iterative "
         "(pgvector 0.8's iterative scan), hnsw_subgraph (the payload subgraph of a declared keyword value)."
     )
