@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
+from typing import NoReturn, get_args
 
 from app.core.config import CONFIG_ENV, Database, Settings, describe_settings_error
 
@@ -136,8 +136,8 @@ def cmd_files_migrate(args: argparse.Namespace) -> None:
     from app.files.s3 import ObjectStoreUnavailable
 
     settings = load_settings(args.config)
-    if not settings.files.s3.bucket:
-        _fail("files migrate: files.s3.bucket is not set (both directions need the bucket)")
+    if args.to == "s3" and not settings.files.s3.bucket:
+        _fail("files migrate: files.s3.bucket is not set (moving files to s3 needs the bucket)")
     asyncio.run(_preflight(settings, migrate_all=False))
     try:
         report = asyncio.run(migrate_files(settings, args.to, limit=args.limit))
@@ -150,6 +150,8 @@ def cmd_files_migrate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.files.migrate import Target
+
     parser = argparse.ArgumentParser(prog="storage-gateway", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -178,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     move = files_sub.add_parser(
         "migrate", help="move stored file bytes to another backend (resumable; reads keep working)"
     )
-    move.add_argument("--to", required=True, choices=["s3", "database"], help="where the bytes should be")
+    move.add_argument("--to", required=True, choices=list(get_args(Target)), help="where the bytes should be")
     move.add_argument("--limit", type=int, default=None, help="move at most this many files, then stop")
     move.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     move.set_defaults(func=cmd_files_migrate)

@@ -464,6 +464,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="gateway worker processes (default: one per core, as the README runs it)")
     parser.add_argument("--ops", default=",".join(OPERATIONS), help="comma-separated operations (default: all)")
+    parser.add_argument("--files-backend", choices=("default", "database", "directory"), default="default",
+                        help="the gateway's files.backend (default: its own default)")
     args = parser.parse_args()
     operations = tuple(op.strip() for op in args.ops.split(","))
     if unknown := set(operations) - set(OPERATIONS):
@@ -478,8 +480,9 @@ def main() -> None:
         result = run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY)
         if result.returncode != 0:
             raise SystemExit(result.stderr)
+        files = {} if args.files_backend == "default" else {"GATEWAY_FILES__BACKEND": args.files_backend}
         server = start_server(backend, work / "gateway.log", "--workers", str(args.workers),
-                              GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
+                              GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning", **files)
         pb = start_pocketbase(work)
         host, port = server.url.removeprefix("http://").split(":")
 

@@ -4,7 +4,8 @@
   PostgreSQL databases (from ``pgserver``, or ``GATEWAY_TEST_POSTGRES_URL`` when set), as the
   environment a gateway process is started with. The files tests also run on ``sqlite_s3`` /
   ``postgres_s3`` (``FILE_BACKENDS``): the same databases for metadata, file bytes in a bucket of
-  a real S3 server (SeaweedFS, started once per run by ``seaweed``).
+  a real S3 server (SeaweedFS, started once per run by ``seaweed``); and on ``sqlite_directory`` /
+  ``postgres_directory``: file bytes in a local directory (``files.backend: directory``).
 - ``server``: one ``storage-gateway serve`` process per backend for the whole run.
 - ``namespace``: a fresh namespace per test: tests are isolated by name, never by order.
 - ``gw`` / ``http``: the Python client and a raw httpx client against that server; ``gw`` runs on
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 BACKENDS = ("sqlite", "postgres")
 # Metadata database x files backend: what the files tests run on (``pytestmark`` in each module).
-FILE_BACKENDS = ("sqlite", "postgres", "sqlite_s3", "postgres_s3")
+FILE_BACKENDS = ("sqlite", "postgres", "sqlite_s3", "postgres_s3", "sqlite_directory", "postgres_directory")
 TEST_BUCKET = "gateway-tests"
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -50,7 +51,7 @@ class Backend:
     name: str
     env: dict[str, str]
     urls: dict[str, str] = field(default_factory=dict)
-    files: str = "database"  # or "s3": where file bytes go (GATEWAY_FILES__BACKEND)
+    files: str = "database"  # or "s3" or "directory": where file bytes go (GATEWAY_FILES__BACKEND)
 
     @property
     def is_postgres(self) -> bool:
@@ -59,6 +60,11 @@ class Backend:
     @property
     def is_s3(self) -> bool:
         return self.files == "s3"
+
+    @property
+    def chunks_in_database(self) -> bool:
+        """File bytes as chunks in the metadata database (else one object or file per version)."""
+        return self.files == "database"
 
 
 @dataclass
@@ -170,7 +176,9 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     env = backend_env(urls, data_dir)
     if files == "s3":
         env.update(s3_env(request.getfixturevalue("seaweed"), TEST_BUCKET, f"{request.param}-{uuid.uuid4().hex[:6]}/"))
-    return Backend(kind, env, urls, files="s3" if files == "s3" else "database")
+    else:  # "directory" in data_dir/files (the default path), or chunks in the database
+        env["GATEWAY_FILES__BACKEND"] = files or "database"
+    return Backend(kind, env, urls, files=files or "database")
 
 
 @pytest.fixture

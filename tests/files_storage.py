@@ -1,10 +1,12 @@
-"""Where the files tests look behind the API: the metadata database, and the bucket on S3.
+"""Where the files tests look behind the API: the metadata database, the bucket on S3, the
+local directory on ``directory``.
 
-The same three numbers on both files backends, so one assertion covers both:
+The same three numbers on every files backend, so one assertion covers them all:
 - ``orphans``: stored bytes that neither a file row nor an upload in progress holds (a leak);
 - ``uploads``: uploads in progress (``file_uploads`` rows);
 - ``unreferenced``: stored bytes no file row points at (chunks; on S3 objects and multipart
-  uploads in progress), which must drop to 0 once cleanup after a failure has run.
+  uploads in progress; in a directory files and ``.part`` files), which must drop to 0 once
+  cleanup after a failure has run.
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from app.core.config import S3Settings
+from app.files.local import LocalFiles
 from app.files.s3 import S3Objects
 from tests.conftest import Backend
 
 CHUNK = 1024 * 1024  # the server's default limits.file_chunk_bytes
+
+
+def local_files(backend: Backend) -> LocalFiles:
+    """The directory of a ``directory`` backend (``files`` in its data dir, the default)."""
+    return LocalFiles(Path(backend.env["GATEWAY_DATA_DIR"]) / "files", fsync=False)
 
 
 def s3_settings(backend: Backend) -> S3Settings:
@@ -70,7 +79,7 @@ async def _ids(conn: AsyncConnection, table: str) -> set[str]:
 async def storage_state(backend: Backend) -> dict[str, int]:
     async with metadata(backend) as conn:
         uploads = (await conn.execute(text("SELECT count(*) FROM file_uploads"))).scalar_one()
-        if not backend.is_s3:
+        if backend.chunks_in_database:
             orphans = (await conn.execute(text(
                 "SELECT count(*) FROM file_chunks c WHERE NOT EXISTS "
                 "(SELECT 1 FROM files f WHERE f.blob_id = c.blob_id) AND NOT EXISTS "
@@ -83,6 +92,12 @@ async def storage_state(backend: Backend) -> dict[str, int]:
             return {"orphans": orphans, "uploads": uploads, "unreferenced": unreferenced}
         in_files, in_uploads = await _ids(conn, "files"), await _ids(conn, "file_uploads")
     orphans = unreferenced = 0
+    if backend.files == "directory":
+        for listed in local_files(backend).listed():
+            for file in listed:
+                unreferenced += file.blob_id not in in_files
+                orphans += file.blob_id not in in_files and file.blob_id not in in_uploads
+        return {"orphans": orphans, "uploads": uploads, "unreferenced": unreferenced}
     async with bucket(backend) as objects:
         async for page in objects.objects():
             for obj in page:
@@ -98,7 +113,7 @@ async def storage_state(backend: Backend) -> dict[str, int]:
 async def pieces_of(backend: Backend, namespace: str, collection: str, file_id: str) -> int:
     """How many pieces hold the file's bytes: chunks in the database, or 1 object (0 if none)."""
     async with metadata(backend) as conn:
-        if not backend.is_s3:
+        if backend.chunks_in_database:
             return (await conn.execute(text(
                 "SELECT count(*) FROM file_chunks c JOIN files f ON f.blob_id = c.blob_id "
                 "WHERE f.namespace = :ns AND f.collection = :c AND f.file_id = :id"
@@ -108,6 +123,8 @@ async def pieces_of(backend: Backend, namespace: str, collection: str, file_id: 
         ), {"ns": namespace, "c": collection, "id": file_id})).scalar()
     if key is None:
         return 0
+    if backend.files == "directory":
+        return int(local_files(backend).path(key).is_file())
     async with bucket(backend) as objects:
         async for page in objects.objects():
             if any(obj.key == key for obj in page):
@@ -116,7 +133,7 @@ async def pieces_of(backend: Backend, namespace: str, collection: str, file_id: 
 
 
 def expected_pieces(backend: Backend, size: int, chunk: int = CHUNK) -> int:
-    return 1 if backend.is_s3 else -(-size // chunk)
+    return -(-size // chunk) if backend.chunks_in_database else 1
 
 
 async def wait_clean(backend: Backend, timeout: float = 15.0) -> dict[str, int]:

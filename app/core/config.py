@@ -270,13 +270,30 @@ class S3Settings(_Strict):
         return self.addressing == "path" or (self.addressing == "auto" and self.endpoint_url is not None)
 
 
+FilesBackendName = Literal["database", "s3", "directory"]
+
+
+class DirectorySettings(_Strict):
+    """The local directory of ``files.backend: directory`` (one machine: every worker shares it)."""
+
+    path: Path | None = Field(default=None, description="Where file bytes are written (default: `files` in `data_dir`).")
+    fsync: bool = Field(
+        default=True,
+        description="Flush each new file to disk before its row is committed (off: a power cut may "
+        "lose recent files' bytes while their rows survive).",
+    )
+
+
 class FilesSettings(_Strict):
     """Where file bytes live, and housekeeping of uploads in progress."""
 
-    backend: Literal["database", "s3"] = Field(
-        default="database", description="Where new file bytes go: `database` chunks or an `s3` bucket."
+    backend: FilesBackendName | None = Field(
+        default=None,
+        description="Where new file bytes go: `database` chunks, an `s3` bucket or a local `directory`; unset: "
+        "`directory` when the metadata database is SQLite (the embedded default), else `database`.",
     )
     s3: S3Settings = S3Settings()
+    directory: DirectorySettings = DirectorySettings()
     upload_stale_seconds: float = Field(
         default=600.0, gt=0, description="An upload that stored no chunk for this long is abandoned and swept."
     )
@@ -474,6 +491,16 @@ class Settings(BaseSettings):
 
     def is_sqlite(self, db: Database) -> bool:
         return self.database_url(db).startswith("sqlite")
+
+    def files_backend(self) -> FilesBackendName:
+        """Where new file bytes go: ``files.backend``, or by the metadata database when unset."""
+        if self.files.backend is not None:
+            return self.files.backend
+        return "directory" if self.is_sqlite(Database.metadata) else "database"
+
+    def files_directory(self) -> Path:
+        """The directory of ``files.backend: directory`` (and of files written there before)."""
+        return self.files.directory.path or self.data_dir / "files"
 
     def migrates_at_startup(self, db: Database) -> bool:
         return self.auto_migrate if self.auto_migrate is not None else self.is_sqlite(db)

@@ -1,5 +1,5 @@
 """The files capability: streamed uploads and downloads with Range and ETags; bytes in the
-metadata database (chunks) or in an S3 bucket (``files.backend``)."""
+metadata database (chunks), an S3 bucket or a local directory (``files.backend``)."""
 
 from __future__ import annotations
 

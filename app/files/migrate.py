@@ -1,4 +1,4 @@
-"""``storage-gateway files migrate --to s3|database``: move stored files between backends.
+"""``storage-gateway files migrate --to s3|database|directory``: move stored files between backends.
 
 One file at a time: its bytes are copied to the target backend under a new blob id, then one
 transaction points the row at the copy (only if the file did not change meanwhile), then the
@@ -20,7 +20,7 @@ from app.files.backend import backend_for
 from app.files.s3 import S3Objects
 from app.files.service import FilesService
 
-Target = Literal["s3", "database"]
+Target = Literal["s3", "database", "directory"]
 PAGE = 100
 
 
@@ -65,18 +65,19 @@ class Progress:
 async def migrate_files(settings: Settings, to: Target, *, limit: int | None = None,
                         out: TextIO = sys.stderr) -> MoveReport:
     """Move every file not yet on ``to`` (at most ``limit`` of them)."""
-    if not settings.files.s3.bucket:
-        raise ValueError("files.s3.bucket is not set: both directions need the bucket")
+    if to == "s3" and not settings.files.s3.bucket:
+        raise ValueError("files.s3.bucket is not set: moving files to s3 needs the bucket")
     target = settings.model_copy(update={"files": settings.files.model_copy(update={"backend": to})})
     databases = Databases.open(target)
-    objects = await S3Objects.open(target.files.s3)
+    # Files already in the bucket are read from it: without files.s3.bucket they stay where they are.
+    objects = await S3Objects.open(target.files.s3) if target.files.s3.bucket else None
     try:
-        await objects.check()
+        if objects is not None:
+            await objects.check()
         engine = databases.engine(Database.metadata)
         service = FilesService(engine, backend_for(databases.dialect(Database.metadata)), target, objects)
-        to_s3 = to == "s3"
         async with engine.connect() as conn:
-            total_files, total_bytes = await service.repo.move_totals(conn, to_s3=to_s3)
+            total_files, total_bytes = await service.repo.move_totals(conn, target=to)
         if limit is not None:
             total_files = min(total_files, limit)
         report = MoveReport()
@@ -85,7 +86,7 @@ async def migrate_files(settings: Settings, to: Target, *, limit: int | None = N
         after: tuple[str, str, str] | None = None
         while limit is None or report.moved + report.skipped < limit:
             async with engine.connect() as conn:
-                page = await service.repo.to_move(conn, to_s3=to_s3, after=after, limit=PAGE)
+                page = await service.repo.to_move(conn, target=to, after=after, limit=PAGE)
             if not page:
                 break
             for namespace, collection, row in page:
@@ -100,9 +101,10 @@ async def migrate_files(settings: Settings, to: Target, *, limit: int | None = N
                 progress.show(report.moved + report.skipped, report.moved_bytes)
         progress.close()
         async with engine.connect() as conn:
-            report.remaining = (await service.repo.move_totals(conn, to_s3=to_s3))[0]
+            report.remaining = (await service.repo.move_totals(conn, target=to))[0]
         return report
     finally:
-        await objects.close()
+        if objects is not None:
+            await objects.close()
         await databases.close()
 

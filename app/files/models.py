@@ -2,7 +2,8 @@
 
 A file is a row in ``files`` that points at a blob: the blob's bytes live either in
 ``file_chunks`` as fixed-size chunks (``chunk_bytes``, recorded per file so a changed setting
-never misreads old blobs) or, when ``object_key`` is set, in the S3 bucket under that key. An upload writes a new blob beside the old one and swaps the pointer in one transaction;
+never misreads old blobs) or, when ``object_key`` is set, in the S3 bucket under that key, or in
+a file of the local directory when the key starts with ``/`` (``app.files.local``). An upload writes a new blob beside the old one and swaps the pointer in one transaction;
 ``file_uploads`` lists blobs still being written, so chunks of a crashed upload can be swept.
 Invariant: every chunk's blob is either pointed at by exactly one ``files`` row or listed in
 ``file_uploads``.

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
 from app.core.db.statements import FixedStatement, StatementConnection
 from app.core.db.tables import driver_timestamp, from_driver_timestamp
 from app.files.backend import FilesBackend
+from app.files.local import LOCAL_KEY_PREFIX
 from app.files.models import file_chunks, file_uploads, files
 
 Conn = AsyncConnection
@@ -35,7 +36,7 @@ class FileRow:
     sha256: str
     created_at: datetime
     updated_at: datetime
-    object_key: str | None = None  # None: chunks in the database; else the bucket's key
+    object_key: str | None = None  # None: chunks in the database; else the bucket's key or a local file's
 
     @classmethod
     def of(cls, row: Any) -> FileRow:
@@ -173,22 +174,32 @@ class FilesRepository:
     # --- moving between backends (an operator's command, across every namespace) -----------
 
     @staticmethod
-    def _on(to_s3: bool) -> ColumnElement[bool]:
-        """Rows whose bytes are NOT yet where ``files migrate --to`` sends them."""
-        return files.c.object_key.is_(None) if to_s3 else files.c.object_key.is_not(None)
+    def _not_on(target: str) -> ColumnElement[bool]:
+        """Rows whose bytes are NOT yet where ``files migrate --to target`` sends them: database
+        chunks have no key, a local file's key starts with ``/`` (``app.files.local``), an S3
+        key never does."""
+        key = files.c.object_key
+        local = key.startswith(LOCAL_KEY_PREFIX, autoescape=True)
+        if target == "database":
+            return key.is_not(None)
+        if target == "directory":
+            return or_(key.is_(None), ~local)
+        return or_(key.is_(None), local)
 
-    async def move_totals(self, conn: Conn, *, to_s3: bool) -> tuple[int, int]:
+    async def move_totals(self, conn: Conn, *, target: str) -> tuple[int, int]:
         """(files, bytes) still to move."""
         row = (
-            await conn.execute(select(func.count(), func.coalesce(func.sum(files.c.size), 0)).where(self._on(to_s3)))
+            await conn.execute(
+                select(func.count(), func.coalesce(func.sum(files.c.size), 0)).where(self._not_on(target))
+            )
         ).one()
         return int(row[0]), int(row[1])
 
     async def to_move(
-        self, conn: Conn, *, to_s3: bool, after: tuple[str, str, str] | None, limit: int
+        self, conn: Conn, *, target: str, after: tuple[str, str, str] | None, limit: int
     ) -> builtins.list[tuple[str, str, FileRow]]:
         """The next ``limit`` rows to move, in key order after ``after``: (namespace, collection, row)."""
-        stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._on(to_s3))
+        stmt = select(files.c.namespace, files.c.collection, *_FILE_COLUMNS).where(self._not_on(target))
         if after is not None:
             stmt = stmt.where(tuple_(files.c.namespace, files.c.collection, files.c.file_id) > after)
         stmt = stmt.order_by(files.c.namespace, files.c.collection, files.c.file_id).limit(limit)

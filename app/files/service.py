@@ -1,8 +1,9 @@
 """The rules of the files capability: streamed writes, atomic swaps, consistent reads.
 
-Where the bytes go (database chunks or an S3 object) is ``app.files.storage``'s business; the
-rules here are the same for both. With S3, "chunk" below reads "multipart part", the new blob is
-a new object key, and the old object is deleted right after the swap commits.
+Where the bytes go (database chunks, an S3 object or a file in a local directory) is
+``app.files.storage``'s business; the rules here are the same for all three. With S3, "chunk"
+below reads "multipart part", the new blob is a new object key, and the old object is deleted
+right after the swap commits; a local file is the same, with a file name for the key.
 
 Upload: bytes are hashed and counted as they arrive and stored in chunks under a NEW blob id,
 each chunk in its own short transaction (a SQLite writer never holds the database for a whole
@@ -15,7 +16,8 @@ A body that fits in one chunk skips all that and is written in a single transact
 Download: the file row and all its chunks are read inside one snapshot transaction, so a
 download that overlaps a replace or delete sends the old version whole, never a mix. An S3
 object never changes once written: its download reads the row, lets the connection go and
-streams a ranged GET.
+streams a ranged GET; a local file is never changed either, and is read from a descriptor that
+stays valid if the file is removed meanwhile.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from app.core.db.slots import Slots
 from app.core.db.statements import fixed_statements
 from app.core.fences.sqlalchemy_ import close_pooled
 from app.files.backend import FilesBackend
+from app.files.local import LocalFiles
 from app.files.ranges import ByteRange, parse_range, whole
 from app.files.repository import FileRow, FilesRepository
 from app.files.s3 import ObjectMissing, ObjectStoreUnavailable, S3Objects
@@ -54,7 +57,6 @@ from app.files.storage import (
     BlobStore,
     BytesReader,
     ChunkReader,
-    ObjectReader,
     UploadAbandoned,
     utcnow,
 )
@@ -263,7 +265,8 @@ class FilesService:
             ns: self._inline | {t.strip().lower() for t in types}
             for ns, types in settings.files.inline_types_by_namespace.items()
         }
-        self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files.backend)
+        local = LocalFiles(settings.files_directory(), fsync=settings.files.directory.fsync)
+        self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files_backend(), local)
         self.presign_seconds = settings.files.s3.presign_seconds if settings.files.s3.presign_downloads else 0
 
     def inline_types(self, namespace: str) -> frozenset[str]:
@@ -370,7 +373,7 @@ class FilesService:
             raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
         row, only_chunk = found
         if row.object_key is not None:
-            return ObjectReader(self.blobs.require_objects(), row)
+            return self.blobs.reader(row)
         if only_chunk is not None or row.size == 0:
             return BytesReader(row, only_chunk or b"")
         conn = await self._snapshot_engine.connect()
@@ -394,7 +397,7 @@ class FilesService:
             raise
         with anyio.CancelScope(shield=True):
             await conn.close()
-        return ObjectReader(self.blobs.require_objects(), row)
+        return self.blobs.reader(row)
 
     async def open_range(
         self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan]
@@ -419,8 +422,13 @@ class FilesService:
         raise ServiceUnavailable("the file changed during every attempt to read it; retry")
 
     async def readiness(self) -> StorageStatus:
-        """Where new file bytes go, and (for s3) whether the bucket answers."""
+        """Where new file bytes go, and whether the bucket answers (s3) or the directory is
+        writable (directory)."""
         objects = self.blobs.objects
+        if self.blobs.backend == "directory":
+            local = self.blobs.local
+            error = await anyio.to_thread.run_sync(local.writable)
+            return StorageStatus(backend="directory", reachable=error is None, location=str(local.root), error=error)
         if self.blobs.backend != "s3" or objects is None:
             return StorageStatus(backend="database", reachable=True)
         try:
@@ -431,7 +439,7 @@ class FilesService:
         return StorageStatus(backend="s3", reachable=True, location=objects.bucket)
 
     def presigns(self, row: FileRow) -> bool:
-        return bool(self.presign_seconds) and row.object_key is not None
+        return bool(self.presign_seconds) and self.blobs.in_bucket(row)
 
     async def presigned_url(self, row: FileRow) -> str | None:
         """A short-lived direct URL to the object, when presigned downloads are on."""
@@ -476,6 +484,22 @@ class FilesService:
         swept = await self._sweep_uploads()
         if self.blobs.objects is not None:
             swept += await self._sweep_objects(self.blobs.objects)
+        swept += await self._sweep_local(self.blobs.local)
+        return swept
+
+    async def _sweep_local(self, local: LocalFiles) -> int:
+        """Remove local files (whole or ``.part``) that no row and no upload in progress holds,
+        once older than ``stale_after``; the directory is listed in a worker thread."""
+        cutoff = utcnow() - self.stale_after
+        swept = 0
+        pages = await anyio.to_thread.run_sync(lambda: list(local.listed()))
+        for page in pages:
+            old = [f for f in page if f.modified < cutoff]
+            known = await self._known([f.blob_id for f in old])
+            for listed in old:
+                if listed.blob_id not in known:
+                    await anyio.to_thread.run_sync(local.remove, listed.path)
+                    swept += 1
         return swept
 
     async def _sweep_objects(self, objects: S3Objects) -> int:

@@ -1,13 +1,14 @@
-"""Where a file version's bytes go and come from: database chunks or an S3 object.
+"""Where a file version's bytes go and come from: database chunks, an S3 object or a local file.
 
-The one place the two files backends differ. ``BlobStore`` makes sinks for new versions and
+The one place the three files backends differ. ``BlobStore`` makes sinks for new versions and
 readers for stored ones; the service keeps the rules (hashing, limits, conditions, the swap).
 
 A sink receives an upload in pieces of ``chunk_bytes`` (a chunk, or a multipart part), each
 stored as it comes with a heartbeat in ``file_uploads`` so the sweeper knows the upload is alive:
 
 - ``store(seq, piece)``: one full piece, while the next one arrives;
-- ``finish(tail)``: before the swap transaction (S3: the last part, then complete the object);
+- ``finish(tail)``: before the swap transaction (S3: the last part, then complete the object;
+  a local file: the last piece, flushed and renamed);
 - ``finish_in(conn, tail)``: inside it (database: the last chunk commits with the swap);
 - ``abort()``: drop whatever was stored (shielded by the caller).
 
@@ -18,6 +19,7 @@ an unreachable bucket is still a 503), ``iter_bytes`` streams, ``close`` always 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import Conflict
 from app.core.db.slots import Slot
+from app.files.local import LocalFiles, is_local_key
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
 from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
@@ -286,23 +289,158 @@ class ObjectReader:
             self._body = None
 
 
+# --- files in a local directory ---------------------------------------------------------------
+
+
+class FileSink:
+    """A ``.part`` file written piece by piece, flushed and renamed when whole (``app.files.local``).
+
+    As for S3, the ``file_uploads`` heartbeat row exists before the first piece is written, so the
+    sweep never removes an upload in progress; a file of one piece is written by ``finish`` in one
+    thread hop, and swept, if its row never commits, once older than the stale age.
+    """
+
+    def __init__(
+        self, local: LocalFiles, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str,
+        chunk_bytes: int,
+    ) -> None:
+        self._local = local
+        self._repo = repo
+        self._write = write
+        self.blob_id = blob_id
+        self.object_key: str | None = local.key_for(namespace, blob_id)
+        self.chunk_bytes = chunk_bytes
+        self.heartbeat = Heartbeat(repo, blob_id)
+        self._fd: int | None = None
+        self._written = False  # a .part or the file may exist
+
+    @property
+    def key(self) -> str:
+        assert self.object_key is not None
+        return self.object_key
+
+    async def store(self, seq: int, piece: bytes) -> None:
+        async with self._write() as conn:  # a short transaction; no connection held during I/O
+            await self.heartbeat.beat(conn)
+        self._written = True
+        if self._fd is None:
+            self._fd = await anyio.to_thread.run_sync(self._local.open_part, self.key)
+        await anyio.to_thread.run_sync(self._local.append, self._fd, piece)
+
+    async def finish(self, tail: bytes, pieces: int) -> None:
+        self._written = True
+        fd, self._fd = self._fd, None
+        if fd is None:
+            await anyio.to_thread.run_sync(self._local.write_whole, self.key, tail)
+            return
+        await anyio.to_thread.run_sync(self._finish, fd, tail)
+
+    def _finish(self, fd: int, tail: bytes) -> None:
+        try:
+            self._local.append(fd, tail)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._local.complete(fd, self.key)
+
+    async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None:
+        pass
+
+    async def abort(self) -> None:
+        try:
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                os.close(fd)
+            if self._written:
+                await anyio.to_thread.run_sync(self._local.discard, self.key)
+        finally:
+            if self.heartbeat.started:
+                async with self._write() as conn:
+                    await self._repo.end_upload(conn, self.blob_id)
+
+
+class FileReader:
+    """A committed row and its local file; no database connection is held.
+
+    A range of at most ``SMALL_READ_BYTES`` is read whole when the download starts (one thread
+    hop: open, read, close), and then sent as it is (``in_memory``); a larger one keeps the file
+    open and reads a piece at a time. A file removed after its row was read (its version was
+    replaced) is ``ObjectMissing``, which makes the service read the row again.
+    """
+
+    SMALL_READ_BYTES = 1024 * 1024
+
+    def __init__(self, local: LocalFiles, row: FileRow) -> None:
+        self._local = local
+        self.row = row
+        self.in_memory = False
+        self._data: bytes | None = None
+        self._fd: int | None = None
+
+    @property
+    def key(self) -> str:
+        assert self.row.object_key is not None
+        return self.row.object_key
+
+    async def start(self, byte_range: ByteRange) -> None:
+        if byte_range.length <= 0:
+            return
+        if byte_range.length <= self.SMALL_READ_BYTES:
+            self._data = await anyio.to_thread.run_sync(
+                self._local.read_range, self.key, byte_range.start, byte_range.length
+            )
+            self.in_memory = True
+        else:
+            self._fd = await anyio.to_thread.run_sync(self._local.open_read, self.key)
+
+    async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
+        if self._data is not None:
+            yield self._data
+            return
+        if self._fd is None:
+            return
+        offset, end = byte_range.start, byte_range.end + 1
+        while offset < end:
+            length = min(self.SMALL_READ_BYTES, end - offset)
+            yield await anyio.to_thread.run_sync(self._local.read, self._fd, offset, length)
+            offset += length
+
+    async def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class BlobStore:
     """Makes sinks for new versions (on the configured backend) and readers for stored ones."""
 
     def __init__(
         self, repo: FilesRepository, write: WriteTxn, chunk_bytes: int, objects: S3Objects | None,
-        backend: str,
+        backend: str, local: LocalFiles,
     ) -> None:
         self._repo = repo
         self._write = write
         self._chunk_bytes = chunk_bytes
         self.objects = objects
         self.backend = backend
+        self.local = local
 
     def sink(self, namespace: str, blob_id: str) -> BlobSink:
         if self.backend == "s3":
             return ObjectSink(self.require_objects(), self._repo, self._write, namespace, blob_id)
+        if self.backend == "directory":
+            return FileSink(self.local, self._repo, self._write, namespace, blob_id, self._chunk_bytes)
         return ChunkSink(self._repo, self._write, blob_id, self._chunk_bytes)
+
+    def reader(self, row: FileRow) -> BlobReader:
+        """The reader of a row whose bytes are outside the database (``object_key`` set)."""
+        if is_local_key(row.object_key):
+            return FileReader(self.local, row)
+        return ObjectReader(self.require_objects(), row)
+
+    @staticmethod
+    def in_bucket(row: FileRow) -> bool:
+        return row.object_key is not None and not is_local_key(row.object_key)
 
     def require_objects(self) -> S3Objects:
         if self.objects is None:
@@ -312,7 +450,16 @@ class BlobStore:
         return self.objects
 
     async def drop_object(self, row: FileRow) -> None:
-        """Delete the object of a version no row points at any more (best effort: the sweep retries)."""
+        """Delete the object (or local file) of a version no row points at any more (best effort:
+        the sweep retries)."""
+        if is_local_key(row.object_key):
+            assert row.object_key is not None
+            try:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.local.discard, row.object_key)
+            except OSError:
+                log.warning("could not delete file %s; the sweep will", row.object_key, exc_info=True)
+            return
         if row.object_key is None or self.objects is None:
             return
         try:
