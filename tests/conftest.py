@@ -189,7 +189,8 @@ def fresh_backend(backend: Backend, tmp_path: Path) -> Backend:
         urls = create_postgres_databases(base, f"gwf_{uuid.uuid4().hex[:8]}")
     else:
         urls = {db: f"sqlite+aiosqlite:///{tmp_path}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
-    return Backend(backend.name, backend_env(urls, tmp_path), urls)
+    files = {k: v for k, v in backend.env.items() if k.startswith(("GATEWAY_FILES__", "AWS_"))}
+    return Backend(backend.name, {**backend_env(urls, tmp_path), **files}, urls, files=backend.files)
 
 
 def _postgres_base_of(backend: Backend) -> str:

@@ -220,6 +220,12 @@ class FilesRepository:
     async def drop_blob(self, conn: Conn, blob_id: str) -> None:
         await conn.execute(delete(file_chunks).where(file_chunks.c.blob_id == blob_id))
 
+    async def drop_chunks_of(self, conn: Conn, row: FileRow) -> None:
+        """The chunks of a version whose bytes are in the database; nothing (no statement in the
+        transaction) for one in S3 or a local file, which goes after the commit."""
+        if row.object_key is None:
+            await self.drop_blob(conn, row.blob_id)
+
     # --- uploads in progress -----------------------------------------------------------
 
     async def start_upload(self, conn: Conn, blob_id: str, now: datetime) -> None:

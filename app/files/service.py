@@ -149,7 +149,7 @@ class BlobWriter:
                 if current is not None:
                     new = replace(new, created_at=current.created_at)
                     await repo.replace(conn, namespace, collection, new)
-                    await repo.drop_blob(conn, current.blob_id)
+                    await repo.drop_chunks_of(conn, current)
                     old = current
                     stored = StoredFile(new, created=False)
                     break
@@ -181,7 +181,7 @@ class BlobWriter:
             moved = replace(source, blob_id=self.blob_id, chunk_bytes=self._sink.chunk_bytes,
                             object_key=self._sink.object_key)
             await self._repo.replace(conn, namespace, collection, moved)
-            await self._repo.drop_blob(conn, source.blob_id)
+            await self._repo.drop_chunks_of(conn, source)
         self.finished = True
         await self._service.blobs.drop_object(source)
         return True
@@ -475,7 +475,7 @@ class FilesService:
             conditions.check(current.sha256 if current else None)
             if current is not None:
                 await self.repo.delete(conn, namespace, collection, file_id)
-                await self.repo.drop_blob(conn, current.blob_id)
+                await self.repo.drop_chunks_of(conn, current)
         if current is not None:
             await self.blobs.drop_object(current)
 
