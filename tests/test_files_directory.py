@@ -90,3 +90,21 @@ async def test_a_missing_file_is_a_503_never_other_bytes(server: object, backend
         assert r.status_code == 503 and r.headers["content-type"] == "application/problem+json"
         head = await http.head(f"/v1/{namespace}/files/c/gone")  # metadata alone still answers
         assert head.status_code == 200 and head.headers["etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+
+
+@pytest.mark.parametrize("backend", ["sqlite_directory", "sqlite"], indirect=True)
+def test_a_download_reads_its_row_on_the_loops_thread_when_bytes_are_in_files(
+    server: object, backend: Backend, namespace: str
+) -> None:
+    """Files outside the database: the row alone is read inline (``app.core.db.inline``, no
+    hand-off to aiosqlite's thread); chunks in the database are never read inline."""
+    from tests.test_inline_reads import moved, outcomes
+
+    data = os.urandom(5000)
+    with httpx.Client(base_url=getattr(server, "url"), headers=HEADERS, timeout=30) as client:
+        assert client.put(f"/v1/{namespace}/files/c/f", content=data).status_code == 201
+        before = outcomes(client)
+        for _ in range(5):
+            assert client.get(f"/v1/{namespace}/files/c/f").content == data
+        expected = {"inline": 5} if backend.files == "directory" else {}
+        assert moved(before, outcomes(client)) == expected

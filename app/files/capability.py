@@ -27,7 +27,8 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
     objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
     try:
         service = FilesService(
-            databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects
+            databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects,
+            inline=lambda: databases.inline_connection(Database.metadata),
         )
         state.storage_checks["files"] = service.readiness
         yield service

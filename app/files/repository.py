@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, null, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
@@ -105,6 +105,14 @@ class FilesRepository:
             )
         )
 
+        # The same row without its chunk: for a gateway whose files are outside the database,
+        # read on SQLite on the loop's thread (``app.core.db.inline``), where a chunk must not be.
+        self._row_alone = fixed(
+            select(*_DRIVER_FILE_COLUMNS, null().label("data")).where(
+                in_scope(files, bindparam("ns"), bindparam("c")), files.c.file_id == bindparam("id")
+            )
+        )
+
     # --- files rows --------------------------------------------------------------------
 
     def _one(self, namespace: str, collection: str, file_id: str) -> Select[*tuple[Any, ...]]:
@@ -121,6 +129,13 @@ class FilesRepository:
         an empty file, a file of several chunks, or one in S3), in one statement."""
         row = await self._row_and_only_chunk.first(conn, {"ns": namespace, "c": collection, "id": file_id})
         return _download_row(row) if row else None
+
+    async def get_without_chunk(
+        self, conn: StatementConnection, namespace: str, collection: str, file_id: str
+    ) -> tuple[FileRow, None] | None:
+        """``get_with_only_chunk`` that never reads a chunk (the bytes are None)."""
+        row = await self._row_alone.first(conn, {"ns": namespace, "c": collection, "id": file_id})
+        return (_download_row(row)[0], None) if row else None
 
     async def get_for_update(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
         row = (await conn.execute(self.backend.locked(self._one(namespace, collection, file_id)))).first()

@@ -43,6 +43,7 @@ from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.db.databases import borrow_raw_connection
+from app.core.db.inline import InlineConnection
 from app.core.db.slots import Slots
 from app.core.db.statements import fixed_statements
 from app.core.fences.sqlalchemy_ import close_pooled
@@ -246,11 +247,13 @@ class FilesService:
     """Files of every namespace, in the metadata database."""
 
     def __init__(
-        self, engine: AsyncEngine, backend: FilesBackend, settings: Settings, objects: S3Objects | None = None
+        self, engine: AsyncEngine, backend: FilesBackend, settings: Settings, objects: S3Objects | None = None,
+        inline: Callable[[], InlineConnection | None] = lambda: None,
     ) -> None:
         self.repo = FilesRepository(backend, fixed_statements(engine.dialect.name))
         self._backend = backend
         self._engine = engine
+        self._inline_statements = inline  # the metadata database's (SQLite), if any
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
         self.chunk_bytes = settings.limits.file_chunk_bytes
@@ -363,12 +366,21 @@ class FilesService:
         need no connection once it is read. A file of several chunks is read again, with its
         chunks, from a snapshot transaction kept open until ``close``.
         """
-        raw = await borrow_raw_connection(self._engine)
-        try:
-            found = await self.repo.get_with_only_chunk(raw, namespace, collection, file_id)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await close_pooled(raw)
+        inline = self._inline_statements() if self.blobs.backend == "directory" else None
+        if inline is not None:  # SQLite, files outside the database: the row alone, on the loop's thread
+            try:
+                found = await self.repo.get_without_chunk(inline, namespace, collection, file_id)
+            finally:
+                if (borrowed := inline.pooled_if_borrowed()) is not None:
+                    with anyio.CancelScope(shield=True):
+                        await close_pooled(borrowed)
+        else:
+            raw = await borrow_raw_connection(self._engine)
+            try:
+                found = await self.repo.get_with_only_chunk(raw, namespace, collection, file_id)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await close_pooled(raw)
         if found is None:
             raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
         row, only_chunk = found
