@@ -364,7 +364,9 @@ class FilesService:
         (``app.core.db.statements``: on PostgreSQL one round trip, on SQLite one hand-off to
         aiosqlite's thread instead of about nine): such a file, and an object in S3 (immutable),
         need no connection once it is read. A file of several chunks is read again, with its
-        chunks, from a snapshot transaction kept open until ``close``.
+        chunks, from a snapshot transaction kept open until ``close``. When new files go to a
+        local directory, the row alone is read, on SQLite on the loop's thread
+        (``app.core.db.inline``), since most files then have no chunk to read.
         """
         inline = self._inline_statements() if self.blobs.backend == "directory" else None
         if inline is not None:  # SQLite, files outside the database: the row alone, on the loop's thread
@@ -431,6 +433,8 @@ class FilesService:
             except BaseException:
                 await reader.close()
                 raise
+        # Either replaced three times over meanwhile, or its object (or local file) is missing.
+        log.warning("file %r in %s/%s: its bytes were missing in every attempt to read them", file_id, namespace, collection)
         raise ServiceUnavailable("the file changed during every attempt to read it; retry")
 
     async def readiness(self) -> StorageStatus:
@@ -501,11 +505,11 @@ class FilesService:
 
     async def _sweep_local(self, local: LocalFiles) -> int:
         """Remove local files (whole or ``.part``) that no row and no upload in progress holds,
-        once older than ``stale_after``; the directory is listed in a worker thread."""
+        once older than ``stale_after``; the directory is listed in a worker thread, a page at a time."""
         cutoff = utcnow() - self.stale_after
         swept = 0
-        pages = await anyio.to_thread.run_sync(lambda: list(local.listed()))
-        for page in pages:
+        pages = local.listed()
+        while (page := await anyio.to_thread.run_sync(next, pages, None)) is not None:
             old = [f for f in page if f.modified < cutoff]
             known = await self._known([f.blob_id for f in old])
             for listed in old:
