@@ -28,7 +28,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
     try:
         service = FilesService(
             databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects,
-            inline=lambda: databases.inline_connection(Database.metadata),
+            inline=lambda: databases.inline_connection(Database.metadata), queue=databases.write_queue(Database.metadata),
         )
         state.storage_checks["files"] = service.readiness
         yield service

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, timedelta
 
@@ -44,6 +44,7 @@ from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.db.databases import borrow_raw_connection
 from app.core.db.inline import InlineConnection
+from app.core.db.writequeue import WriteQueue
 from app.core.db.slots import Slots
 from app.core.db.statements import fixed_statements
 from app.core.fences.sqlalchemy_ import close_pooled
@@ -248,12 +249,13 @@ class FilesService:
 
     def __init__(
         self, engine: AsyncEngine, backend: FilesBackend, settings: Settings, objects: S3Objects | None = None,
-        inline: Callable[[], InlineConnection | None] = lambda: None,
+        inline: Callable[[], InlineConnection | None] = lambda: None, queue: WriteQueue | None = None,
     ) -> None:
         self.repo = FilesRepository(backend, fixed_statements(engine.dialect.name))
         self._backend = backend
         self._engine = engine
         self._inline_statements = inline  # the metadata database's (SQLite), if any
+        self._queue = queue  # the metadata database's write queue (SQLite), if any
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
         self.chunk_bytes = settings.limits.file_chunk_bytes
@@ -278,11 +280,13 @@ class FilesService:
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
-        """One short write transaction (``chunks``: one that only stores chunks of an upload)."""
-        async with self._write_engine.begin() as conn:
-            if chunks:
-                await self._backend.prepare_chunk_write(conn)
-            yield conn
+        """One short write transaction (``chunks``: one that only stores chunks of an upload), on
+        SQLite in its turn of the database's write queue (``app.core.db.writequeue``)."""
+        async with self._queue.held() if self._queue is not None else nullcontext():
+            async with self._write_engine.begin() as conn:
+                if chunks:
+                    await self._backend.prepare_chunk_write(conn)
+                yield conn
 
     # --- uploads -----------------------------------------------------------------------
 

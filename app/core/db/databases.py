@@ -25,6 +25,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.db.inline import InlineConnection, InlineStatements
 from app.core.db.sqlite import WRITER_PRAGMAS
+from app.core.db.writequeue import WriteQueue
 from app.core.fences.sqlalchemy_ import close_pooled
 from app.core.ops import metrics
 from app.core.config import Database, Settings
@@ -193,6 +194,7 @@ class Databases:
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
     inline_statements: dict[Database, InlineStatements] = field(default_factory=dict)
     checkpoints: dict[Database, asyncio.Task[None]] = field(default_factory=dict)  # in flight (inline writes')
+    write_queues: dict[Database, WriteQueue] = field(default_factory=dict)  # SQLite files' (app.core.db.writequeue)
 
     @classmethod
     def open(cls, settings: Settings) -> Databases:
@@ -205,6 +207,8 @@ class Databases:
             budget = settings.databases.get(db).inline_budget_ms / 1000
             if path is not None and budget > 0:
                 dbs.inline_statements[db] = InlineStatements(path, db.value, budget, dbs.checkpointer(db))
+            if path is not None:
+                dbs.write_queues[db] = WriteQueue(path, settings.databases.get(db).connect_timeout)
         return dbs
 
     def checkpointer(self, db: Database) -> Callable[[], None]:
@@ -270,6 +274,10 @@ class Databases:
 
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
 
+    def write_queue(self, db: Database) -> WriteQueue | None:
+        """The queue of ``db``'s write transactions when it is a SQLite file (``app.core.db.writequeue``)."""
+        return self.write_queues.get(db)
+
     def inline_connection(self, db: Database) -> InlineConnection | None:
         """For a request that runs one statement on ``db``: its SQLite file's inline
         statements (``app.core.db.inline``); None on PostgreSQL, in memory, or when turned off."""
@@ -283,5 +291,7 @@ class Databases:
             await asyncio.gather(*self.checkpoints.values(), return_exceptions=True)
         for reader in self.inline_statements.values():
             reader.close()
+        for queue in self.write_queues.values():
+            queue.close()
         for engine in self.engines.values():
             await engine.dispose()
