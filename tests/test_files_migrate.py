@@ -39,6 +39,33 @@ async def locations(backend: Backend) -> dict[str, int]:
     return {"database": rows[0], "s3": rows[1], "directory": rows[2], "chunks": rows[3]}
 
 
+async def written_on_the_database(
+    backend: Backend, tmp_path: Path, auth_headers: dict[str, str], namespace: str, files: dict[str, bytes]
+) -> list[dict[str, object]]:
+    """``files`` uploaded through a gateway on the database backend; its listing of them."""
+    db_gateway = start_server(backend, tmp_path / "db.log")
+    try:
+        async with httpx.AsyncClient(base_url=db_gateway.url, headers=auth_headers, timeout=60) as http:
+            for file_id, data in files.items():
+                assert (await http.put(url(namespace, "c", file_id), content=data)).status_code == 201
+            listed: list[dict[str, object]] = (await http.get(url(namespace, "c"))).json()["items"]
+            return listed
+    finally:
+        stop_server(db_gateway)
+
+
+async def keep_reading(http: httpx.AsyncClient, namespace: str, files: dict[str, bytes], stop: asyncio.Event) -> int:
+    """Read every file again and again, checking its bytes, until ``stop``; how many reads."""
+    reads = 0
+    while not stop.is_set():
+        for file_id, data in files.items():
+            r = await http.get(url(namespace, "c", file_id))
+            assert r.status_code == 200 and r.content == data, file_id
+            reads += 1
+        await asyncio.sleep(0.1)  # reads go on throughout, without hogging the CPU
+    return reads
+
+
 async def test_migrate_to_s3_and_back(
     fresh_backend: Backend, seaweed: SeaweedS3, tmp_path: Path, auth_headers: dict[str, str],
 ) -> None:
@@ -48,15 +75,7 @@ async def test_migrate_to_s3_and_back(
     namespace = f"m{uuid.uuid4().hex[:8]}"
     files = {f"f{i}": os.urandom(size) for i, size in enumerate(SIZES)}
 
-    # Written on the database backend.
-    db_gateway = start_server(fresh_backend, tmp_path / "db.log")
-    try:
-        async with httpx.AsyncClient(base_url=db_gateway.url, headers=auth_headers, timeout=60) as http:
-            for file_id, data in files.items():
-                assert (await http.put(url(namespace, "c", file_id), content=data)).status_code == 201
-            listed = (await http.get(url(namespace, "c"))).json()["items"]
-    finally:
-        stop_server(db_gateway)
+    listed = await written_on_the_database(fresh_backend, tmp_path, auth_headers, namespace, files)
     assert await locations(fresh_backend) == {"database": len(files), "s3": 0, "directory": 0, "chunks": CHUNKS}
 
     # A gateway already on s3 (new uploads go there) keeps serving every file while they move.
@@ -64,18 +83,7 @@ async def test_migrate_to_s3_and_back(
     try:
         async with httpx.AsyncClient(base_url=gateway.url, headers=auth_headers, timeout=60) as http:
             stop_reading = asyncio.Event()
-
-            async def keep_reading() -> int:
-                reads = 0
-                while not stop_reading.is_set():
-                    for file_id, data in files.items():
-                        r = await http.get(url(namespace, "c", file_id))
-                        assert r.status_code == 200 and r.content == data, file_id
-                        reads += 1
-                    await asyncio.sleep(0.1)  # reads go on throughout, without hogging the CPU
-                return reads
-
-            reader = asyncio.create_task(keep_reading())
+            reader = asyncio.create_task(keep_reading(http, namespace, files, stop_reading))
             # Interrupted after 3 files, then resumed: nothing moves twice, nothing is lost.
             first = await asyncio.to_thread(run_cli, on_s3, "files", "migrate", "--to", "s3", "--limit", "3")
             assert first.returncode == 0, first.stderr
@@ -120,29 +128,12 @@ async def test_migrate_to_a_directory_then_s3_and_back(
     on_s3 = Backend(fresh_backend.name, {**fresh_backend.env, **s3}, fresh_backend.urls, files="s3")
     namespace = f"m{uuid.uuid4().hex[:8]}"
     files = {f"f{i}": os.urandom(size) for i, size in enumerate(SIZES)}
-    db_gateway = start_server(fresh_backend, tmp_path / "db.log")
-    try:
-        async with httpx.AsyncClient(base_url=db_gateway.url, headers=auth_headers, timeout=60) as http:
-            for file_id, data in files.items():
-                assert (await http.put(url(namespace, "c", file_id), content=data)).status_code == 201
-            listed = (await http.get(url(namespace, "c"))).json()["items"]
-    finally:
-        stop_server(db_gateway)
+    listed = await written_on_the_database(fresh_backend, tmp_path, auth_headers, namespace, files)
 
     gateway = start_server(on_dir, tmp_path / "dir.log")
     try:
         async with httpx.AsyncClient(base_url=gateway.url, headers=auth_headers, timeout=60) as http:
             stop_reading = asyncio.Event()
-
-            async def keep_reading() -> int:
-                reads = 0
-                while not stop_reading.is_set():
-                    for file_id, data in files.items():
-                        r = await http.get(url(namespace, "c", file_id))
-                        assert r.status_code == 200 and r.content == data, file_id
-                        reads += 1
-                    await asyncio.sleep(0.1)
-                return reads
 
             async def same_files() -> None:
                 for file_id, data in files.items():
@@ -150,7 +141,7 @@ async def test_migrate_to_a_directory_then_s3_and_back(
                     assert r.content == data and r.headers["etag"] == f'"{sha(data)}"'
                 assert (await http.get(url(namespace, "c"))).json()["items"] == listed
 
-            reader = asyncio.create_task(keep_reading())
+            reader = asyncio.create_task(keep_reading(http, namespace, files, stop_reading))
             moved = await asyncio.to_thread(run_cli, on_dir, "files", "migrate", "--to", "directory")
             assert moved.returncode == 0, moved.stderr
             assert f"moved {len(files)} files" in moved.stdout and "0 not yet on directory" in moved.stdout

@@ -187,7 +187,32 @@ class ChunkReader:
 # --- objects in an S3 bucket ------------------------------------------------------------------
 
 
-class ObjectSink:
+class _SinkOutside:
+    """What the sinks of bytes outside the database share: the key of the version's bytes, and the
+    ``file_uploads`` heartbeat kept in short transactions of its own (no connection held during I/O)."""
+
+    object_key: str | None
+    blob_id: str
+    heartbeat: Heartbeat
+    _repo: FilesRepository
+    _write: WriteTxn
+
+    @property
+    def key(self) -> str:
+        assert self.object_key is not None
+        return self.object_key
+
+    async def _beat(self) -> None:
+        async with self._write() as conn:
+            await self.heartbeat.beat(conn)
+
+    async def _forget_upload(self) -> None:
+        if self.heartbeat.started:
+            async with self._write() as conn:
+                await self._repo.end_upload(conn, self.blob_id)
+
+
+class ObjectSink(_SinkOutside):
     """A multipart upload, started with the first full part; a small file is one PutObject.
 
     The ``file_uploads`` heartbeat row exists before the multipart upload does, so the sweep
@@ -208,14 +233,8 @@ class ObjectSink:
         self._etags: list[str] = []
         self._completed = False
 
-    @property
-    def key(self) -> str:
-        assert self.object_key is not None
-        return self.object_key
-
     async def store(self, seq: int, piece: bytes) -> None:
-        async with self._write() as conn:  # a short transaction; no connection held during I/O
-            await self.heartbeat.beat(conn)
+        await self._beat()
         try:
             if self._upload_id is None:
                 self._upload_id = await self._objects.create_upload(self.key)
@@ -247,9 +266,7 @@ class ObjectSink:
             if self._completed:
                 await self._objects.delete(self.key)
         finally:
-            if self.heartbeat.started:
-                async with self._write() as conn:
-                    await self._repo.end_upload(conn, self.blob_id)
+            await self._forget_upload()
 
 
 class ObjectReader:
@@ -292,7 +309,7 @@ class ObjectReader:
 # --- files in a local directory ---------------------------------------------------------------
 
 
-class FileSink:
+class FileSink(_SinkOutside):
     """A ``.part`` file written piece by piece, flushed and renamed when whole (``app.files.local``).
 
     As for S3, the ``file_uploads`` heartbeat row exists before the first piece is written, so the
@@ -314,14 +331,8 @@ class FileSink:
         self._fd: int | None = None
         self._written = False  # a .part or the file may exist
 
-    @property
-    def key(self) -> str:
-        assert self.object_key is not None
-        return self.object_key
-
     async def store(self, seq: int, piece: bytes) -> None:
-        async with self._write() as conn:  # a short transaction; no connection held during I/O
-            await self.heartbeat.beat(conn)
+        await self._beat()
         self._written = True
         if self._fd is None:
             self._fd = await anyio.to_thread.run_sync(self._local.open_part, self.key)
@@ -354,9 +365,7 @@ class FileSink:
             if self._written:
                 await anyio.to_thread.run_sync(self._local.discard, self.key)
         finally:
-            if self.heartbeat.started:
-                async with self._write() as conn:
-                    await self._repo.end_upload(conn, self.blob_id)
+            await self._forget_upload()
 
 
 class FileReader:
