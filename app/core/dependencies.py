@@ -39,8 +39,9 @@ def _connection_dependency(
     committed and what it refuses was never written. On SQLite such a route gets an
     ``InlineConnection`` (``app.core.db.inline``): its statement runs on the loop's thread when
     it can, and borrows a pooled connection only when it cannot (a write that finds the lock
-    held). Reads run in a transaction too, unless single-statement. ``read_only`` marks POST routes that only read. ``begin=False`` (reads
-    only): no transaction is begun for the request; SQLAlchemy begins one itself on the
+    held). Reads run in a transaction too, unless single-statement. ``read_only`` marks POST
+    routes that only read. ``begin=False`` (reads only): no transaction is begun for the
+    request; SQLAlchemy begins one itself on the
     connection's first statement through it, if any, and it is rolled back when the connection
     closes, so a read whose statements all go to the driver sends no BEGIN and no COMMIT.
     """

@@ -87,11 +87,13 @@ class LocalFiles:
             finally:
                 os.close(directory)
 
-    def write_whole(self, key: str, data: bytes) -> None:
-        """A version of one piece: written, flushed and named in one call (one thread hop)."""
-        fd = self.open_part(key)
+    def finish(self, key: str, tail: bytes, fd: int | None = None) -> None:
+        """The last piece appended to ``fd`` (``key``'s ``.part`` from ``open_part``; a new one
+        when None: a version of one piece), then flushed and named, in one call (one thread hop)."""
+        if fd is None:
+            fd = self.open_part(key)
         try:
-            self.append(fd, data)
+            self.append(fd, tail)
         except BaseException:
             os.close(fd)
             raise

@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import TextIO
 
-from app.core.config import Database, Settings
+from app.core.config import Database, FilesBackendName, Settings
 from app.core.db.databases import Databases
 from app.files.backend import backend_for
 from app.files.s3 import S3Objects
 from app.files.service import FilesService
 
-Target = Literal["s3", "database", "directory"]
+Target = FilesBackendName  # where ``--to`` sends the bytes: any files backend
 PAGE = 100
 
 

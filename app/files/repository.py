@@ -87,6 +87,7 @@ class FilesRepository:
         # A download's row and, when the whole file is one chunk in the database, that chunk:
         # a fixed statement, sent with the driver outside a transaction (the timestamps as the
         # driver returns them, converted in ``_download_row``).
+        this_file = (in_scope(files, bindparam("ns"), bindparam("c")), files.c.file_id == bindparam("id"))
         self._row_and_only_chunk = fixed(
             select(*_DRIVER_FILE_COLUMNS, file_chunks.c.data)
             .select_from(
@@ -100,17 +101,13 @@ class FilesRepository:
                     ),
                 )
             )
-            .where(
-                in_scope(files, bindparam("ns"), bindparam("c")), files.c.file_id == bindparam("id")
-            )
+            .where(*this_file)
         )
 
         # The same row without its chunk: for a gateway whose files are outside the database,
         # read on SQLite on the loop's thread (``app.core.db.inline``), where a chunk must not be.
         self._row_alone = fixed(
-            select(*_DRIVER_FILE_COLUMNS, null().label("data")).where(
-                in_scope(files, bindparam("ns"), bindparam("c")), files.c.file_id == bindparam("id")
-            )
+            select(*_DRIVER_FILE_COLUMNS, null().label("data")).where(*this_file)
         )
 
     # --- files rows --------------------------------------------------------------------

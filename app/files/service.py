@@ -28,10 +28,11 @@ import email.utils
 import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Protocol, TypeVar
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -263,6 +264,14 @@ def plan_download(
 class FileListPage:
     rows: list[FileRow]
     next_cursor: str | None
+
+
+class _HasBlob(Protocol):
+    @property
+    def blob_id(self) -> str: ...
+
+
+_Stored = TypeVar("_Stored", bound=_HasBlob)
 
 
 class FilesService:
@@ -535,12 +544,9 @@ class FilesService:
         swept = 0
         pages = local.listed()
         while (page := await anyio.to_thread.run_sync(next, pages, None)) is not None:
-            old = [f for f in page if f.modified < cutoff]
-            known = await self._known([f.blob_id for f in old])
-            for listed in old:
-                if listed.blob_id not in known:
-                    await anyio.to_thread.run_sync(local.remove, listed.path)
-                    swept += 1
+            for listed in await self._stale_unknown(page, cutoff, lambda f: f.modified):
+                await anyio.to_thread.run_sync(local.remove, listed.path)
+                swept += 1
         return swept
 
     async def _sweep_objects(self, objects: S3Objects) -> int:
@@ -549,20 +555,23 @@ class FilesService:
         cutoff = utcnow() - self.stale_after
         swept = 0
         async for uploads in objects.uploads():
-            old = [u for u in uploads if u.initiated < cutoff]
-            known = await self._known([u.blob_id for u in old])
-            for upload in old:
-                if upload.blob_id not in known:
-                    await objects.abort_upload(upload.key, upload.upload_id)
-                    swept += 1
+            for upload in await self._stale_unknown(uploads, cutoff, lambda u: u.initiated):
+                await objects.abort_upload(upload.key, upload.upload_id)
+                swept += 1
         async for listed in objects.objects():
-            old_objects = [o for o in listed if o.modified < cutoff]
-            known = await self._known([o.blob_id for o in old_objects])
-            for obj in old_objects:
-                if obj.blob_id not in known:
-                    await objects.delete(obj.key)
-                    swept += 1
+            for obj in await self._stale_unknown(listed, cutoff, lambda o: o.modified):
+                await objects.delete(obj.key)
+                swept += 1
         return swept
+
+    async def _stale_unknown(
+        self, page: Sequence[_Stored], cutoff: datetime, when: Callable[[_Stored], datetime]
+    ) -> builtins.list[_Stored]:
+        """Those of ``page`` (objects, multipart uploads, local files) older than ``cutoff`` by
+        ``when`` that no file row and no upload in progress holds."""
+        old = [item for item in page if when(item) < cutoff]
+        known = await self._known([item.blob_id for item in old])
+        return [item for item in old if item.blob_id not in known]
 
     async def _known(self, blob_ids: builtins.list[str]) -> set[str]:
         if not blob_ids:

@@ -191,11 +191,13 @@ class _SinkOutside:
     """What the sinks of bytes outside the database share: the key of the version's bytes, and the
     ``file_uploads`` heartbeat kept in short transactions of its own (no connection held during I/O)."""
 
-    object_key: str | None
-    blob_id: str
-    heartbeat: Heartbeat
-    _repo: FilesRepository
-    _write: WriteTxn
+    def __init__(self, repo: FilesRepository, write: WriteTxn, blob_id: str, key: str, chunk_bytes: int) -> None:
+        self._repo = repo
+        self._write = write
+        self.blob_id = blob_id
+        self.object_key: str | None = key
+        self.chunk_bytes = chunk_bytes
+        self.heartbeat = Heartbeat(repo, blob_id)
 
     @property
     def key(self) -> str:
@@ -222,13 +224,8 @@ class ObjectSink(_SinkOutside):
     def __init__(
         self, objects: S3Objects, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str
     ) -> None:
+        super().__init__(repo, write, blob_id, objects.key_for(namespace, blob_id), objects.settings.part_bytes)
         self._objects = objects
-        self._repo = repo
-        self._write = write
-        self.blob_id = blob_id
-        self.object_key: str | None = objects.key_for(namespace, blob_id)
-        self.chunk_bytes = objects.settings.part_bytes
-        self.heartbeat = Heartbeat(repo, blob_id)
         self._upload_id: str | None = None
         self._etags: list[str] = []
         self._completed = False
@@ -321,13 +318,8 @@ class FileSink(_SinkOutside):
         self, local: LocalFiles, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str,
         chunk_bytes: int,
     ) -> None:
+        super().__init__(repo, write, blob_id, local.key_for(namespace, blob_id), chunk_bytes)
         self._local = local
-        self._repo = repo
-        self._write = write
-        self.blob_id = blob_id
-        self.object_key: str | None = local.key_for(namespace, blob_id)
-        self.chunk_bytes = chunk_bytes
-        self.heartbeat = Heartbeat(repo, blob_id)
         self._fd: int | None = None
         self._written = False  # a .part or the file may exist
 
@@ -341,18 +333,7 @@ class FileSink(_SinkOutside):
     async def finish(self, tail: bytes, pieces: int) -> None:
         self._written = True
         fd, self._fd = self._fd, None
-        if fd is None:
-            await anyio.to_thread.run_sync(self._local.write_whole, self.key, tail)
-            return
-        await anyio.to_thread.run_sync(self._finish, fd, tail)
-
-    def _finish(self, fd: int, tail: bytes) -> None:
-        try:
-            self._local.append(fd, tail)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._local.complete(fd, self.key)
+        await anyio.to_thread.run_sync(self._local.finish, self.key, tail, fd)
 
     async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None:
         pass
