@@ -238,3 +238,30 @@ def test_an_inline_write_that_fails_or_runs_over_changes_nothing(tmp_path: Path)
         assert writes(WRITES, {"database": "write-test", "outcome": "error"}) == 1
     finally:
         reader.close()
+
+
+def test_an_inline_write_interrupted_after_its_commit_is_answered_as_committed(tmp_path: Path) -> None:
+    """SQLite calls the progress handler once more after a statement's last step, when its
+    autocommit is done, and answers "interrupted" if the budget is spent by then. Such a write
+    must be answered as the commit it is: sent again through the pool, a compare-and-swap was
+    refused by its own change and retried by its client, one increment counted twice (CI, the
+    200 increments through nginx ended at 201). With no budget at all, every progress check
+    interrupts; each write is reported applied exactly when it was."""
+    path = _database(tmp_path)
+    reader = InlineStatements(path, "after-commit-test", budget_seconds=0.0, checkpoint=lambda: None)
+    sql = "UPDATE t SET v = CAST(CAST(v AS INTEGER) + 1 AS TEXT) WHERE k = ?"
+    applied = 0
+    try:
+        reader.write("UPDATE t SET v = '0' WHERE k = ?", [5])
+        check = sqlite3.connect(path)
+        # Each run adds its steps to the statement's own counter, so the checks (every
+        # CHECK_EVERY steps) fall at every point of a run in turn, its end included.
+        for _ in range(2000):
+            count = reader.write(sql, [5])
+            applied += bool(count)
+            stored = int(check.execute("SELECT v FROM t WHERE k = 5").fetchone()[0])
+            assert stored == applied, "a write was answered as not applied but it was (or the reverse)"
+        check.close()
+        assert 0 < applied < 2000  # some ran through, some were interrupted before their end
+    finally:
+        reader.close()

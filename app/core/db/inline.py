@@ -16,8 +16,10 @@ end before the loop does anything else and one connection of each kind serves th
 loop is never held for long:
 
 - a statement that runs past ``inline_budget_ms`` is interrupted (a progress handler,
-  every ``CHECK_EVERY`` virtual-machine steps; an interrupted write changes nothing), and its
-  SQL skips this path for its next ``SKIP_AFTER_OVER_BUDGET`` runs;
+  every ``CHECK_EVERY`` virtual-machine steps), and its SQL skips this path for its next
+  ``SKIP_AFTER_OVER_BUDGET`` runs. An interrupted write changed nothing, unless SQLite
+  interrupted it after its autocommit (it calls the handler once more after the last step):
+  a write counts as committed when the connection's ``total_changes`` moved, whatever its error;
 - a statement that would wait for a lock fails at once (``busy_timeout`` 0): a write that finds
   SQLite's write lock held (by another worker, or a transaction on the pool) never waits here;
 - the writer never checkpoints the WAL (``wal_autocheckpoint`` 0: a checkpoint copies pages and
@@ -126,9 +128,10 @@ class InlineStatements:
         return True
 
     def _run(self, sql: str, args: Sequence[Any], *, writes: bool) -> Any:
-        """The cursor of ``sql`` run on the reading or the writing connection, or None: it must
-        run through the pool instead (another thread, skipped, over budget, a lock, any error;
-        an interrupted or failed statement changed nothing). Counts the outcome."""
+        """The rows of a read, or the row count of a write, of ``sql`` run on the reading or the
+        writing connection; or None: it must run through the pool instead (another thread,
+        skipped, over budget, a lock, any error; a statement answered None changed nothing: a
+        write is judged by the connection's ``total_changes``, not by its error). Counts the outcome."""
         outcomes = self._write_outcomes if writes else self._outcomes
         if not self._bound():
             return None  # another thread than the one that first used it (never the loop's)
@@ -139,23 +142,33 @@ class InlineStatements:
                     self._skip[sql] = left - 1
                 outcomes["skipped"].inc()
                 return None
+        conn = None
+        changes = 0
         try:
             if writes:
                 conn = self._writer = self._writer or self._open(writes=True)
+                changes = conn.total_changes
             else:
                 conn = self._conn = self._conn or self._open(writes=False)
             self._deadline = time.perf_counter() + self._budget
             cursor = conn.execute(sql, args)
-            result = cursor if writes else cursor.fetchall()
-        except SQLITE.OperationalError as exc:
+            result = cursor.rowcount if writes else cursor.fetchall()
+        except SQLITE.Error as exc:
+            if writes and conn is not None and conn.total_changes != changes:
+                # Committed after all: SQLite also calls the progress handler once more after a
+                # statement's last step, when its autocommit has already happened, and answers
+                # "interrupted" if the budget is spent by then. Sent again through the pool, the
+                # write would be applied twice, or a compare-and-swap refused by its own change.
+                outcomes["inline"].inc()
+                return conn.total_changes - changes
             message = str(exc)
-            outcome = "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+            outcome = (
+                "error" if not isinstance(exc, SQLITE.OperationalError)
+                else "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+            )
             if outcome == "over_budget":
                 self._skip[sql] = SKIP_AFTER_OVER_BUDGET
             outcomes[outcome].inc()
-            return None
-        except SQLITE.Error:
-            outcomes["error"].inc()
             return None
         outcomes["inline"].inc()
         return result
@@ -165,15 +178,14 @@ class InlineStatements:
         must run through the pool instead (see ``_run``)."""
         if self._checkpoint is None:
             return None
-        cursor = self._run(sql, args, writes=True)
-        if cursor is None:
+        count: int | None = self._run(sql, args, writes=True)
+        if count is None:
             return None
         self._writes += 1
         self._written += sum(len(a) for a in args if isinstance(a, (str, bytes)))
         if self._writes >= CHECKPOINT_EVERY or self._written >= CHECKPOINT_EVERY_BYTES:
             self._writes = self._written = 0
             self._checkpoint()
-        count: int = cursor.rowcount
         return count
 
     def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
