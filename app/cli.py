@@ -66,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from app.core.http.server import PROTOCOL
+    from app.core.http.workers import STARTUP_FAILURE, Workers, bind_sockets
 
     # The address is part of the settings (auth may only be off on loopback), and workers
     # re-read settings from the environment.
@@ -93,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # graceful stop is a success, so exit 0 instead of dying by that signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    uvicorn.run(
+    config = uvicorn.Config(
         "app.main:app_factory",
         factory=True,
         host=host,
@@ -115,6 +116,19 @@ def cmd_serve(args: argparse.Namespace) -> None:
             args.graceful_timeout if args.graceful_timeout is not None else settings.shutdown_grace_seconds  # type: ignore[arg-type]
         ),
     )
+    if args.workers <= 1:
+        server = uvicorn.Server(config)
+        server.run()
+        if not server.started:
+            raise SystemExit(STARTUP_FAILURE)
+        return
+    # Several workers: each accepts from a socket of its own (app.core.http.workers), not all
+    # from one as under uvicorn's supervisor, so connections are spread over them.
+    try:
+        sockets = bind_sockets(host, port, args.workers, config.backlog)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    raise SystemExit(Workers(config, sockets).run())
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
