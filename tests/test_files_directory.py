@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -109,3 +111,42 @@ def test_a_download_reads_its_row_on_the_loops_thread_when_bytes_are_in_files(
             assert client.get(f"/v1/{namespace}/files/c/f").content == data
         expected = {"inline": 5} if backend.files == "directory" else {}
         assert moved(before, outcomes(client)) == expected
+
+
+@pytest.mark.parametrize("backend", ["sqlite_directory", "sqlite_s3", "sqlite", "postgres_directory"], indirect=True)
+def test_an_uploads_version_swap_commits_on_the_loops_thread_when_bytes_are_outside_the_database(
+    server: object, backend: Backend, namespace: str
+) -> None:
+    """On SQLite with file bytes outside the database, the swap of a new version (read the row,
+    check the conditions, write the row) is one inline transaction (``app.core.db.inline``):
+    SQLite's write lock is never held across an ``await``. A refused condition changes nothing;
+    a lock held elsewhere sends the swap through the pool, which waits for it."""
+    from app.core.db.sqlite import SQLITE
+    from tests.test_inline_reads import write_outcomes
+
+    inline = not backend.is_postgres and backend.files != "database"
+    url = f"/v1/{namespace}/files/c/f"
+    with httpx.Client(base_url=getattr(server, "url"), headers=HEADERS, timeout=30) as client:
+        before = write_outcomes(client)
+        assert client.put(url, content=b"one").status_code == 201
+        assert client.put(url, content=b"two").status_code == 200
+        assert client.put(url, content=b"three", headers={"If-Match": '"not-the-etag"'}).status_code == 412
+        assert client.get(url).content == b"two"
+        after = write_outcomes(client)
+        assert after["inline"] - before["inline"] == (2 if inline else 0)
+        if backend.is_postgres:
+            return
+        holder = SQLITE.connect(backend.urls["metadata"].split(":///", 1)[1], isolation_level=None,
+                                check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.5, holder.execute, ("COMMIT",))
+        release.start()
+        try:
+            started = time.monotonic()
+            assert client.put(url, content=b"four").status_code == 200
+            assert time.monotonic() - started >= 0.4
+        finally:
+            release.join()
+            holder.close()
+        assert client.get(url).content == b"four"
+        assert write_outcomes(client)["busy"] - after["busy"] == (1 if inline else 0)

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -265,3 +266,62 @@ def test_an_inline_write_interrupted_after_its_commit_is_answered_as_committed(t
         assert 0 < applied < 2000  # some ran through, some were interrupted before their end
     finally:
         reader.close()
+
+
+def test_an_inline_transaction_commits_all_or_nothing_and_never_waits(tmp_path: Path) -> None:
+    """``InlineStatements.transaction``: the body's statements commit together; an error of the
+    body rolls them back and propagates; a held lock, a spent budget or a SQLite error answers
+    None (the caller's pooled path runs it) with nothing written, and nothing waited for."""
+    path = _database(tmp_path)
+    writer = InlineStatements(path, "txn-test", budget_seconds=0.05, checkpoint=lambda: None)
+    check = sqlite3.connect(path)
+
+    def value(k: int) -> str:
+        return str(check.execute("SELECT v FROM t WHERE k = ?", [k]).fetchone()[0])
+
+    def swap(execute: Any) -> str:
+        old = execute("SELECT v FROM t WHERE k = 1", []).fetchone()[0]
+        execute("UPDATE t SET v = ? WHERE k = 1", [old + "+"])
+        execute("UPDATE t SET v = ? WHERE k = 2", ["moved"])
+        return str(old)
+
+    try:
+        assert writer.transaction(swap) == "v1"
+        assert (value(1), value(2)) == ("v1+", "moved")
+
+        def refused(execute: Any) -> None:
+            execute("UPDATE t SET v = 'half' WHERE k = 3", [])
+            raise LookupError("a precondition failed")
+
+        with pytest.raises(LookupError):
+            writer.transaction(refused)
+        assert value(3) == "v3" and not writer.in_transaction
+
+        def constraint(execute: Any) -> None:
+            execute("UPDATE t SET v = 'half' WHERE k = 4", [])
+            execute("INSERT INTO t (k, v) VALUES (5, 'dup')", [])
+
+        assert writer.transaction(constraint) is None and value(4) == "v4"
+
+        endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+        started = time.perf_counter()
+        assert writer.transaction(lambda execute: (execute("UPDATE t SET v = 'x' WHERE k = 6", []),
+                                                   execute(endless, []).fetchone())) is None
+        assert time.perf_counter() - started < 0.5 and value(6) == "v6"
+
+        holder = SQLITE.connect(path, isolation_level=None)  # (the same SQLite library: its locks)
+        holder.execute("BEGIN IMMEDIATE")
+        started = time.perf_counter()
+        assert writer.transaction(swap) is None  # the lock is held: refused at once
+        assert time.perf_counter() - started < 0.05
+        holder.execute("COMMIT")
+        holder.close()
+        assert value(1) == "v1+"
+        writes = metrics.REGISTRY.get_sample_value
+        assert writes(WRITES, {"database": "txn-test", "outcome": "inline"}) == 1
+        assert writes(WRITES, {"database": "txn-test", "outcome": "busy"}) == 1
+        assert writes(WRITES, {"database": "txn-test", "outcome": "over_budget"}) == 1
+        assert writes(WRITES, {"database": "txn-test", "outcome": "error"}) == 1
+    finally:
+        check.close()
+        writer.close()

@@ -6,16 +6,17 @@ Functions take an open ``AsyncConnection`` (or session); the service decides the
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, null, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, insert, null, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
-from app.core.db.statements import FixedStatement, StatementConnection
+from app.core.db.inline import Execute
+from app.core.db.statements import FixedStatement, StatementConnection, inline_sql
 from app.core.db.tables import driver_timestamp, from_driver_timestamp
 from app.files.backend import FilesBackend
 from app.files.local import LOCAL_KEY_PREFIX
@@ -110,6 +111,21 @@ class FilesRepository:
             select(*_DRIVER_FILE_COLUMNS, null().label("data")).where(*this_file)
         )
 
+        # A version's swap on SQLite, run on the loop's thread in one inline transaction
+        # (``swap_inline``); the same statements as the methods below, with bound parameters.
+        version = {
+            c.key: bindparam(c.key, type_=c.type)
+            for c in (files.c.blob_id, files.c.size, files.c.chunk_bytes, files.c.content_type, files.c.sha256,
+                      files.c.updated_at, files.c.object_key)
+        }
+        self._replace_version = fixed(update(files).where(*this_file).values(**version))
+        self._insert_version = fixed(insert(files).values(
+            namespace=bindparam("ns"), collection=bindparam("c"), file_id=bindparam("id"),
+            created_at=bindparam("created_at", type_=files.c.created_at.type), **version,
+        ))
+        self._end_upload = fixed(delete(file_uploads).where(file_uploads.c.blob_id == bindparam("blob_id")))
+        self._drop_blob = fixed(delete(file_chunks).where(file_chunks.c.blob_id == bindparam("blob_id")))
+
     # --- files rows --------------------------------------------------------------------
 
     def _one(self, namespace: str, collection: str, file_id: str) -> Select[*tuple[Any, ...]]:
@@ -133,6 +149,36 @@ class FilesRepository:
         """``get_with_only_chunk`` that never reads a chunk (the bytes are None)."""
         row = await self._row_alone.first(conn, {"ns": namespace, "c": collection, "id": file_id})
         return (_download_row(row)[0], None) if row else None
+
+    @staticmethod
+    def _run_inline(execute: Execute, statement: FixedStatement, params: dict[str, Any]) -> Any:
+        return execute(*inline_sql(statement, params))
+
+    def end_upload_inline(self, execute: Execute, blob_id: str) -> bool:
+        """``end_upload`` in an inline transaction's body (SQLite, ``InlineStatements.transaction``)."""
+        return bool(self._run_inline(execute, self._end_upload, {"blob_id": blob_id}).rowcount == 1)
+
+    def swap_inline(
+        self, execute: Execute, namespace: str, collection: str, new: FileRow,
+        decide: Callable[[FileRow | None], FileRow],
+    ) -> tuple[FileRow, FileRow | None]:
+        """A version swap in an inline transaction's body (SQLite): read the current row,
+        ``decide`` the new one from it (raising refuses the swap), write it, and drop the old
+        version's chunks when they are in the database. (The row stored, the row replaced or None.)"""
+        this_file = {"ns": namespace, "c": collection, "id": new.file_id}
+        found = self._run_inline(execute, self._row_alone, this_file).fetchone()
+        current = _download_row(found)[0] if found else None
+        chosen = decide(current)
+        values = _row_values(chosen)
+        del values["file_id"]
+        if current is None:
+            self._run_inline(execute, self._insert_version, {**this_file, **values})
+            return chosen, None
+        del values["created_at"]
+        self._run_inline(execute, self._replace_version, {**this_file, **values})
+        if current.object_key is None:
+            self._run_inline(execute, self._drop_blob, {"blob_id": current.blob_id})
+        return chosen, current
 
     async def get_for_update(self, conn: Conn, namespace: str, collection: str, file_id: str) -> FileRow | None:
         row = (await conn.execute(self.backend.locked(self._one(namespace, collection, file_id)))).first()

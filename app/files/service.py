@@ -44,7 +44,7 @@ from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.db.databases import borrow_raw_connection
-from app.core.db.inline import InlineConnection
+from app.core.db.inline import Execute, InlineConnection
 from app.core.db.writequeue import WriteQueue
 from app.core.db.slots import Slots
 from app.core.db.statements import fixed_statements
@@ -160,32 +160,43 @@ class BlobWriter:
         tail = self._tail()
         await self._sink.finish(tail, self._stored)  # S3: the object is complete before the swap
         now = utcnow()
-        old: FileRow | None = None
-        stored: StoredFile  # set before the loop below breaks (mypy cannot see a while True end)
-        async with self._service.write() as conn:
-            await self._sink.finish_in(conn, tail, self._stored)
-            if self._sink.heartbeat.started and not await repo.end_upload(conn, self.blob_id):
+        new = FileRow(file_id, self.blob_id, self.size, self._sink.chunk_bytes, content_type, sha256, now, now,
+                      object_key=self._sink.object_key)
+
+        def decide(current: FileRow | None) -> FileRow:
+            """The row to store over ``current`` (412 unless the conditions hold)."""
+            conditions.check(current.sha256 if current else None)
+            return new if current is None else replace(new, created_at=current.created_at)
+
+        def swap_inline(execute: Execute) -> tuple[FileRow, FileRow | None]:
+            if self._sink.heartbeat.started and not repo.end_upload_inline(execute, self.blob_id):
                 raise UploadAbandoned("the upload stalled and was discarded; send it again")
-            new = FileRow(file_id, self.blob_id, self.size, self._sink.chunk_bytes, content_type, sha256, now, now,
-                          object_key=self._sink.object_key)
-            while True:
-                current = await repo.get_for_update(conn, namespace, collection, file_id)
-                conditions.check(current.sha256 if current else None)
-                if current is not None:
-                    new = replace(new, created_at=current.created_at)
-                    await repo.replace(conn, namespace, collection, new)
-                    await repo.drop_chunks_of(conn, current)
-                    old = current
-                    stored = StoredFile(new, created=False)
-                    break
-                if await repo.insert_if_absent(conn, namespace, collection, new):
-                    stored = StoredFile(new, created=True)
-                    break
-                # Another upload created it between our read and our insert: lock it and retry.
+            return repo.swap_inline(execute, namespace, collection, new, decide)
+
+        # Bytes outside the database (nothing to write in the transaction but rows): on SQLite
+        # the swap is one inline transaction, its write lock held for its few statements only.
+        swapped = self._service.inline_transaction(swap_inline) if self._sink.object_key is not None else None
+        if swapped is None:
+            async with self._service.write() as conn:
+                await self._sink.finish_in(conn, tail, self._stored)
+                if self._sink.heartbeat.started and not await repo.end_upload(conn, self.blob_id):
+                    raise UploadAbandoned("the upload stalled and was discarded; send it again")
+                while True:
+                    current = await repo.get_for_update(conn, namespace, collection, file_id)
+                    chosen = decide(current)
+                    if current is not None:
+                        await repo.replace(conn, namespace, collection, chosen)
+                        await repo.drop_chunks_of(conn, current)
+                        break
+                    if await repo.insert_if_absent(conn, namespace, collection, chosen):
+                        break
+                    # Another upload created it between our read and our insert: lock it and retry.
+            swapped = (chosen, current)
+        stored, old = swapped
         self.finished = True
         if old is not None:
             await self._service.blobs.drop_object(old)  # after the commit: readers switched already
-        return stored
+        return StoredFile(stored, created=old is None)
 
     async def commit_move(self, namespace: str, collection: str, source: FileRow) -> bool:
         """Point the file at this copy of ``source`` (same version: sha256, type and timestamps
@@ -272,6 +283,7 @@ class _HasBlob(Protocol):
 
 
 _Stored = TypeVar("_Stored", bound=_HasBlob)
+_T = TypeVar("_T")
 
 
 class FilesService:
@@ -307,6 +319,12 @@ class FilesService:
     def inline_types(self, namespace: str) -> frozenset[str]:
         """What ``namespace`` serves inline besides the safe types (``files.inline_types*``)."""
         return self._inline_by_namespace.get(namespace, self._inline)
+
+    def inline_transaction(self, body: Callable[[Execute], _T]) -> _T | None:
+        """``body`` as one transaction on the loop's thread (SQLite: ``InlineStatements.transaction``),
+        or None: it must run through ``write`` (PostgreSQL, the lock held elsewhere, any SQLite error)."""
+        inline = self._inline_statements()
+        return inline.reader.transaction(body) if inline is not None else None
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:

@@ -32,6 +32,13 @@ thread, where it runs (or fails, or waits for the lock) exactly as every other s
 answer is always the one that path gives, and only a statement that succeeds inline is answered
 from here. Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``).
 
+A write of a few statements that decides from what it reads (a file's version swap) can run as
+one inline transaction (``transaction``): ``BEGIN IMMEDIATE``, its statements and ``COMMIT`` in
+one go on the loop's thread, so SQLite's write lock is held for those statements only, never
+across an ``await`` (through the pool each statement is a hand-off to aiosqlite's thread and back
+to a loop that may be busy, with the lock held all along). A lock held elsewhere, a spent budget
+or any SQLite error rolls it back, and it runs through the pool as before.
+
 A read sees the newest committed state: in WAL mode each statement outside a transaction
 starts its own read of the latest commit. A write commits before ``write`` returns
 (autocommit, ``synchronous=NORMAL`` as the pool's connections), so it is acknowledged committed.
@@ -44,7 +51,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Counter
 from sqlalchemy.pool import PoolProxiedConnection
@@ -71,6 +78,9 @@ of large values (a 1 MiB kv value is one statement) does not grow the WAL far pa
 cadence."""
 
 Row = Sequence[Any]
+Execute = Callable[[str, Sequence[Any]], Any]
+"""A transaction body's way to run a statement: (SQL, arguments) -> the sqlite3 cursor."""
+_T = TypeVar("_T")
 
 
 def _outcomes(counter: Counter, database: str) -> dict[str, Counter]:
@@ -161,17 +171,62 @@ class InlineStatements:
                 # write would be applied twice, or a compare-and-swap refused by its own change.
                 outcomes["inline"].inc()
                 return conn.total_changes - changes
-            message = str(exc)
-            outcome = (
-                "error" if not isinstance(exc, SQLITE.OperationalError)
-                else "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
-            )
+            outcome = self._outcome(exc)
             if outcome == "over_budget":
                 self._skip[sql] = SKIP_AFTER_OVER_BUDGET
             outcomes[outcome].inc()
             return None
         outcomes["inline"].inc()
         return result
+
+    def _outcome(self, exc: Exception) -> str:
+        message = str(exc)
+        if not isinstance(exc, SQLITE.OperationalError):
+            return "error"
+        return "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+
+    def transaction(self, body: Callable[[Execute], _T]) -> _T | None:
+        """``body(execute)`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` on the writing connection,
+        on the loop's thread: what it returns, committed; or None: the transaction must run
+        through the pool instead (another thread, SQLite's write lock held elsewhere, the
+        budget spent, any SQLite error), and nothing was written. Any other error ``body``
+        raises (a failed precondition) rolls back and propagates.
+
+        For a write of a few statements that decides from what it reads (a file's version swap):
+        SQLite's write lock is held only while they run, never across an ``await``, where a
+        busy loop would keep other writers, in this process and others, waiting on it. The
+        budget covers every statement; ``COMMIT`` itself is never interrupted (SQLite calls the
+        progress handler after a statement's last step too, when its work is done).
+        """
+        if self._checkpoint is None or not self._bound():
+            return None
+        outcomes = self._write_outcomes
+        conn = None
+        try:
+            conn = self._writer = self._writer or self._open(writes=True)
+            self._deadline = time.perf_counter() + self._budget
+            conn.execute("BEGIN IMMEDIATE")
+            result = body(conn.execute)
+            self._deadline = float("inf")
+            conn.execute("COMMIT")
+        except SQLITE.Error as exc:
+            self._roll_back(conn)
+            outcomes[self._outcome(exc)].inc()
+            return None
+        except BaseException:
+            self._roll_back(conn)
+            raise
+        outcomes["inline"].inc()
+        self._writes += 1
+        if self._writes >= CHECKPOINT_EVERY:
+            self._writes = self._written = 0
+            self._checkpoint()
+        return result
+
+    @staticmethod
+    def _roll_back(conn: Any) -> None:
+        if conn is not None and conn.in_transaction:
+            conn.execute("ROLLBACK")
 
     def write(self, sql: str, args: Sequence[Any]) -> int | None:
         """The row count of a one-statement write (committed when this returns), or None: it

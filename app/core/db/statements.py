@@ -347,6 +347,17 @@ def translate_driver_error(conn: PoolProxiedConnection, exc: Exception, sql: str
         return other
 
 
+def inline_sql(statement: FixedStatement, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """A SQLite fixed statement's SQL and arguments, for a body of an inline transaction
+    (``InlineStatements.transaction``); the observers see it as any statement on the driver path."""
+    if not isinstance(statement, _AiosqliteStatement):
+        raise TypeError("inline transactions are SQLite's; this statement was built for another backend")
+    args = statement._args(params)
+    for observe in observers:
+        observe(statement.sql, args)
+    return statement.sql, args
+
+
 def fixed_statements(dialect: str) -> type[FixedStatement]:
     """What builds fixed statements on ``dialect`` (``sqlite`` or ``postgresql``), chosen once."""
     return _AsyncpgStatement if dialect == "postgresql" else _AiosqliteStatement
