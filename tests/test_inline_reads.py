@@ -8,6 +8,7 @@ budget, a lock is never waited for, a write never runs, and another thread never
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -17,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.db.inline import CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, SKIP_AFTER_OVER_BUDGET, InlineStatements
+from app.core.db.inline import (
+    CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, LOCK_TRIES, SKIP_AFTER_OVER_BUDGET, InlineStatements, LockHeld,
+)
 from app.core.db.sqlite import SQLITE
 from app.core.ops import metrics
 from tests.conftest import ADMIN_KEY, Backend, Server, run_cli, start_server, stop_server
@@ -270,8 +273,9 @@ def test_an_inline_write_interrupted_after_its_commit_is_answered_as_committed(t
 
 def test_an_inline_transaction_commits_all_or_nothing_and_never_waits(tmp_path: Path) -> None:
     """``InlineStatements.transaction``: the body's statements commit together; an error of the
-    body rolls them back and propagates; a held lock, a spent budget or a SQLite error answers
-    None (the caller's pooled path runs it) with nothing written, and nothing waited for."""
+    body rolls them back and propagates; a spent budget or a SQLite error answers None (the
+    caller's pooled path runs it) and a held lock ``LockHeld``, with nothing written, and
+    nothing waited for."""
     path = _database(tmp_path)
     writer = InlineStatements(path, "txn-test", budget_seconds=0.05, checkpoint=lambda: None)
     check = sqlite3.connect(path)
@@ -312,7 +316,8 @@ def test_an_inline_transaction_commits_all_or_nothing_and_never_waits(tmp_path: 
         holder = SQLITE.connect(path, isolation_level=None)  # (the same SQLite library: its locks)
         holder.execute("BEGIN IMMEDIATE")
         started = time.perf_counter()
-        assert writer.transaction(swap) is None  # the lock is held: refused at once
+        with pytest.raises(LockHeld):  # the lock is held: refused at once
+            writer.transaction(swap)
         assert time.perf_counter() - started < 0.05
         holder.execute("COMMIT")
         holder.close()
@@ -324,4 +329,34 @@ def test_an_inline_transaction_commits_all_or_nothing_and_never_waits(tmp_path: 
         assert writes(WRITES, {"database": "txn-test", "outcome": "error"}) == 1
     finally:
         check.close()
+        writer.close()
+
+
+async def test_an_inline_transaction_tries_again_while_the_lock_is_briefly_held(tmp_path: Path) -> None:
+    """``transaction_soon``: a lock that another connection lets go of 2 ms later is waited for
+    on the loop (a millisecond or so between tries), not handed to the pool at once; a lock
+    held through every try answers None."""
+    path = _database(tmp_path)
+    writer = InlineStatements(path, "soon-test", budget_seconds=0.05, checkpoint=lambda: None)
+    holder = SQLITE.connect(path, isolation_level=None)
+
+    def bump(execute: Any) -> str:
+        execute("UPDATE t SET v = 'bumped' WHERE k = 9", [])
+        return "done"
+
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        asyncio.get_running_loop().call_later(0.002, holder.execute, "COMMIT")
+        assert await writer.transaction_soon(bump) == "done"
+        writes = metrics.REGISTRY.get_sample_value
+        assert writes(WRITES, {"database": "soon-test", "outcome": "busy"}) >= 1
+        assert writes(WRITES, {"database": "soon-test", "outcome": "inline"}) == 1
+        holder.execute("BEGIN IMMEDIATE")  # held through every try
+        started = time.perf_counter()
+        assert await writer.transaction_soon(bump) is None
+        assert time.perf_counter() - started < 0.5
+        assert writes(WRITES, {"database": "soon-test", "outcome": "busy"}) >= 1 + LOCK_TRIES
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
         writer.close()

@@ -175,7 +175,7 @@ class BlobWriter:
 
         # Bytes outside the database (nothing to write in the transaction but rows): on SQLite
         # the swap is one inline transaction, its write lock held for its few statements only.
-        swapped = self._service.inline_transaction(swap_inline) if self._sink.object_key is not None else None
+        swapped = await self._service.inline_transaction(swap_inline) if self._sink.object_key is not None else None
         if swapped is None:
             async with self._service.write() as conn:
                 await self._sink.finish_in(conn, tail, self._stored)
@@ -320,11 +320,11 @@ class FilesService:
         """What ``namespace`` serves inline besides the safe types (``files.inline_types*``)."""
         return self._inline_by_namespace.get(namespace, self._inline)
 
-    def inline_transaction(self, body: Callable[[Execute], _T]) -> _T | None:
-        """``body`` as one transaction on the loop's thread (SQLite: ``InlineStatements.transaction``),
-        or None: it must run through ``write`` (PostgreSQL, the lock held elsewhere, any SQLite error)."""
+    async def inline_transaction(self, body: Callable[[Execute], _T]) -> _T | None:
+        """``body`` as one transaction on the loop's thread (SQLite:
+        ``InlineStatements.transaction_soon``), or None: it must run through ``write``."""
         inline = self._inline_statements()
-        return inline.reader.transaction(body) if inline is not None else None
+        return await inline.reader.transaction_soon(body) if inline is not None else None
 
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:

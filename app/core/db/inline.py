@@ -46,6 +46,7 @@ starts its own read of the latest commit. A write commits before ``write`` retur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -77,7 +78,16 @@ CHECKPOINT_EVERY_BYTES = 4 * 1024 * 1024
 of large values (a 1 MiB kv value is one statement) does not grow the WAL far past SQLite's own
 cadence."""
 
+LOCK_TRIES = 4
+"""Tries of an inline transaction that finds the write lock held (``transaction_soon``)."""
+
 Row = Sequence[Any]
+
+
+class LockHeld(Exception):
+    """An inline transaction found SQLite's write lock held elsewhere (nothing was written)."""
+
+
 Execute = Callable[[str, Sequence[Any]], Any]
 """A transaction body's way to run a statement: (SQL, arguments) -> the sqlite3 cursor."""
 _T = TypeVar("_T")
@@ -188,9 +198,10 @@ class InlineStatements:
     def transaction(self, body: Callable[[Execute], _T]) -> _T | None:
         """``body(execute)`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` on the writing connection,
         on the loop's thread: what it returns, committed; or None: the transaction must run
-        through the pool instead (another thread, SQLite's write lock held elsewhere, the
-        budget spent, any SQLite error), and nothing was written. Any other error ``body``
-        raises (a failed precondition) rolls back and propagates.
+        through the pool instead (another thread, the budget spent, any SQLite error), and
+        nothing was written; ``LockHeld`` (nothing written either) when SQLite's write lock is
+        held elsewhere, for the caller to try again shortly or go through the pool. Any other
+        error ``body`` raises (a failed precondition) rolls back and propagates.
 
         For a write of a few statements that decides from what it reads (a file's version swap):
         SQLite's write lock is held only while they run, never across an ``await``, where a
@@ -211,7 +222,10 @@ class InlineStatements:
             conn.execute("COMMIT")
         except SQLITE.Error as exc:
             self._roll_back(conn)
-            outcomes[self._outcome(exc)].inc()
+            outcome = self._outcome(exc)
+            outcomes[outcome].inc()
+            if outcome == "busy":
+                raise LockHeld from None
             return None
         except BaseException:
             self._roll_back(conn)
@@ -222,6 +236,23 @@ class InlineStatements:
             self._writes = self._written = 0
             self._checkpoint()
         return result
+
+    async def transaction_soon(self, body: Callable[[Execute], _T]) -> _T | None:
+        """``transaction``, tried again a millisecond or so later (``LOCK_TRIES`` tries in all)
+        while SQLite's write lock is held elsewhere; None: it must run through the pool.
+
+        Other inline transactions hold the lock for a fraction of a millisecond, a transaction
+        through the pool for several hand-offs to aiosqlite's thread. Going to the pool at the
+        first refusal made most file swaps of two busy workers go there, each holding the lock
+        longer, so more were refused: 684 of 870 in 8 s of 16 concurrent 1 MiB uploads.
+        """
+        for attempt in range(LOCK_TRIES):
+            try:
+                return self.transaction(body)
+            except LockHeld:
+                if attempt + 1 < LOCK_TRIES:
+                    await asyncio.sleep(0.001 * (attempt + 1))
+        return None
 
     @staticmethod
     def _roll_back(conn: Any) -> None:
