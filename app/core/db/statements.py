@@ -171,6 +171,13 @@ class _DriverStatement(FixedStatement):
             args.append(process(value) if process is not None and value is not None else value)
         return args
 
+    def inline(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The SQL and arguments for a statement of an inline transaction (``inline_sql``)."""
+        args = self._args(params)
+        for observe in observers:
+            observe(self.sql, args)
+        return self.sql, args
+
     def _sending(self, conn: PoolProxiedConnection | InlineConnection, params: Mapping[str, Any]) -> list[Any]:
         """The statement's arguments, once strict mode and the observers have seen it."""
         args = self._args(params)
@@ -352,10 +359,7 @@ def inline_sql(statement: FixedStatement, params: Mapping[str, Any]) -> tuple[st
     (``InlineStatements.transaction``); the observers see it as any statement on the driver path."""
     if not isinstance(statement, _AiosqliteStatement):
         raise TypeError("inline transactions are SQLite's; this statement was built for another backend")
-    args = statement._args(params)
-    for observe in observers:
-        observe(statement.sql, args)
-    return statement.sql, args
+    return statement.inline(params)
 
 
 def fixed_statements(dialect: str) -> type[FixedStatement]:
