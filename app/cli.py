@@ -58,15 +58,11 @@ async def _preflight(settings: Settings, migrate_all: bool) -> list[str]:
     return done
 
 
-def _exit_cleanly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from app.core.http.server import PROTOCOL
-    from app.core.http.workers import STARTUP_FAILURE, Workers, bind_sockets
+    from app.core.http.workers import STARTUP_FAILURE, Workers, bind_sockets, exit_cleanly
 
     # The address is part of the settings (auth may only be off on loopback), and workers
     # re-read settings from the environment.
@@ -93,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; a
     # graceful stop is a success, so exit 0 instead of dying by that signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
+        signal.signal(sig, exit_cleanly)
     config = uvicorn.Config(
         "app.main:app_factory",
         factory=True,

@@ -40,11 +40,10 @@ from multiprocessing.context import SpawnProcess
 from types import FrameType
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE as STARTUP_FAILURE  # its exit code: failed before serving
 
 log = logging.getLogger("app")
 
-STARTUP_FAILURE = 3
-"""uvicorn's exit code for a server that failed before it started serving."""
 
 STOP_MARGIN_SECONDS = 5.0
 """How much longer than the graceful timeout a worker gets before it is killed."""
@@ -82,7 +81,8 @@ def bind_sockets(host: str, port: int, count: int, backlog: int) -> list[socket.
     return sockets
 
 
-def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+def exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    """A signal handler: exit 0 (a stop that was asked for is a success)."""
     raise SystemExit(0)
 
 
@@ -90,7 +90,7 @@ def _worker(config: uvicorn.Config, sock: socket.socket) -> None:
     """A worker process: uvicorn's server on its own socket. SIGTERM or SIGINT: its graceful
     shutdown, after which uvicorn raises the signal again, here an exit 0."""
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
+        signal.signal(sig, exit_cleanly)
     config.configure_logging()
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
@@ -104,16 +104,16 @@ class Workers:
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
         self.config = config
         self.sockets = sockets
-        self.processes: list[SpawnProcess | None] = [None] * len(sockets)
-        self.started = [0.0] * len(sockets)
+        self.processes: list[SpawnProcess] = []  # one per socket, once ``run`` starts them
+        self.started: list[float] = []  # when each was started (monotonic)
         self.stopping = threading.Event()
         self.failed = False
 
-    def _start(self, index: int) -> None:
+    def _start(self, index: int) -> SpawnProcess:
+        """A new worker on socket ``index``, started."""
         process = _spawn.Process(target=_worker, args=(self.config, self.sockets[index]), name=f"worker-{index}")
         process.start()
-        self.processes[index] = process
-        self.started[index] = time.monotonic()
+        return process
 
     def _stop_asked(self, signum: int, frame: FrameType | None) -> None:
         log.info("received %s: stopping the workers", signal.Signals(signum).name)
@@ -123,14 +123,13 @@ class Workers:
         """Serve until stopped; the exit code (0, or ``STARTUP_FAILURE`` if a worker could not start)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop_asked)
-        for index in range(len(self.sockets)):
-            self._start(index)
+        self.processes = [self._start(index) for index in range(len(self.sockets))]
+        self.started = [time.monotonic()] * len(self.sockets)
         log.info("started %d workers, one listening socket each", len(self.sockets), extra={"pid": os.getpid()})
         while not self.stopping.is_set():
-            running = [p for p in self.processes if p is not None]
-            wait([p.sentinel for p in running], timeout=0.5)
+            wait([p.sentinel for p in self.processes], timeout=0.5)
             for index, process in enumerate(self.processes):
-                if process is None or process.is_alive() or self.stopping.is_set():
+                if process.is_alive() or self.stopping.is_set():
                     continue
                 process.join()
                 if process.exitcode == STARTUP_FAILURE:
@@ -141,17 +140,17 @@ class Workers:
                 log.error("worker %d (pid %s) exited with code %s: starting it again", index, process.pid, process.exitcode)
                 if time.monotonic() - self.started[index] < QUICK_DEATH_SECONDS and self.stopping.wait(RESTART_PAUSE_SECONDS):
                     break
-                self._start(index)
+                self.processes[index] = self._start(index)
+                self.started[index] = time.monotonic()
         self._stop_all()
         return STARTUP_FAILURE if self.failed else 0
 
     def _stop_all(self) -> None:
         for sock in self.sockets:  # the workers' copies close as they shut down
             sock.close()
-        running = [p for p in self.processes if p is not None and p.is_alive()]
+        running = [p for p in self.processes if p.is_alive()]
         for process in running:
-            if process.pid is not None:
-                os.kill(process.pid, signal.SIGTERM)
+            process.terminate()  # SIGTERM: its graceful shutdown
         grace = float(self.config.timeout_graceful_shutdown or 0) + STOP_MARGIN_SECONDS
         deadline = time.monotonic() + grace
         for process in running:
