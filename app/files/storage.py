@@ -96,14 +96,22 @@ class BlobReader(Protocol):
 # --- chunks in the metadata database --------------------------------------------------------
 
 
-class ChunkSink:
-    def __init__(self, repo: FilesRepository, write: WriteTxn, blob_id: str, chunk_bytes: int) -> None:
+class _Sink:
+    """What every sink keeps: its blob, where its bytes go (``object_key``: a bucket's key or a
+    local file's; None: chunks in the database), the piece size and the upload's heartbeat."""
+
+    def __init__(
+        self, repo: FilesRepository, write: WriteTxn, blob_id: str, chunk_bytes: int, key: str | None = None
+    ) -> None:
         self._repo = repo
         self._write = write
         self.blob_id = blob_id
-        self.object_key: str | None = None
+        self.object_key = key
         self.chunk_bytes = chunk_bytes
         self.heartbeat = Heartbeat(repo, blob_id)
+
+
+class ChunkSink(_Sink):
 
     async def store(self, seq: int, piece: bytes) -> None:
         async with self._write(chunks=True) as conn:
@@ -187,17 +195,9 @@ class ChunkReader:
 # --- objects in an S3 bucket ------------------------------------------------------------------
 
 
-class _SinkOutside:
+class _SinkOutside(_Sink):
     """What the sinks of bytes outside the database share: the key of the version's bytes, and the
     ``file_uploads`` heartbeat kept in short transactions of its own (no connection held during I/O)."""
-
-    def __init__(self, repo: FilesRepository, write: WriteTxn, blob_id: str, key: str, chunk_bytes: int) -> None:
-        self._repo = repo
-        self._write = write
-        self.blob_id = blob_id
-        self.object_key: str | None = key
-        self.chunk_bytes = chunk_bytes
-        self.heartbeat = Heartbeat(repo, blob_id)
 
     @property
     def key(self) -> str:
@@ -224,7 +224,7 @@ class ObjectSink(_SinkOutside):
     def __init__(
         self, objects: S3Objects, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str
     ) -> None:
-        super().__init__(repo, write, blob_id, objects.key_for(namespace, blob_id), objects.settings.part_bytes)
+        super().__init__(repo, write, blob_id, objects.settings.part_bytes, objects.key_for(namespace, blob_id))
         self._objects = objects
         self._upload_id: str | None = None
         self._etags: list[str] = []
@@ -318,7 +318,7 @@ class FileSink(_SinkOutside):
         self, local: LocalFiles, repo: FilesRepository, write: WriteTxn, namespace: str, blob_id: str,
         chunk_bytes: int,
     ) -> None:
-        super().__init__(repo, write, blob_id, local.key_for(namespace, blob_id), chunk_bytes)
+        super().__init__(repo, write, blob_id, chunk_bytes, local.key_for(namespace, blob_id))
         self._local = local
         self._fd: int | None = None
         self._written = False  # a .part or the file may exist

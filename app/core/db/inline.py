@@ -136,6 +136,11 @@ class InlineStatements:
         conn.set_progress_handler(self._over_budget, CHECK_EVERY)
         return conn
 
+    def _writing(self) -> Any:
+        """The writing connection, opened on first use."""
+        self._writer = self._writer or self._open(writes=True)
+        return self._writer
+
     def _over_budget(self) -> bool:
         return time.perf_counter() > self._deadline
 
@@ -166,7 +171,7 @@ class InlineStatements:
         changes = 0
         try:
             if writes:
-                conn = self._writer = self._writer or self._open(writes=True)
+                conn = self._writing()
                 changes = conn.total_changes
             else:
                 conn = self._conn = self._conn or self._open(writes=False)
@@ -189,7 +194,9 @@ class InlineStatements:
         outcomes["inline"].inc()
         return result
 
-    def _outcome(self, exc: Exception) -> str:
+    @staticmethod
+    def _outcome(exc: Exception) -> str:
+        """What an error of a statement tried inline counts as."""
         message = str(exc)
         if not isinstance(exc, SQLITE.OperationalError):
             return "error"
@@ -214,7 +221,7 @@ class InlineStatements:
         outcomes = self._write_outcomes
         conn = None
         try:
-            conn = self._writer = self._writer or self._open(writes=True)
+            conn = self._writing()
             self._deadline = time.perf_counter() + self._budget
             conn.execute("BEGIN IMMEDIATE")
             result = body(conn.execute)
@@ -231,10 +238,7 @@ class InlineStatements:
             self._roll_back(conn)
             raise
         outcomes["inline"].inc()
-        self._writes += 1
-        if self._writes >= CHECKPOINT_EVERY:
-            self._writes = self._written = 0
-            self._checkpoint()
+        self._wrote(0)
         return result
 
     async def transaction_soon(self, body: Callable[[Execute], _T]) -> _T | None:
@@ -267,12 +271,18 @@ class InlineStatements:
         count: int | None = self._run(sql, args, writes=True)
         if count is None:
             return None
+        self._wrote(sum(len(a) for a in args if isinstance(a, (str, bytes))))
+        return count
+
+    def _wrote(self, value_bytes: int) -> None:
+        """Count a committed inline write (and its values' bytes); every ``CHECKPOINT_EVERY``
+        writes or ``CHECKPOINT_EVERY_BYTES``, ask the pool for a checkpoint."""
         self._writes += 1
-        self._written += sum(len(a) for a in args if isinstance(a, (str, bytes)))
+        self._written += value_bytes
         if self._writes >= CHECKPOINT_EVERY or self._written >= CHECKPOINT_EVERY_BYTES:
             self._writes = self._written = 0
+            assert self._checkpoint is not None  # (writes are refused without one)
             self._checkpoint()
-        return count
 
     def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
         """The rows of ``sql``, or None: it must run through the pool instead (see ``_run``)."""
