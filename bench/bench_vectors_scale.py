@@ -200,6 +200,11 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
             await asyncio.sleep(2)
         out["subgraphs"] = {p["field"]: p["subgraphs"]["built"] for p in info["payload_indexes"] if p.get("subgraphs")}
         out["subgraphs_s"] = time.perf_counter() - started
+        # The graph's recall calibration (measured before the subgraphs are built): searches use it.
+        while info["index"]["state"] == "ready" and info["index"].get("calibration") is None:
+            await asyncio.sleep(2)
+            info = await gw.vectors.describe_collection("s")
+        out["calibration"] = info["index"].get("calibration")
         await asyncio.sleep(1.5)  # the search path's cached index state (1 s) sees the index
         for name, field, values in cells():
             plans: dict[str, int] = {}
@@ -372,6 +377,10 @@ def print_table(results: dict[tuple[str, int], dict | str]) -> None:
         if isinstance(res, dict):
             print(f"{target} at {n:,}: loaded in {res['insert_s']:.1f} s, searchable with its indexes after "
                   f"{res['indexed_s']:.1f} s")
+            if res.get("calibration"):
+                c = res["calibration"]
+                print(f"  recall calibration: ef_search {c['ef_search']} (recall@{c['k']} {c['recall']:.3f} on "
+                      f"{c['queries']} sampled points, target {c['target_recall']}) in {c['seconds']:.1f} s")
             if res.get("ef_sweep"):
                 sweep = ", ".join(f"ef {ef}: {v['recall']:.3f} / {v['p50']:.1f} ms" for ef, v in res["ef_sweep"].items())
                 print(f"  unfiltered recall@10 / c1 p50 by ef_search: {sweep}")

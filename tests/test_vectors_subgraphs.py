@@ -25,6 +25,7 @@ from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text
 from app.vectors.payload_index import PayloadIndex
 from app.vectors.pgvector import _Positional, compile_filter, decode_vector, encode_vector, subgraph_statement
+from app.vectors import recall
 from app.vectors.planner import EF_SEARCH_MAX, Subgraph, choose, ef_for
 from app.vectors.subgraphs import index_name, is_subgraph_name, position_of, sql_literal, wanted
 from tests.conftest import Backend, start_server, stop_server
@@ -128,8 +129,13 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
                 ))
                 assert name in plan and f"{table}_p0 " not in plan, plan
 
-            # Searches take the subgraph: only matching points, min(k, matches), recall >= 0.95.
+            # Searches take the subgraph: only matching points, min(k, matches), recall >= 0.95,
+            # with the main graph's calibrated ef_search (measured before the subgraphs were built).
             await subgraph_search(gw, queries[0], {"team": "mid"})
+            calibration = recall.parse(
+                await conn.fetchval("SELECT obj_description(to_regclass($1), 'pg_class')", f"{table}_hnsw")
+            )
+            assert calibration is not None
             for value in VALUES:
                 mask = np.array([p["team"] == value for p in pl])
                 recalls = []
@@ -138,7 +144,7 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
                         answer = await gw.vectors.search_explained("c", q, limit, filters={"team": value})
                         hits, plan = answer["results"], answer["plan"]
                         assert plan["kind"] == "hnsw_subgraph" and not plan["fallback"], plan
-                        assert plan["ef_search"] == ef_for(N // 10, limit, 100), plan
+                        assert plan["ef_search"] == ef_for(N // 10, limit, 100, calibration), plan
                         assert len(hits) == limit and all(h["payload"]["team"] == value for h in hits)
                         dist = np.where(mask, cosine(data, q), np.inf)
                         truth = set(np.argsort(dist)[:limit].tolist())

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.vectors.filters import FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
+from app.vectors.recall import Calibration
 from app.vectors.payload_index import PayloadIndex, PayloadKind, declared_kinds, from_options
 
 Distance = Literal["cosine", "l2", "ip"]
@@ -187,6 +188,11 @@ class VectorIndex(ABC):
         subgraphs (``app.vectors.subgraphs``) as (built, building); a backend without them, or a
         collection without a graph, is left out."""
         return {}
+
+    async def calibration(self, session: AsyncConnection, coll: CollectionInfo) -> Calibration | None:
+        """What the recall calibration of the collection's graph measured (``app.vectors.recall``);
+        None before one, and for a backend or collection without a graph."""
+        return None
 
     @abstractmethod
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:

@@ -32,6 +32,12 @@ from the latest ``ANALYZE`` statistics, after the main index, one at a time, and
 leftovers of interrupted ones first. Each sweep looks again at every such collection whose
 statistics changed (``last_analyze``/``last_autoanalyze``) or that has an invalid subgraph
 nobody builds, so the subgraphs follow the data as autovacuum's ``ANALYZE`` sees it.
+
+Once the main graph is valid, and again when the collection has doubled or halved since, a check
+also measures its recall (``app.vectors.recall``: sampled points searched exactly and through the
+graph at growing ``ef_search``) before the subgraphs, and keeps the ``ef_search`` that reaches
+``vectors.target_recall`` as the index's comment; the sweep finds valid graphs without one (a
+restart during the measurement, a collection grown by other processes).
 """
 
 from __future__ import annotations
@@ -49,15 +55,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
-from app.vectors import subgraphs
+from app.vectors import recall, subgraphs
 from app.vectors.payload_index import sql_index_name
 from app.vectors.pgvector import (
     BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
     HNSW_KINDS,
+    INDEX_COMMENT,
     KEYWORD_STATS,
     SUBGRAPH_INDEXES,
     TABLE_ROWS,
+    calibration_statements,
     hnsw_index_name,
     hnsw_index_sql,
     keyword_stats,
@@ -77,7 +85,9 @@ FIRST_SWEEP_GAP_SECONDS = 3.0
 
 # Collections without a valid HNSW index or missing a declared payload index, with the table's
 # write counter; small ones (by the statistics' live-row estimate) only when a stale invalid HNSW
-# index needs dropping.
+# index needs dropping. With $2 (calibration on), also those with a valid HNSW index, with its
+# comment (its recall calibration) and the table's estimated rows: whether it is due is
+# ``recall.due``'s to say.
 _PAYLOAD_VALID = (
     "(SELECT count(*) FROM jsonb_array_elements(COALESCE(CAST(c.index_options AS jsonb) -> 'payload_indexes', "
     "'[]'::jsonb)) WITH ORDINALITY AS e(d, n) JOIN pg_index pi "
@@ -86,11 +96,14 @@ _PAYLOAD_VALID = (
 _PAYLOAD_DECLARED = "jsonb_array_length(COALESCE(CAST(c.index_options AS jsonb) -> 'payload_indexes', '[]'::jsonb))"
 _SWEEP = (
     "SELECT c.id, c.index_options, COALESCE(s.n_tup_ins + s.n_tup_upd + s.n_tup_del, 0), "
-    f"i.indisvalid IS NOT TRUE, {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED} "
+    f"i.indisvalid IS NOT TRUE, {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED}, "
+    "CASE WHEN i.indisvalid THEN obj_description(i.indexrelid, 'pg_class') END, "
+    "GREATEST(t.reltuples, COALESCE(s.n_live_tup, 0), 0) "
     "FROM vector_collections c "
     "LEFT JOIN pg_index i ON i.indexrelid = to_regclass('vec_' || c.id || '_hnsw') "
-    "LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass('vec_' || c.id) "
-    f"WHERE (i.indisvalid IS NOT TRUE OR {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED}) "
+    "LEFT JOIN pg_class t ON t.oid = to_regclass('vec_' || c.id) "
+    "LEFT JOIN pg_stat_user_tables s ON s.relid = t.oid "
+    f"WHERE (i.indisvalid IS NOT TRUE OR {_PAYLOAD_VALID} < {_PAYLOAD_DECLARED} OR (i.indisvalid AND $2)) "
     "AND (i.indexrelid IS NOT NULL OR COALESCE(s.n_live_tup, 0) >= $1)"
 )
 _PROGRESS = (
@@ -136,6 +149,8 @@ class IndexBuilder:
         self.subgraph_min_points = settings.exact_search_threshold
         self.subgraph_max_share = settings.subgraph_max_share
         self.subgraph_max_count = settings.subgraph_max_count
+        self.target_recall = settings.target_recall
+        self.calibration_queries = settings.calibration_queries
         self._subgraphs_seen: dict[int, tuple[str, int]] = {}  # id -> (statistics' time, invalid leftovers)
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
         self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
@@ -235,13 +250,15 @@ class IndexBuilder:
         async with self.engine.connect() as conn:
             raw = (await conn.get_raw_connection()).driver_connection
             assert raw is not None  # a checked-out connection has its asyncpg connection
-            rows = await raw.fetch(_SWEEP, int(self.min_rows))
+            rows = await raw.fetch(_SWEEP, int(self.min_rows), self.target_recall > 0)
             subgraph_rows = await raw.fetch(_SUBGRAPH_SWEEP)
         now = time.monotonic()
         scheduled = 0
         pending: set[int] = set()
-        for coll_id, options, writes, hnsw_missing, payload_missing in rows:
-            if not (json.loads(options).get("kind") in HNSW_KINDS and hnsw_missing) and not payload_missing:
+        for coll_id, options, writes, hnsw_missing, payload_missing, comment, points in rows:
+            hnsw = json.loads(options).get("kind") in HNSW_KINDS
+            uncalibrated = hnsw and not hnsw_missing and recall.due(recall.parse(comment), int(points), self.target_recall)
+            if not (hnsw and hnsw_missing) and not payload_missing and not uncalibrated:
                 continue
             pending.add(coll_id)
             before = self._writes_seen.get(coll_id)
@@ -304,7 +321,10 @@ class IndexBuilder:
         index = hnsw_index_name(coll)
         valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
         payload = await self._payload_validity(raw, coll)
-        if valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=False)):
+        if (
+            valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=False))
+            and not (hnsw and await self._calibration_due(raw, coll))
+        ):
             return "ready"
         stale = valid is False or any(v is False for v in payload.values())
         if not valid and not stale and await self._rows(raw, coll) < self.min_rows:
@@ -318,7 +338,10 @@ class IndexBuilder:
         )
         valid = await raw.fetchval(_INDEX_VALID, index) if hnsw else True
         payload = await self._payload_validity(raw, coll)
-        if valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=True)):
+        if (
+            valid and all(payload.values()) and not any(await self._subgraph_work(raw, coll, valid=hnsw, locked=True))
+            and not (hnsw and await self._calibration_due(raw, coll))
+        ):
             return "ready"
         try:
             # Invalid and nobody holds the lock: a crashed or cancelled build left it.
@@ -345,12 +368,70 @@ class IndexBuilder:
                 detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"
                 await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail)
             if hnsw:
+                # The main graph's recall first: its searches take the measured ef_search at once,
+                # while the subgraphs take minutes more at 500,000 points.
+                if await self._calibration_due(raw, coll):
+                    await self._calibrate(raw, coll)
                 await self._subgraphs(raw, coll)
         except asyncpg.QueryCanceledError:
             log.info("vectors: index build of %s/%s cancelled (collection dropped or reset)",
                      coll.namespace, coll.collection)
             return "cancelled"
         return "built"
+
+    async def _calibration_due(self, raw: Any, coll: CollectionInfo) -> bool:
+        """Whether the collection's valid HNSW index wants a recall calibration (``recall.due``);
+        False while it is not valid (a build is what it wants)."""
+        if self.target_recall <= 0:
+            return False
+        index = hnsw_index_name(coll)
+        if not await raw.fetchval(_INDEX_VALID, index):
+            return False
+        current = recall.parse(await raw.fetchval(INDEX_COMMENT, index))
+        return recall.due(current, int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0), self.target_recall)
+
+    async def _calibrate(self, raw: Any, coll: CollectionInfo) -> recall.Calibration | None:
+        """Measure the recall of the collection's graph (``app.vectors.recall``), keep the result
+        as the HNSW index's comment and log it; holding the build lock, on a session closed after."""
+        started = time.perf_counter()
+        target, n = self.target_recall, self.calibration_queries
+        points = int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0)
+        sample_sql, exact_sql, graph_sql = calibration_statements(coll, recall.K + 1)
+        pct = 100.0 if points <= 0 else min(100.0, 100.0 * 4 * n / points)
+        sampled = await raw.fetch(sample_sql, pct, n, timeout=BUILD_TIMEOUT_SECONDS)
+        if not sampled:
+            return None
+        truths = [[r[0] for r in await raw.fetch(exact_sql, vec, timeout=BUILD_TIMEOUT_SECONDS)] for _, vec in sampled]
+        # The graph, as searches use it (PostgreSQL would sort a small table instead).
+        await raw.execute("SET enable_seqscan = off")
+        ladder: dict[int, float] = {}
+        for ef in recall.LADDER:
+            await raw.execute(f"SET hnsw.ef_search = {int(ef)}")
+            scores = []
+            for (pid, vec), truth in zip(sampled, truths, strict=True):
+                found = [r[0] for r in await raw.fetch(graph_sql, vec, timeout=BUILD_TIMEOUT_SECONDS)]
+                scores.append(recall.recall_at_k(truth, found, pid))
+            ladder[ef] = sum(scores) / len(scores)
+            if ladder[ef] >= target:
+                break
+        await raw.execute("RESET enable_seqscan; RESET hnsw.ef_search")
+        ef = recall.pick(ladder, target)
+        result = recall.Calibration(
+            ef_search=ef, recall=ladder[ef], target=target, points=points, queries=len(sampled),
+            seconds=time.perf_counter() - started, ladder=ladder,
+        )
+        literal = result.comment().replace("'", "''")
+        await raw.execute(f"COMMENT ON INDEX {hnsw_index_name(coll)} IS '{literal}'")
+        below = "" if result.recall >= target else f" (below the target {target}: the largest measured)"
+        log.info(
+            "vectors: calibrated the HNSW index of %s/%s: ef_search %d, recall@%d %.3f%s over %d sampled of %d points "
+            "in %.1f s (%s)",
+            coll.namespace, coll.collection, ef, recall.K, result.recall, below, result.queries, points,
+            result.seconds, ", ".join(f"ef {e}: {r:.3f}" for e, r in ladder.items()),
+            extra={"collection_id": coll.id, "ef_search": ef, "recall": round(result.recall, 4),
+                   "calibration_seconds": round(result.seconds, 3)},
+        )
+        return result
 
     async def _subgraph_work(
         self, raw: Any, coll: CollectionInfo, *, valid: bool, locked: bool

@@ -48,7 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
-from app.vectors import subgraphs
+from app.vectors import recall, subgraphs
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
@@ -94,14 +94,18 @@ CACHE_ENTRIES = 4096
 _ROWS_ESTIMATE = "GREATEST(c.reltuples, COALESCE(s.n_live_tup, 0), 0)"
 _OF_TABLE = "FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = to_regclass($1)"
 TABLE_ROWS = f"SELECT {_ROWS_ESTIMATE} {_OF_TABLE}"
-# ... with its HNSW index's validity ($2) and the names of its valid payload subgraphs
-# (``app.vectors.subgraphs``; $3: their LIKE).
+# ... with its HNSW index's validity ($2), the names of its valid payload subgraphs
+# (``app.vectors.subgraphs``; $3: their LIKE) and the index's comment (``app.vectors.recall``).
 _STATS = (
     f"SELECT {_ROWS_ESTIMATE}, "
     "(SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($2)), "
     "(SELECT array_agg(CAST(x.relname AS text)) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid "
-    f"WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3) {_OF_TABLE}"
+    f"WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3), "
+    f"obj_description(to_regclass($2), 'pg_class') {_OF_TABLE}"
 )
+# An index's comment, where the recall calibration of an HNSW index is kept ($1 / :i: the index).
+INDEX_COMMENT = "SELECT obj_description(to_regclass($1), 'pg_class')"
+_INDEX_COMMENT_NAMED = "SELECT obj_description(to_regclass(:i), 'pg_class')"
 # A table's payload subgraph indexes: name, valid, being built (asyncpg's parameters for the
 # builder, SQLAlchemy's for describe and reset).
 _SUBGRAPH_INDEXES = (
@@ -326,7 +330,7 @@ class PgVectorIndex(VectorIndex):
         self.iterative_scan = self._v >= (0, 8)
         self.halfvec = self._v >= (0, 7)
         self.exact_threshold = exact_threshold
-        self._stat_cache: dict[int, tuple[float, int, bool]] = {}
+        self._stat_cache: dict[int, tuple[float, int, bool, recall.Calibration | None]] = {}
         self._sel_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._kw_cache: dict[int, tuple[float, dict[str, KeywordStats]]] = {}
         self._subgraph_cache: dict[int, frozenset[str]] = {}  # valid subgraphs, with ``_stat_cache``
@@ -470,6 +474,12 @@ class PgVectorIndex(VectorIndex):
             out[c.id] = {position: (built, building) for position, (built, building) in counts.items()}
         return out
 
+    async def calibration(self, session: AsyncConnection, coll: CollectionInfo) -> recall.Calibration | None:
+        if coll.index.get("kind") not in HNSW_KINDS:
+            return None
+        found = (await session.execute(text(_INDEX_COMMENT_NAMED), {"i": hnsw_index_name(coll)})).scalar()
+        return recall.parse(found)
+
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
         row = (
             await session.execute(
@@ -594,7 +604,7 @@ class PgVectorIndex(VectorIndex):
     async def _plan(self, conn: Any, search: Search) -> Plan:
         coll, flt = search.coll, search.flt
         hnsw = coll.index.get("kind") in HNSW_KINDS
-        rows, ready = await self._stats(conn, coll) if hnsw else (0, False)
+        rows, ready, calibration = await self._stats(conn, coll) if hnsw else (0, False, None)
         selectivity = None
         subgraph = None
         if ready and flt is not None:
@@ -603,7 +613,7 @@ class PgVectorIndex(VectorIndex):
         return choose(
             rows=rows, limit=search.limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
             narrowed=search.narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
-            iterative=self.iterative_scan, fixed_ef=search.ef_search, subgraph=subgraph,
+            iterative=self.iterative_scan, fixed_ef=search.ef_search, subgraph=subgraph, calibration=calibration,
         )
 
     def _subgraph_conditions(self, coll: CollectionInfo, flt: Node) -> builtins.list[tuple[Eq, str]]:
@@ -660,26 +670,27 @@ class PgVectorIndex(VectorIndex):
                 return subgraph_statement(coll, node.key, escape_text(node.value), search.where, search.limit, take)
         return None
 
-    async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool]:
-        """(estimated rows, HNSW index valid) of a collection, cached for ``STATS_TTL`` seconds
-        with its valid payload subgraphs (``_subgraph_cache``)."""
+    async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool, recall.Calibration | None]:
+        """(estimated rows, HNSW index valid, the index's recall calibration) of a collection,
+        cached for ``STATS_TTL`` seconds with its valid payload subgraphs (``_subgraph_cache``)."""
         now = time.monotonic()
         cached = self._stat_cache.get(coll.id)
         if cached is not None and cached[0] > now:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         row = await conn.fetchrow(_STATS, coll.data_table, hnsw_index_name(coll), subgraph_like(coll.data_table))
         rows, ready = (int(row[0] or 0), bool(row[1])) if row is not None else (0, False)
         names = frozenset(row[2] or ()) if row is not None else frozenset()
+        calibration = recall.parse(row[3]) if row is not None and ready else None
         if len(self._stat_cache) > CACHE_ENTRIES:
             self._stat_cache.clear()
             self._subgraph_cache.clear()
-        self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready)
+        self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready, calibration)
         if self._subgraph_cache.get(coll.id, names) != names:
             # The builder chose subgraphs from newer statistics than the cached ones: read them
             # again, or a new subgraph's value would be estimated as rare for up to 30 s.
             self._kw_cache.pop(coll.id, None)
         self._subgraph_cache[coll.id] = names
-        return rows, ready
+        return rows, ready, calibration
 
     async def _selectivity(self, conn: Any, coll: CollectionInfo, search: Search, rows: int) -> float:
         """The share of points the search's filter keeps: from the statistics of the declared
@@ -809,3 +820,22 @@ async def detect_version(session_or_conn: Any) -> str | None:
     )
     version: str | None = result.scalar_one_or_none()
     return version
+
+
+def calibration_statements(coll: CollectionInfo, k: int) -> tuple[str, str, str]:
+    """The statements of a recall calibration (``app.vectors.recall``): a uniform sample of
+    ``$2`` points as (id, vector) (``$1``: the percentage of rows Bernoulli keeps first), and the
+    ids of the ``k`` nearest of ``$1`` compared exactly (``OFFSET 0`` keeps the ORDER BY away
+    from the graph) and through the graph (what an unfiltered search runs)."""
+    op = _OPERATOR[coll.distance]
+    t = coll.data_table
+    sample = f"SELECT id, embedding FROM {t} TABLESAMPLE BERNOULLI (CAST($1 AS real)) ORDER BY random() LIMIT $2"
+    exact = f"SELECT id FROM (SELECT id, (embedding {op} $1) AS d FROM {t} OFFSET 0) s ORDER BY d, id LIMIT {int(k)}"
+    if coll.index.get("kind") == "hnsw_halfvec":
+        graph = (
+            f"SELECT id FROM (SELECT id, (embedding {op} $1) AS d FROM {t} ORDER BY {_graph_order(coll)} "
+            f"LIMIT {int(k)}) c ORDER BY d, id"
+        )
+    else:
+        graph = f"SELECT id FROM {t} ORDER BY {_graph_order(coll)} LIMIT {int(k)}"
+    return sample, exact, graph

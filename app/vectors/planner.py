@@ -31,9 +31,12 @@ Plans:
 A graph search that returns fewer than ``limit`` points is redone exactly (``fallback``), so a
 filtered search always returns ``min(limit, matches)``; the planner's margins make that rare.
 
-``ef_search`` grows with the collection: HNSW's recall at a fixed ``ef_search`` falls as the
-graph grows (measured in docs/benchmarks.md), so above ``EF_REFERENCE_ROWS`` points the base
-``ef_search`` is scaled by ``sqrt(rows / EF_REFERENCE_ROWS)``, and it is never below ``limit``.
+The unfiltered ``ef_search`` is the one measured on the collection's own graph
+(``app.vectors.recall``: the smallest that reaches ``vectors.target_recall`` on sampled points),
+scaled with ``limit`` and with the collection's growth since. Before a graph is calibrated (or
+with calibration off) it is ``vectors.ef_search``, scaled above ``EF_REFERENCE_ROWS`` points by
+``sqrt(rows / EF_REFERENCE_ROWS)``: HNSW's recall at a fixed ``ef_search`` falls as the graph
+grows (measured in docs/benchmarks.md). It is never below ``limit``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
+
+from app.vectors import recall
+from app.vectors.recall import Calibration
 
 PlanKind = Literal["exact_scan", "filter_first", "hnsw", "hnsw_iterative", "hnsw_subgraph"]
 PLAN_KINDS: tuple[PlanKind, ...] = get_args(PlanKind)
@@ -78,8 +84,11 @@ class Subgraph:
     share: float
 
 
-def ef_for(rows: int, limit: int, base: int) -> int:
-    """The ``ef_search`` of an unfiltered graph search of ``limit`` in ``rows`` points."""
+def ef_for(rows: int, limit: int, base: int, calibration: Calibration | None = None) -> int:
+    """The ``ef_search`` of an unfiltered graph search of ``limit`` in ``rows`` points: the
+    calibrated one when the graph has been measured, else ``base`` grown with ``rows``."""
+    if calibration is not None:
+        return min(EF_SEARCH_MAX, recall.ef_for(calibration, rows, limit))
     grown = base * math.sqrt(rows / EF_REFERENCE_ROWS) if rows > EF_REFERENCE_ROWS else base
     return min(EF_SEARCH_MAX, max(base, limit, math.ceil(grown)))
 
@@ -97,19 +106,21 @@ def choose(
     iterative: bool,
     fixed_ef: int | None = None,
     subgraph: Subgraph | None = None,
+    calibration: Calibration | None = None,
 ) -> Plan:
     """The plan of one search.
 
     ``narrowed``: an index can narrow the filter's rows; ``selectivity``: the estimated share of
     points the filter keeps (None: unfiltered or unknown); ``fixed_ef``: the request's own
     ``ef_search`` (the planner still raises it to ``limit``); ``subgraph``: a valid payload
-    subgraph of a string equality the filter requires.
+    subgraph of a string equality the filter requires; ``calibration``: what the graph's
+    recall calibration measured (None: not calibrated).
     """
     if not index_ready:
         if filtered and narrowed:
             return Plan("filter_first", "no ready ANN index; an index narrows the filter", rows=rows)
         return Plan("exact_scan", "no ready ANN index: every point is compared", rows=rows)
-    ef = ef_for(rows, limit, base_ef) if fixed_ef is None else max(fixed_ef, limit)
+    ef = ef_for(rows, limit, base_ef, calibration) if fixed_ef is None else max(fixed_ef, limit)
     ef = min(EF_SEARCH_MAX, ef)
     if not filtered:
         return Plan("hnsw", "unfiltered", ef_search=ef, rows=rows)
@@ -120,7 +131,7 @@ def choose(
                     estimated_matches=matches)
     if subgraph is not None:
         plan = _subgraph_plan(subgraph, rows=rows, limit=limit, base_ef=base_ef, selectivity=s, matches=matches,
-                              fixed_ef=fixed_ef)
+                              fixed_ef=fixed_ef, calibration=calibration)
         if plan is not None:
             return plan
     if iterative:
@@ -139,12 +150,14 @@ def choose(
 
 
 def _subgraph_plan(
-    subgraph: Subgraph, *, rows: int, limit: int, base_ef: int, selectivity: float, matches: int, fixed_ef: int | None
+    subgraph: Subgraph, *, rows: int, limit: int, base_ef: int, selectivity: float, matches: int, fixed_ef: int | None,
+    calibration: Calibration | None,
 ) -> Plan | None:
     """The search of ``subgraph``, or None when the filter's other conditions keep too few of its
     points for ``EF_SEARCH_MAX`` candidates to hold ``limit`` of them."""
     points = max(1, round(subgraph.share * rows))
-    ef = ef_for(points, limit, base_ef) if fixed_ef is None else max(fixed_ef, limit)
+    # The main graph's calibration: a subgraph is smaller, and recalls at least as well.
+    ef = ef_for(points, limit, base_ef, calibration) if fixed_ef is None else max(fixed_ef, limit)
     # The share of the subgraph's points the whole filter keeps (1: the equality alone).
     inner = min(1.0, selectivity / subgraph.share) if subgraph.share > 0 else 1.0
     candidates = 0

@@ -102,13 +102,35 @@ class CollectionCreate(_Body):
     )
 
 
+class CalibrationRead(BaseModel):
+    """The recall calibration of a collection's HNSW graph: sampled points searched exactly and
+    through the graph at growing ``ef_search`` until the mean recall@k reaches the target."""
+
+    ef_search: int = Field(description="The smallest measured ef_search that reached the target (else the largest).")
+    recall: float = Field(description="The mean recall@k measured at that ef_search.")
+    target_recall: float = Field(description="`vectors.target_recall` when measured.")
+    points: int = Field(description="The collection's size when measured (measured again at twice or half of it).")
+    queries: int = Field(description="Sampled points searched.")
+    k: int = Field(description="Results per search compared.")
+    seconds: float = Field(description="How long the measurement took.")
+
+
 class IndexRead(BaseModel):
     kind: Literal["hnsw", "hnsw_halfvec", "exact"] = Field(
         description="hnsw; hnsw_halfvec (half-precision index above 2000 dims); exact (no ANN index)."
     )
     m: int | None = None
     ef_construction: int | None = None
-    ef_search: int | None = Field(default=None, description="Default search breadth.")
+    ef_search: int | None = Field(
+        default=None,
+        description="Search breadth of an unfiltered search of 10: the calibrated one once the graph's recall has "
+        "been measured (describe), else `vectors.ef_search` (the planner grows it with the collection and the limit).",
+    )
+    calibration: CalibrationRead | None = Field(
+        default=None,
+        description="Describe of a ready HNSW index (pgvector): what the recall calibration of its graph measured; "
+        "null before one, and where there is no graph (SQLite, exact collections: searches are exact).",
+    )
     backend: str = Field(description="pgvector or sqlite-vec.", examples=["pgvector"])
     state: Literal["pending", "building", "ready", "exact"] = Field(
         description="exact: searched exactly, no ANN index (SQLite, kind exact). HNSW kinds: pending (not "

@@ -35,6 +35,7 @@ from app.vectors.backend import (
 )
 from app.vectors.filters import Node, parse_filter
 from app.vectors.planner import Plan
+from app.vectors.recall import Calibration
 from app.vectors import repository
 from app.vectors.schemas import (
     CollectionCreate,
@@ -144,6 +145,7 @@ class VectorService:
         progress: dict[str, Any] | None = None,
         plans: dict[str, int] | None = None,
         subgraphs: dict[int, tuple[int, int]] | None = None,
+        calibration: Calibration | None = None,
     ) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
@@ -157,7 +159,10 @@ class VectorService:
                 "kind": kind,
                 "m": idx.get("m") if kind != "exact" else None,
                 "ef_construction": idx.get("ef_construction") if kind != "exact" else None,
-                "ef_search": self.settings.vectors.ef_search if kind != "exact" else None,
+                "ef_search": (
+                    None if kind == "exact" else calibration.ef_search if calibration else self.settings.vectors.ef_search
+                ),
+                "calibration": calibration.as_read() if calibration else None,
                 "backend": self.index.name,
                 "state": state,
                 "progress": progress,
@@ -261,6 +266,7 @@ class VectorService:
             info, state, await self.index.count(conn, info),
             (await self.index.payload_index_states(conn, [info]))[info.id], progress,
             telemetry.plans_of(info.id), (await self.index.subgraph_states(conn, [info])).get(info.id),
+            await self.index.calibration(conn, info) if state == "ready" else None,
         )
 
     async def read_created(self, conn: AsyncConnection, info: CollectionInfo) -> dict[str, Any]:

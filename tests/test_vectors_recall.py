@@ -1,0 +1,272 @@
+"""Recall calibration (``app.vectors.recall``): once a collection's HNSW graph is built, the
+builder measures which ``ef_search`` reaches ``vectors.target_recall`` on the collection's own
+points, keeps it as the index's comment, and searches use it; a collection that doubles or halves
+is measured again. SQLite has no graph: nothing to calibrate, searches are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from storage_gateway_client import GatewayClient
+
+from app.vectors import recall
+from app.vectors.planner import EF_SEARCH_MAX, Subgraph, choose, ef_for
+from app.vectors.recall import LADDER, Calibration
+from tests.conftest import Backend, Server, start_server, stop_server
+from tests.test_vectors_index import (  # noqa: F401
+    clustered,
+    insert,
+    log_lines,
+    own_backend,
+    pg_connect,
+    table_of,
+    wait_until_indexed,
+)
+
+DIM = 32
+CALIBRATED = "calibrated the HNSW index of"
+
+
+def held_out(n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` points to store and ``queries`` more from the same clusters, not stored."""
+    points = clustered(n + queries, DIM, seed=seed)
+    return points[:n], points[n:]
+
+
+def recall_of(hits: list[dict], data: np.ndarray, q: np.ndarray, k: int) -> float:
+    d = data.astype(np.float64)
+    dist = 1 - d @ q.astype(np.float64) / (np.linalg.norm(d, axis=1) * np.linalg.norm(q))
+    kth = np.sort(dist)[k - 1]
+    return sum(1 for h in hits[:k] if dist[int(h["id"])] <= kth + 1e-6) / k
+
+
+async def calibrated(gw: GatewayClient, collection: str, *, points_at_least: int = 0, timeout: float = 120.0) -> dict:
+    """Describe, once the collection's graph has a calibration of at least ``points_at_least``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await gw.vectors.describe_collection(collection)
+        cal = info["index"]["calibration"]
+        if cal is not None and cal["points"] >= points_at_least:
+            return info
+        assert time.monotonic() < deadline, info
+        await asyncio.sleep(0.1)
+
+
+async def plan_ef(gw: GatewayClient, collection: str, q: np.ndarray, limit: int, wanted: int) -> dict:
+    """The plan of an unfiltered search once its ef_search is ``wanted`` (a search process reads
+    the index's comment with its statistics, cached for a second)."""
+    deadline = time.monotonic() + 15
+    while True:
+        plan = (await gw.vectors.search_explained(collection, q, limit))["plan"]
+        if plan["ef_search"] == wanted:
+            return plan
+        assert time.monotonic() < deadline, (plan, wanted)
+        await asyncio.sleep(0.1)
+
+
+async def index_comment(backend: Backend, namespace: str, collection: str) -> str | None:
+    conn = await pg_connect(backend)
+    try:
+        table = await table_of(conn, namespace, collection)
+        comment: str | None = await conn.fetchval("SELECT obj_description(to_regclass($1), 'pg_class')", f"{table}_hnsw")
+        return comment
+    finally:
+        await conn.close()
+
+
+# --- through the gateway ------------------------------------------------------------------------
+
+
+async def test_searches_use_the_ef_search_measured_on_the_collection(
+    gw: GatewayClient, server: Server, namespace: str
+) -> None:
+    data, queries = held_out(3000, 20, seed=31)
+    await gw.vectors.setup_collection("r", DIM)
+    await insert(gw, "r", data)
+    await wait_until_indexed(gw, server, "r")
+    if not server.backend.is_postgres:
+        info = await gw.vectors.describe_collection("r")
+        assert info["index"]["calibration"] is None and info["index"]["ef_search"] is None
+        assert (await gw.vectors.search_explained("r", queries[0], 10))["plan"]["kind"] == "exact_scan"
+        return
+    info = await calibrated(gw, "r")
+    cal = info["index"]["calibration"]
+    assert cal["ef_search"] in LADDER and info["index"]["ef_search"] == cal["ef_search"], info
+    assert cal["target_recall"] == 0.98 and cal["queries"] == 50 and cal["k"] == 10
+    assert 2900 <= cal["points"] <= 3100 and cal["seconds"] >= 0
+    assert cal["recall"] >= 0.98 or cal["ef_search"] == EF_SEARCH_MAX, cal
+    # Kept as the index's comment, and logged with what each ef_search measured.
+    kept = recall.parse(await index_comment(server.backend, namespace, "r"))
+    assert kept is not None and kept.ef_search == cal["ef_search"] and max(kept.ladder) == cal["ef_search"]
+    lines = log_lines([server], f"{CALIBRATED} {namespace}/r:")
+    assert lines and f"ef_search {cal['ef_search']}," in lines[-1], lines
+    # Searches take it: as measured for 10 results, scaled for 50.
+    ef = cal["ef_search"]
+    assert (await plan_ef(gw, "r", queries[0], 10, ef))["kind"] == "hnsw"
+    await plan_ef(gw, "r", queries[0], 50, min(EF_SEARCH_MAX, max(50, ef * 5)))
+    # And it holds on queries that are not stored points.
+    recalls = [recall_of(await gw.vectors.search("r", q, 10), data, q, 10) for q in queries]
+    assert np.mean(recalls) >= 0.95, recalls
+    # A reset drops the graph and its calibration with it.
+    await gw.vectors.reset_collection("r")
+    info = await gw.vectors.describe_collection("r")
+    assert info["index"]["calibration"] is None and info["index"]["state"] == "pending"
+    assert await index_comment(server.backend, namespace, "r") is None
+
+
+@pytest.mark.postgres_only
+async def test_a_graph_that_recalls_poorly_gets_the_ef_search_it_needs(
+    gw: GatewayClient, server: Server, namespace: str
+) -> None:
+    """Independent noise in 24 dimensions through a sparse graph (m 4, ef_construction 16): the
+    ladder climbs past pgvector's default until the sampled points' recall reaches the target."""
+    rng = np.random.default_rng(61)
+    data = rng.normal(size=(3000, 24)).astype(np.float32)
+    await gw.vectors.setup_collection("hard", 24, index={"m": 4, "ef_construction": 16})
+    await insert(gw, "hard", data)
+    cal = (await calibrated(gw, "hard"))["index"]["calibration"]
+    kept = recall.parse(await index_comment(server.backend, namespace, "hard"))
+    assert kept is not None and cal["ef_search"] > LADDER[0], kept
+    assert list(kept.ladder) == [ef for ef in LADDER if ef <= cal["ef_search"]]
+    assert all(r < 0.98 for ef, r in kept.ladder.items() if ef < cal["ef_search"]), kept.ladder
+    assert cal["recall"] >= 0.98 or cal["ef_search"] == EF_SEARCH_MAX, cal
+    # Stored points as queries, as measured: the calibrated default recalls what it measured,
+    # pgvector's default 40 less.
+    await plan_ef(gw, "hard", data[0], 11, min(EF_SEARCH_MAX, math.ceil(cal["ef_search"] * 1.1)))
+    picks = rng.choice(len(data), 30, replace=False)
+    async def mean_recall(ef: int | None) -> float:
+        out = []
+        for i in picks:
+            hits = await gw.vectors.search("hard", data[i], 11, ef_search=ef)
+            truth = np.argsort(-(data @ data[i]) / np.linalg.norm(data, axis=1))[:11].tolist()
+            out.append(recall.recall_at_k(truth, [int(h["id"]) for h in hits], int(i)))
+        return float(np.mean(out))
+    assert await mean_recall(None) >= 0.95
+    assert await mean_recall(LADDER[0]) < 0.98
+
+
+@pytest.mark.postgres_only
+async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calibration(
+    own_backend: Backend, tmp_path: Path  # noqa: F811
+) -> None:
+    data, queries = held_out(3000, 1, seed=41)
+    ns = f"r{uuid.uuid4().hex[:10]}"
+    server = start_server(
+        own_backend, tmp_path / "gateway.log",
+        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
+    )
+    try:
+        async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
+            await gw.vectors.setup_collection("c", DIM)
+            await insert(gw, "c", data[:1500])
+            first = (await calibrated(gw, "c"))["index"]["calibration"]
+            assert 1400 <= first["points"] <= 1600, first
+            ef = first["ef_search"]
+            # Grown by a third: not measured again; the planner grows ef_search by sqrt(2000 / points).
+            await insert(gw, "c", data[1500:2000], start=1500)
+            grown = math.ceil(ef * math.sqrt(2000 / first["points"]))
+            await plan_ef(gw, "c", queries[0], 10, grown)
+            await asyncio.sleep(1.5)  # the check after the writes has run
+            assert (await gw.vectors.describe_collection("c"))["index"]["calibration"] == first
+            # Doubled: measured again.
+            await insert(gw, "c", data[2000:], start=2000)
+            second = (await calibrated(gw, "c", points_at_least=2900))["index"]["calibration"]
+            assert second["points"] <= 3100, second
+            # An index that lost its comment (an operator's COMMENT ON INDEX) is found by the sweep.
+            conn = await pg_connect(own_backend)
+            try:
+                table = await table_of(conn, ns, "c")
+                await conn.execute(f"COMMENT ON INDEX {table}_hnsw IS 'an operator''s note'")
+            finally:
+                await conn.close()
+            before = len(log_lines([server], f"{CALIBRATED} {ns}/c:"))
+            info = await calibrated(gw, "c", timeout=30)
+            assert info["index"]["calibration"]["points"] >= 2900
+            assert len(log_lines([server], f"{CALIBRATED} {ns}/c:")) == before + 1
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.postgres_only
+async def test_calibration_off_keeps_the_configured_ef_search(own_backend: Backend, tmp_path: Path) -> None:  # noqa: F811
+    data, queries = held_out(1500, 1, seed=51)
+    ns = f"r{uuid.uuid4().hex[:10]}"
+    server = start_server(
+        own_backend, tmp_path / "gateway.log",
+        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__TARGET_RECALL="0", GATEWAY_VECTORS__EF_SEARCH="70",
+    )
+    try:
+        async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
+            await gw.vectors.setup_collection("c", DIM)
+            await insert(gw, "c", data)
+            await wait_until_indexed(gw, server, "c")
+            await asyncio.sleep(1.0)
+            info = await gw.vectors.describe_collection("c")
+            assert info["index"]["calibration"] is None and info["index"]["ef_search"] == 70
+            assert (await gw.vectors.search_explained("c", queries[0], 10))["plan"]["ef_search"] == 70
+            assert not log_lines([server], CALIBRATED)
+            assert await index_comment(own_backend, ns, "c") is None
+    finally:
+        stop_server(server)
+
+
+# --- the decisions (pure) --------------------------------------------------------------------------
+
+
+def _cal(**kw: Any) -> Calibration:
+    base: dict[str, Any] = dict(ef_search=64, recall=0.985, target=0.98, points=100_000, queries=50, seconds=1.0,
+                                ladder={40: 0.96, 48: 0.975, 64: 0.985})
+    return Calibration(**{**base, **kw})
+
+
+def test_the_smallest_ef_search_that_reaches_the_target_is_picked() -> None:
+    assert recall.pick({40: 0.96, 48: 0.975, 64: 0.985}, 0.98) == 64
+    assert recall.pick({40: 0.99}, 0.98) == 40
+    assert recall.pick({40: 0.5, 1000: 0.9}, 0.98) == 1000  # none reaches it: the largest measured
+    # A query's own id is left out of both answers; ties beyond K are not asked for.
+    assert recall.recall_at_k(["q", *map(str, range(11))], ["q", *map(str, range(9)), "x"], "q") == 0.9
+    assert recall.recall_at_k(["q"], ["q"], "q") == 1.0
+
+
+def test_a_calibration_is_due_when_missing_stale_or_for_another_target() -> None:
+    cal = _cal()
+    assert recall.due(None, 5000, 0.98) and not recall.due(None, 5000, 0.0)
+    assert not recall.due(cal, 150_000, 0.98) and not recall.due(cal, 60_000, 0.98)
+    assert recall.due(cal, 200_000, 0.98) and recall.due(cal, 50_000, 0.98)
+    assert recall.due(cal, 100_000, 0.95)
+
+
+def test_the_comment_round_trips_and_foreign_comments_are_ignored() -> None:
+    cal = _cal()
+    assert recall.parse(cal.comment()) == cal
+    for foreign in (None, "", "an operator's note", "[1, 2]", '{"ef_search": 40}', '{"mark": "x"}',
+                    cal.comment().replace('"points":100000', '"points":"many"')):
+        assert recall.parse(foreign) is None, foreign
+
+
+def test_the_planner_uses_the_calibration_grown_with_the_collection_and_the_limit() -> None:
+    cal = _cal()
+    assert ef_for(100_000, 10, 100, cal) == 64  # not the configured 100
+    assert ef_for(50_000, 10, 100, cal) == 64  # fewer points: at least as good
+    assert ef_for(400_000, 10, 100, cal) == 128  # sqrt(4) until measured again
+    assert ef_for(100_000, 50, 100, cal) == 320  # the measured ef_search per result
+    assert ef_for(100_000, 5, 100, cal) == 64
+    assert ef_for(10**8, 100, 100, cal) == EF_SEARCH_MAX
+    common: dict[str, Any] = dict(rows=100_000, limit=10, base_ef=100, index_ready=True, narrowed=False,
+                                  exact_threshold=5000, iterative=False)
+    assert choose(filtered=False, selectivity=None, calibration=cal, **common).ef_search == 64
+    assert choose(filtered=False, selectivity=None, **common).ef_search == 100
+    assert choose(filtered=False, selectivity=None, calibration=cal, fixed_ef=30, **common).ef_search == 30
+    # A filter still widens it for its matches; a subgraph searches with the calibrated one.
+    assert choose(filtered=True, selectivity=0.05, calibration=cal, **common).ef_search == 400
+    sub = choose(filtered=True, selectivity=0.02, calibration=cal, subgraph=Subgraph("g", 0.02), **common)
+    assert sub.kind == "hnsw_subgraph" and sub.ef_search == 64
