@@ -190,8 +190,13 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
                 break
             await asyncio.sleep(2)  # describe counts the points: not too often
         out["indexed_s"] = time.perf_counter() - started
-        # The payload subgraphs follow the main graph in the same background check: searchable
-        # once no subgraph has been building for two describes in a row.
+        # The graph's recall calibration comes first in the builder's check (searches use it),
+        # then the payload subgraphs: searchable once no subgraph has been building for two
+        # describes in a row.
+        while info["index"]["state"] == "ready" and info["index"].get("calibration") is None:
+            await asyncio.sleep(2)
+            info = await gw.vectors.describe_collection("s")
+        out["calibration"] = info["index"].get("calibration")
         quiet = 0
         while quiet < 2:
             info = await gw.vectors.describe_collection("s")
@@ -200,11 +205,6 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
             await asyncio.sleep(2)
         out["subgraphs"] = {p["field"]: p["subgraphs"]["built"] for p in info["payload_indexes"] if p.get("subgraphs")}
         out["subgraphs_s"] = time.perf_counter() - started
-        # The graph's recall calibration (measured before the subgraphs are built): searches use it.
-        while info["index"]["state"] == "ready" and info["index"].get("calibration") is None:
-            await asyncio.sleep(2)
-            info = await gw.vectors.describe_collection("s")
-        out["calibration"] = info["index"].get("calibration")
         await asyncio.sleep(1.5)  # the search path's cached index state (1 s) sees the index
         for name, field, values in cells():
             plans: dict[str, int] = {}

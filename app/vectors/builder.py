@@ -297,8 +297,8 @@ class IndexBuilder:
             session = _Session((await conn.get_raw_connection()).driver_connection)
             try:
                 return await self._check(session, coll_id)
-            except asyncpg.UndefinedTableError:
-                return "gone"  # dropped meanwhile
+            except (asyncpg.UndefinedTableError, asyncpg.UndefinedObjectError):
+                return "gone"  # dropped meanwhile (the table, or the index a calibration measured)
             finally:
                 # A session that took the lock or changed settings is not pooled again: closing
                 # it releases the lock whatever happened (a cancelled build included).
@@ -411,8 +411,8 @@ class IndexBuilder:
             for (pid, vec), truth in zip(sampled, truths, strict=True):
                 found = [r[0] for r in await raw.fetch(graph_sql, vec, timeout=BUILD_TIMEOUT_SECONDS)]
                 scores.append(recall.recall_at_k(truth, found, pid))
-            ladder[ef] = sum(scores) / len(scores)
-            if ladder[ef] >= target:
+            ladder[ef] = round(sum(scores) / len(scores), 4)  # as the comment keeps it
+            if ladder[ef] >= target or recall.settled(ladder):
                 break
         await raw.execute("RESET enable_seqscan; RESET hnsw.ef_search")
         ef = recall.pick(ladder, target)
@@ -422,7 +422,7 @@ class IndexBuilder:
         )
         literal = result.comment().replace("'", "''")
         await raw.execute(f"COMMENT ON INDEX {hnsw_index_name(coll)} IS '{literal}'")
-        below = "" if result.recall >= target else f" (below the target {target}: the largest measured)"
+        below = "" if result.recall >= target else f" (below the target {target}: the graph's best measured)"
         log.info(
             "vectors: calibrated the HNSW index of %s/%s: ef_search %d, recall@%d %.3f%s over %d sampled of %d points "
             "in %.1f s (%s)",

@@ -11,8 +11,12 @@ collection has grown or shrunk by ``REGROW`` since), the index builder measures 
   the queries; each one's own id is left out of its answers, so a query is a point's neighbourhood,
   as a search for a stored memory's near duplicates or a text like a stored one is;
 - each is searched exactly (the ground truth) and through the graph at each ``ef_search`` of
-  ``LADDER``, from the smallest up, until the mean recall@``K`` reaches ``vectors.target_recall``;
-- that ``ef_search`` is the collection's; none reaching it gives the largest measured.
+  ``LADDER``, from the smallest up, until the mean recall@``K`` reaches ``vectors.target_recall``,
+  or until twice an ``ef_search`` recalled no more than it (``settled``: the graph's best);
+- the first ``ef_search`` that reached the target is the collection's; when none did, the
+  smallest that recalled the best measured. A graph can have regions its greedy search does not
+  reach from the entry point (a 500,000-point build here answered one sampled point in 50 from
+  another cluster at every ``ef_search`` up to 1,000): a larger ``ef_search`` only costs there.
 
 The planner (``app.vectors.planner.ef_for``) uses it for ``limit`` up to ``K``, scales it by
 ``limit / K`` above, and by ``sqrt(points / calibrated points)`` while the collection has grown
@@ -34,6 +38,7 @@ K = 10
 # points says little about queries unlike any stored point.
 LADDER: tuple[int, ...] = (40, 48, 64, 80, 100, 128, 160, 200, 256, 320, 400, 512, 640, 800, 1000)
 REGROW = 2.0
+PLATEAU = 2.0  # no more recall from an ef_search to this many times it: the graph's best
 MARK = "storage-gateway recall calibration"
 
 
@@ -98,12 +103,22 @@ def recall_at_k(truth: Sequence[Any], found: Sequence[Any], query_id: Any) -> fl
     return sum(1 for i in true if i in got) / len(true)
 
 
+def settled(ladder: dict[int, float]) -> bool:
+    """Whether the largest ``ef_search`` measured recalled no more than one ``PLATEAU`` times
+    smaller: measuring further would not find more."""
+    top = max(ladder)
+    below = [ef for ef in ladder if ef * PLATEAU <= top]
+    return bool(below) and ladder[top] <= ladder[max(below)]
+
+
 def pick(ladder: dict[int, float], target: float) -> int:
-    """The smallest measured ``ef_search`` whose recall reaches ``target``, else the largest."""
+    """The smallest measured ``ef_search`` whose recall reaches ``target``, else the smallest
+    that recalled the best measured."""
     for ef in sorted(ladder):
         if ladder[ef] >= target:
             return ef
-    return max(ladder)
+    best = max(ladder.values())
+    return min(ef for ef, r in ladder.items() if r >= best)
 
 
 def ef_for(calibration: Calibration, points: int, limit: int) -> int:
