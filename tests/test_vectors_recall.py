@@ -100,7 +100,8 @@ async def test_searches_use_the_ef_search_measured_on_the_collection(
         return
     info = await calibrated(gw, "r")
     cal = info["index"]["calibration"]
-    assert cal["ef_search"] in LADDER and info["index"]["ef_search"] == cal["ef_search"], info
+    # Describe: the ef_search searches of 10 use, the size rule's (100) unless the graph needs more.
+    assert cal["ef_search"] in LADDER and info["index"]["ef_search"] == max(100, cal["ef_search"]), info
     assert cal["target_recall"] == 0.98 and cal["queries"] == 50 and cal["k"] == 10
     assert 2900 <= cal["points"] <= 3100 and cal["seconds"] >= 0
     # Kept as the index's comment, and logged with what each ef_search measured; the target
@@ -111,10 +112,10 @@ async def test_searches_use_the_ef_search_measured_on_the_collection(
     assert cal["recall"] >= 0.98 or recall.settled(kept.ladder), kept
     lines = log_lines([server], f"{CALIBRATED} {namespace}/r:")
     assert lines and f"ef_search {cal['ef_search']}," in lines[-1], lines
-    # Searches take it: as measured for 10 results, scaled for 50.
+    # Searches take it where it is above the size rule: as measured for 10 results, x5 for 50.
     ef = cal["ef_search"]
-    assert (await plan_ef(gw, "r", queries[0], 10, ef))["kind"] == "hnsw"
-    await plan_ef(gw, "r", queries[0], 50, min(EF_SEARCH_MAX, max(50, ef * 5)))
+    assert (await plan_ef(gw, "r", queries[0], 10, max(100, ef)))["kind"] == "hnsw"
+    await plan_ef(gw, "r", queries[0], 50, min(EF_SEARCH_MAX, max(100, ef * 5)))
     # And it holds on queries that are not stored points.
     recalls = [recall_of(await gw.vectors.search("r", q, 10), data, q, 10) for q in queries]
     assert np.mean(recalls) >= 0.95, recalls
@@ -142,8 +143,9 @@ async def test_a_graph_that_recalls_poorly_gets_the_ef_search_it_needs(
     assert cal["ef_search"] == recall.pick(kept.ladder, 0.98)
     assert all(r < 0.98 for ef, r in kept.ladder.items() if ef < cal["ef_search"]), kept.ladder
     assert cal["recall"] >= 0.98 or recall.settled(kept.ladder), cal
-    # Stored points as queries, as measured: the calibrated default recalls what it measured,
-    # pgvector's default 40 less.
+    # Searches take it (the size rule would say 100). Stored points as queries, as measured: the
+    # default recalls what it measured, pgvector's default 40 less.
+    assert (await gw.vectors.describe_collection("hard"))["index"]["ef_search"] == cal["ef_search"]
     await plan_ef(gw, "hard", data[0], 11, min(EF_SEARCH_MAX, math.ceil(cal["ef_search"] * 1.1)))
     picks = rng.choice(len(data), 30, replace=False)
     async def mean_recall(ef: int | None) -> float:
@@ -174,10 +176,12 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
             first = (await calibrated(gw, "c"))["index"]["calibration"]
             assert 1400 <= first["points"] <= 1600, first
             ef = first["ef_search"]
-            # Grown by a third: not measured again; the planner grows ef_search by sqrt(2000 / points).
+            # Grown by a third: not measured again; the planner grows the calibrated ef_search by
+            # sqrt(2000 / points) (seen at 50 results, where it is above the size rule's 100).
             await insert(gw, "c", data[1500:2000], start=1500)
-            grown = math.ceil(ef * math.sqrt(2000 / first["points"]))
-            await plan_ef(gw, "c", queries[0], 10, grown)
+            grown = math.ceil(ef * math.sqrt(2000 / first["points"]) * 5)
+            assert grown > 100
+            await plan_ef(gw, "c", queries[0], 50, min(EF_SEARCH_MAX, grown))
             await asyncio.sleep(1.5)  # the check after the writes has run
             assert (await gw.vectors.describe_collection("c"))["index"]["calibration"] == first
             # Doubled: measured again.
@@ -267,20 +271,25 @@ def test_the_comment_round_trips_and_foreign_comments_are_ignored() -> None:
         assert recall.parse(foreign) is None, foreign
 
 
-def test_the_planner_uses_the_calibration_grown_with_the_collection_and_the_limit() -> None:
-    cal = _cal()
-    assert ef_for(100_000, 10, 100, cal) == 64  # not the configured 100
-    assert ef_for(50_000, 10, 100, cal) == 64  # fewer points: at least as good
-    assert ef_for(400_000, 10, 100, cal) == 128  # sqrt(4) until measured again
-    assert ef_for(100_000, 50, 100, cal) == 320  # the measured ef_search per result
-    assert ef_for(100_000, 5, 100, cal) == 64
-    assert ef_for(10**8, 100, 100, cal) == EF_SEARCH_MAX
+def test_the_planner_raises_ef_search_to_the_calibration_grown_with_the_collection_and_the_limit() -> None:
+    easy, hard = _cal(), _cal(ef_search=160, recall=0.981, ladder={40: 0.9, 160: 0.981})
+    # An easy graph keeps the size rule: sampled points are easier queries than new ones.
+    assert ef_for(100_000, 10, 100, easy) == 100 and ef_for(400_000, 10, 100, easy) == 200
+    # A graph that measured a need above it gets it,
+    assert ef_for(100_000, 10, 100, hard) == 160
+    assert ef_for(50_000, 10, 100, hard) == 160  # fewer points: at least as good
+    assert ef_for(400_000, 10, 100, hard) == 320  # grown by sqrt(4) until measured again
+    assert ef_for(100_000, 50, 100, hard) == 800  # the measured ef_search per result
+    assert ef_for(100_000, 50, 100, easy) == 320
+    assert ef_for(100_000, 5, 100, hard) == 160
+    assert ef_for(10**8, 100, 100, hard) == EF_SEARCH_MAX
     common: dict[str, Any] = dict(rows=100_000, limit=10, base_ef=100, index_ready=True, narrowed=False,
                                   exact_threshold=5000, iterative=False)
-    assert choose(filtered=False, selectivity=None, calibration=cal, **common).ef_search == 64
+    assert choose(filtered=False, selectivity=None, calibration=hard, **common).ef_search == 160
+    assert choose(filtered=False, selectivity=None, calibration=easy, **common).ef_search == 100
     assert choose(filtered=False, selectivity=None, **common).ef_search == 100
-    assert choose(filtered=False, selectivity=None, calibration=cal, fixed_ef=30, **common).ef_search == 30
+    assert choose(filtered=False, selectivity=None, calibration=hard, fixed_ef=30, **common).ef_search == 30
     # A filter still widens it for its matches; a subgraph searches with the calibrated one.
-    assert choose(filtered=True, selectivity=0.05, calibration=cal, **common).ef_search == 400
-    sub = choose(filtered=True, selectivity=0.02, calibration=cal, subgraph=Subgraph("g", 0.02), **common)
-    assert sub.kind == "hnsw_subgraph" and sub.ef_search == 64
+    assert choose(filtered=True, selectivity=0.05, calibration=hard, **common).ef_search == 400
+    sub = choose(filtered=True, selectivity=0.02, calibration=hard, subgraph=Subgraph("g", 0.02), **common)
+    assert sub.kind == "hnsw_subgraph" and sub.ef_search == 160

@@ -329,14 +329,13 @@ class VectorsSettings(_Strict):
 
     hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
     hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth.")
-    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points "
-        "before the graph's recall is calibrated (or with `target_recall` 0); the planner scales it with the collection "
-        "(sqrt) and for filters.")
+    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points; "
+        "the planner scales it with the collection (sqrt) and for filters, and raises it to a graph's calibrated one.")
     target_recall: float = Field(
         default=0.98, ge=0, le=1,
         description="Once a collection's HNSW graph is built (and when it has doubled or halved since), the builder "
-        "searches `calibration_queries` of its points exactly and through the graph, and its searches then use the "
-        "smallest ef_search (40 to 1000) whose mean recall@10 reaches this; 0: no calibration (pgvector).",
+        "searches `calibration_queries` of its points exactly and through the graph, and its searches then use at "
+        "least the smallest ef_search (40 to 1000) whose mean recall@10 reached this; 0: no calibration (pgvector).",
     )
     calibration_queries: int = Field(
         default=50, ge=1, le=1000,

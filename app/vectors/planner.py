@@ -31,12 +31,12 @@ Plans:
 A graph search that returns fewer than ``limit`` points is redone exactly (``fallback``), so a
 filtered search always returns ``min(limit, matches)``; the planner's margins make that rare.
 
-The unfiltered ``ef_search`` is the one measured on the collection's own graph
-(``app.vectors.recall``: the smallest that reaches ``vectors.target_recall`` on sampled points),
-scaled with ``limit`` and with the collection's growth since. Before a graph is calibrated (or
-with calibration off) it is ``vectors.ef_search``, scaled above ``EF_REFERENCE_ROWS`` points by
-``sqrt(rows / EF_REFERENCE_ROWS)``: HNSW's recall at a fixed ``ef_search`` falls as the graph
-grows (measured in docs/benchmarks.md). It is never below ``limit``.
+The unfiltered ``ef_search`` is ``vectors.ef_search``, scaled above ``EF_REFERENCE_ROWS`` points
+by ``sqrt(rows / EF_REFERENCE_ROWS)`` (HNSW's recall at a fixed ``ef_search`` falls as the graph
+grows: measured in docs/benchmarks.md), or the one measured on the collection's own graph when
+that is larger (``app.vectors.recall``: the smallest that reaches ``vectors.target_recall`` on
+sampled points, scaled with ``limit`` and the collection's growth since). It is never below
+``limit``.
 """
 
 from __future__ import annotations
@@ -85,12 +85,14 @@ class Subgraph:
 
 
 def ef_for(rows: int, limit: int, base: int, calibration: Calibration | None = None) -> int:
-    """The ``ef_search`` of an unfiltered graph search of ``limit`` in ``rows`` points: the
-    calibrated one when the graph has been measured, else ``base`` grown with ``rows``."""
-    if calibration is not None:
-        return min(EF_SEARCH_MAX, recall.ef_for(calibration, rows, limit))
+    """The ``ef_search`` of an unfiltered graph search of ``limit`` in ``rows`` points: ``base``
+    grown with ``rows``, or the calibrated one when the graph measured that it needs more (a
+    calibration only raises it: see ``app.vectors.recall``)."""
     grown = base * math.sqrt(rows / EF_REFERENCE_ROWS) if rows > EF_REFERENCE_ROWS else base
-    return min(EF_SEARCH_MAX, max(base, limit, math.ceil(grown)))
+    ef = max(base, limit, math.ceil(grown))
+    if calibration is not None:
+        ef = max(ef, recall.ef_for(calibration, rows, limit))
+    return min(EF_SEARCH_MAX, ef)
 
 
 def choose(

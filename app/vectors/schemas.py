@@ -106,7 +106,10 @@ class CalibrationRead(BaseModel):
     """The recall calibration of a collection's HNSW graph: sampled points searched exactly and
     through the graph at growing ``ef_search`` until the mean recall@k reaches the target."""
 
-    ef_search: int = Field(description="The smallest measured ef_search that reached the target (else the largest).")
+    ef_search: int = Field(
+        description="The smallest measured ef_search that reached the target (else the smallest with the best "
+        "recall measured); searches use it when it is above the size rule's."
+    )
     recall: float = Field(description="The mean recall@k measured at that ef_search.")
     target_recall: float = Field(description="`vectors.target_recall` when measured.")
     points: int = Field(description="The collection's size when measured (measured again at twice or half of it).")
@@ -123,8 +126,8 @@ class IndexRead(BaseModel):
     ef_construction: int | None = None
     ef_search: int | None = Field(
         default=None,
-        description="Search breadth of an unfiltered search of 10: the calibrated one once the graph's recall has "
-        "been measured (describe), else `vectors.ef_search` (the planner grows it with the collection and the limit).",
+        description="Search breadth of an unfiltered search of 10 at the collection's size (describe; lists: "
+        "without the growth): `vectors.ef_search` grown with the collection, or the calibrated one when larger.",
     )
     calibration: CalibrationRead | None = Field(
         default=None,

@@ -34,8 +34,8 @@ from app.vectors.backend import (
     VectorIndex,
 )
 from app.vectors.filters import Node, parse_filter
-from app.vectors.planner import Plan
-from app.vectors.recall import Calibration
+from app.vectors.planner import Plan, ef_for
+from app.vectors.recall import K, Calibration
 from app.vectors import repository
 from app.vectors.schemas import (
     CollectionCreate,
@@ -160,7 +160,7 @@ class VectorService:
                 "m": idx.get("m") if kind != "exact" else None,
                 "ef_construction": idx.get("ef_construction") if kind != "exact" else None,
                 "ef_search": (
-                    None if kind == "exact" else calibration.ef_search if calibration else self.settings.vectors.ef_search
+                    None if kind == "exact" else ef_for(count or 0, K, self.settings.vectors.ef_search, calibration)
                 ),
                 "calibration": calibration.as_read() if calibration else None,
                 "backend": self.index.name,
