@@ -50,12 +50,14 @@ def recall_of(hits: list[dict], data: np.ndarray, q: np.ndarray, k: int) -> floa
 
 
 async def calibrated(gw: GatewayClient, collection: str, *, points_at_least: int = 0, timeout: float = 120.0) -> dict:
-    """Describe, once the collection's graph has a calibration of at least ``points_at_least``."""
+    """Describe, once the collection's graph has a calibration of at least ``points_at_least`` that
+    is not due again (a build between two insert batches on a slow machine measures a smaller
+    collection first, and measures again once it has doubled)."""
     deadline = time.monotonic() + timeout
     while True:
         info = await gw.vectors.describe_collection(collection)
         cal = info["index"]["calibration"]
-        if cal is not None and cal["points"] >= points_at_least:
+        if cal is not None and cal["points"] >= points_at_least and cal["points"] * recall.REGROW > info["count"]:
             return info
         assert time.monotonic() < deadline, info
         await asyncio.sleep(0.1)
@@ -100,22 +102,22 @@ async def test_searches_use_the_ef_search_measured_on_the_collection(
         return
     info = await calibrated(gw, "r")
     cal = info["index"]["calibration"]
-    # Describe: the ef_search searches of 10 use, the size rule's (100) unless the graph needs more.
-    assert cal["ef_search"] in LADDER and info["index"]["ef_search"] == max(100, cal["ef_search"]), info
-    assert cal["target_recall"] == 0.98 and cal["queries"] == 50 and cal["k"] == 10
-    assert 2900 <= cal["points"] <= 3100 and cal["seconds"] >= 0
+    assert cal["ef_search"] in LADDER and cal["target_recall"] == 0.98 and cal["queries"] == 50 and cal["k"] == 10
+    assert 1500 < cal["points"] <= 3100 and cal["seconds"] >= 0
     # Kept as the index's comment, and logged with what each ef_search measured; the target
     # reached, or the graph's best (twice the ef_search recalled no more).
     kept = recall.parse(await index_comment(server.backend, namespace, "r"))
     assert kept is not None and kept.ef_search == cal["ef_search"] == recall.pick(kept.ladder, 0.98)
+    # Describe: the ef_search a search of 10 gets, the size rule's (100) unless the graph needs more.
+    assert info["index"]["ef_search"] == ef_for(3000, 10, 100, kept) >= 100, info
     assert list(kept.ladder) == list(LADDER[: len(kept.ladder)])
     assert cal["recall"] >= 0.98 or recall.settled(kept.ladder), kept
     lines = log_lines([server], f"{CALIBRATED} {namespace}/r:")
     assert lines and f"ef_search {cal['ef_search']}," in lines[-1], lines
     # Searches take it where it is above the size rule: as measured for 10 results, x5 for 50.
-    ef = cal["ef_search"]
-    assert (await plan_ef(gw, "r", queries[0], 10, max(100, ef)))["kind"] == "hnsw"
-    await plan_ef(gw, "r", queries[0], 50, min(EF_SEARCH_MAX, max(100, ef * 5)))
+    assert (await plan_ef(gw, "r", queries[0], 10, ef_for(3000, 10, 100, kept)))["kind"] == "hnsw"
+    assert ef_for(3000, 50, 100, kept) > 100  # 5 x at least 40
+    await plan_ef(gw, "r", queries[0], 50, ef_for(3000, 50, 100, kept))
     # And it holds on queries that are not stored points.
     recalls = [recall_of(await gw.vectors.search("r", q, 10), data, q, 10) for q in queries]
     assert np.mean(recalls) >= 0.95, recalls
@@ -143,11 +145,10 @@ async def test_a_graph_that_recalls_poorly_gets_the_ef_search_it_needs(
     assert cal["ef_search"] == recall.pick(kept.ladder, 0.98)
     assert all(r < 0.98 for ef, r in kept.ladder.items() if ef < cal["ef_search"]), kept.ladder
     assert cal["recall"] >= 0.98 or recall.settled(kept.ladder), cal
-    # Searches take it (the size rule would say 100). Stored points as queries, as measured: the
-    # default recalls what it measured, pgvector's default 40 less.
-    assert (await gw.vectors.describe_collection("hard"))["index"]["ef_search"] == cal["ef_search"]
-    await plan_ef(gw, "hard", data[0], 11, min(EF_SEARCH_MAX, math.ceil(cal["ef_search"] * 1.1)))
-    picks = rng.choice(len(data), 30, replace=False)
+    # Searches take it where it is above the size rule's 100.
+    assert (await gw.vectors.describe_collection("hard"))["index"]["ef_search"] == ef_for(3000, 10, 100, kept)
+    await plan_ef(gw, "hard", data[0], 11, ef_for(3000, 11, 100, kept))
+    picks = rng.choice(len(data), 60, replace=False)
     async def mean_recall(ef: int | None) -> float:
         out = []
         for i in picks:
@@ -155,18 +156,21 @@ async def test_a_graph_that_recalls_poorly_gets_the_ef_search_it_needs(
             truth = np.argsort(-(data @ data[i]) / np.linalg.norm(data, axis=1))[:11].tolist()
             out.append(recall.recall_at_k(truth, [int(h["id"]) for h in hits], int(i)))
         return float(np.mean(out))
-    assert await mean_recall(None) >= 0.95
-    assert await mean_recall(LADDER[0]) < 0.98
+    # Other stored points (60: one recall@10 varies much from point to point on this data):
+    # well above what pgvector's default 40 recalls, and about what the calibration measured.
+    default, at_40 = await mean_recall(None), await mean_recall(LADDER[0])
+    assert default >= 0.9 and default >= at_40 + 0.08 and at_40 < 0.98, (default, at_40, kept)
 
 
 @pytest.mark.postgres_only
 async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calibration(
     own_backend: Backend, tmp_path: Path  # noqa: F811
 ) -> None:
-    data, queries = held_out(3000, 1, seed=41)
+    data, queries = held_out(3200, 1, seed=41)
     ns = f"r{uuid.uuid4().hex[:10]}"
+    # Built at 1,500 points, not after the first batch of 1,000.
     server = start_server(
-        own_backend, tmp_path / "gateway.log",
+        own_backend, tmp_path / "gateway.log", GATEWAY_VECTORS__INDEX_MIN_ROWS="1200",
         GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
     )
     try:
@@ -175,19 +179,20 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
             await insert(gw, "c", data[:1500])
             first = (await calibrated(gw, "c"))["index"]["calibration"]
             assert 1400 <= first["points"] <= 1600, first
-            ef = first["ef_search"]
+            kept = recall.parse(await index_comment(own_backend, ns, "c"))
+            assert kept is not None and kept.points == first["points"]
             # Grown by a third: not measured again; the planner grows the calibrated ef_search by
             # sqrt(2000 / points) (seen at 50 results, where it is above the size rule's 100).
             await insert(gw, "c", data[1500:2000], start=1500)
-            grown = math.ceil(ef * math.sqrt(2000 / first["points"]) * 5)
-            assert grown > 100
+            grown = math.ceil(kept.ef_search * math.sqrt(2000 / kept.points) * 5)
+            assert grown > 100 and ef_for(2000, 50, 100, kept) == min(EF_SEARCH_MAX, grown)
             await plan_ef(gw, "c", queries[0], 50, min(EF_SEARCH_MAX, grown))
             await asyncio.sleep(1.5)  # the check after the writes has run
             assert (await gw.vectors.describe_collection("c"))["index"]["calibration"] == first
             # Doubled: measured again.
             await insert(gw, "c", data[2000:], start=2000)
             second = (await calibrated(gw, "c", points_at_least=2900))["index"]["calibration"]
-            assert second["points"] <= 3100, second
+            assert second["points"] <= 3300, second
             # An index that lost its comment (an operator's COMMENT ON INDEX) is found by the sweep.
             conn = await pg_connect(own_backend)
             try:
@@ -222,6 +227,16 @@ async def test_calibration_off_keeps_the_configured_ef_search(own_backend: Backe
             assert (await gw.vectors.search_explained("c", queries[0], 10))["plan"]["ef_search"] == 70
             assert not log_lines([server], CALIBRATED)
             assert await index_comment(own_backend, ns, "c") is None
+            # A calibration kept from a run with it on is not used either.
+            conn = await pg_connect(own_backend)
+            try:
+                table = await table_of(conn, ns, "c")
+                await conn.execute(f"COMMENT ON INDEX {table}_hnsw IS '{_cal(ef_search=300, points=1500).comment()}'")
+            finally:
+                await conn.close()
+            await asyncio.sleep(1.5)  # the search path's cached statistics
+            assert (await gw.vectors.search_explained("c", queries[0], 10))["plan"]["ef_search"] == 70
+            assert (await gw.vectors.describe_collection("c"))["index"]["calibration"] is None
     finally:
         stop_server(server)
 
@@ -258,6 +273,7 @@ def test_the_smallest_ef_search_that_reaches_the_target_is_picked() -> None:
 def test_a_calibration_is_due_when_missing_stale_or_for_another_target() -> None:
     cal = _cal()
     assert recall.due(None, 5000, 0.98) and not recall.due(None, 5000, 0.0)
+    assert not recall.due(None, 10, 0.98) and not recall.due(cal, 0, 0.98)  # emptied: nothing to measure
     assert not recall.due(cal, 150_000, 0.98) and not recall.due(cal, 60_000, 0.98)
     assert recall.due(cal, 200_000, 0.98) and recall.due(cal, 50_000, 0.98)
     assert recall.due(cal, 100_000, 0.95)

@@ -335,7 +335,8 @@ class VectorsSettings(_Strict):
         default=0.98, ge=0, le=1,
         description="Once a collection's HNSW graph is built (and when it has doubled or halved since), the builder "
         "searches `calibration_queries` of its points exactly and through the graph, and its searches then use at "
-        "least the smallest ef_search (40 to 1000) whose mean recall@10 reached this; 0: no calibration (pgvector).",
+        "least the smallest ef_search (40 to 1000) whose mean recall@10 reached this; 0: no calibration, and none "
+        "kept by an earlier run is used (pgvector).",
     )
     calibration_queries: int = Field(
         default=50, ge=1, le=1000,

@@ -297,7 +297,7 @@ class IndexBuilder:
             session = _Session((await conn.get_raw_connection()).driver_connection)
             try:
                 return await self._check(session, coll_id)
-            except (asyncpg.UndefinedTableError, asyncpg.UndefinedObjectError):
+            except asyncpg.UndefinedTableError:
                 return "gone"  # dropped meanwhile (the table, or the index a calibration measured)
             finally:
                 # A session that took the lock or changed settings is not pooled again: closing
@@ -399,8 +399,10 @@ class IndexBuilder:
         sample_sql, exact_sql, graph_sql = calibration_statements(coll, recall.K + 1)
         pct = 100.0 if points <= 0 else min(100.0, 100.0 * 4 * n / points)
         sampled = await raw.fetch(sample_sql, pct, n, timeout=BUILD_TIMEOUT_SECONDS)
+        if not sampled and pct < 100:  # an estimate far above the rows there are
+            sampled = await raw.fetch(sample_sql, 100.0, n, timeout=BUILD_TIMEOUT_SECONDS)
         if not sampled:
-            return None
+            return None  # emptied meanwhile: ``recall.due`` says no once the estimate sees it
         truths = [[r[0] for r in await raw.fetch(exact_sql, vec, timeout=BUILD_TIMEOUT_SECONDS)] for _, vec in sampled]
         # The graph, as searches use it (PostgreSQL would sort a small table instead).
         await raw.execute("SET enable_seqscan = off")

@@ -43,6 +43,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
         version or "0",
         exact_threshold=settings.vectors.exact_search_threshold,
         ef_search=settings.vectors.ef_search,
+        calibrated=settings.vectors.target_recall > 0,
     )
     from app.vectors.builder import IndexBuilder
 

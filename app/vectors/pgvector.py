@@ -322,8 +322,11 @@ class PgVectorIndex(VectorIndex):
     filter_sql = PgFilter
     payload_column = "CAST(payload AS text)"
 
-    def __init__(self, version: str, *, exact_threshold: int = 5000, ef_search: int = 100) -> None:
+    def __init__(
+        self, version: str, *, exact_threshold: int = 5000, ef_search: int = 100, calibrated: bool = True
+    ) -> None:
         self.default_ef = ef_search
+        self.calibrated = calibrated  # False: recall calibrations kept by an earlier run are not used
         self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
         self.version = version
         self._v = parse_version(version)
@@ -475,7 +478,7 @@ class PgVectorIndex(VectorIndex):
         return out
 
     async def calibration(self, session: AsyncConnection, coll: CollectionInfo) -> recall.Calibration | None:
-        if coll.index.get("kind") not in HNSW_KINDS:
+        if coll.index.get("kind") not in HNSW_KINDS or not self.calibrated:
             return None
         found = (await session.execute(text(_INDEX_COMMENT_NAMED), {"i": hnsw_index_name(coll)})).scalar()
         return recall.parse(found)
@@ -680,7 +683,7 @@ class PgVectorIndex(VectorIndex):
         row = await conn.fetchrow(_STATS, coll.data_table, hnsw_index_name(coll), subgraph_like(coll.data_table))
         rows, ready = (int(row[0] or 0), bool(row[1])) if row is not None else (0, False)
         names = frozenset(row[2] or ()) if row is not None else frozenset()
-        calibration = recall.parse(row[3]) if row is not None and ready else None
+        calibration = recall.parse(row[3]) if row is not None and ready and self.calibrated else None
         if len(self._stat_cache) > CACHE_ENTRIES:
             self._stat_cache.clear()
             self._subgraph_cache.clear()

@@ -93,8 +93,9 @@ def parse(comment: str | None) -> Calibration | None:
 
 
 def due(current: Calibration | None, points: int, target: float) -> bool:
-    """Whether a valid graph of ``points`` points should be (re)calibrated for ``target``."""
-    if target <= 0:
+    """Whether a valid graph of ``points`` points should be (re)calibrated for ``target`` (not one
+    of at most ``K`` points: an emptied collection has nothing to measure)."""
+    if target <= 0 or points <= K:
         return False
     if current is None or current.target != target:
         return True
