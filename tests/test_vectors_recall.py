@@ -85,6 +85,16 @@ async def index_comment(backend: Backend, namespace: str, collection: str) -> st
         await conn.close()
 
 
+async def comment_index(backend: Backend, namespace: str, collection: str, comment: str) -> None:
+    """``COMMENT ON INDEX`` the collection's HNSW index, as an operator could."""
+    conn = await pg_connect(backend)
+    try:
+        table = await table_of(conn, namespace, collection)
+        await conn.execute(f"COMMENT ON INDEX {table}_hnsw IS '{comment.replace(chr(39), chr(39) * 2)}'")
+    finally:
+        await conn.close()
+
+
 # --- through the gateway ------------------------------------------------------------------------
 
 
@@ -194,12 +204,7 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
             second = (await calibrated(gw, "c", points_at_least=2900))["index"]["calibration"]
             assert second["points"] <= 3300, second
             # An index that lost its comment (an operator's COMMENT ON INDEX) is found by the sweep.
-            conn = await pg_connect(own_backend)
-            try:
-                table = await table_of(conn, ns, "c")
-                await conn.execute(f"COMMENT ON INDEX {table}_hnsw IS 'an operator''s note'")
-            finally:
-                await conn.close()
+            await comment_index(own_backend, ns, "c", "an operator's note")
             before = len(log_lines([server], f"{CALIBRATED} {ns}/c:"))
             info = await calibrated(gw, "c", timeout=30)
             assert info["index"]["calibration"]["points"] >= 2900
@@ -228,12 +233,7 @@ async def test_calibration_off_keeps_the_configured_ef_search(own_backend: Backe
             assert not log_lines([server], CALIBRATED)
             assert await index_comment(own_backend, ns, "c") is None
             # A calibration kept from a run with it on is not used either.
-            conn = await pg_connect(own_backend)
-            try:
-                table = await table_of(conn, ns, "c")
-                await conn.execute(f"COMMENT ON INDEX {table}_hnsw IS '{_cal(ef_search=300, points=1500).comment()}'")
-            finally:
-                await conn.close()
+            await comment_index(own_backend, ns, "c", _cal(ef_search=300, points=1500).comment())
             await asyncio.sleep(1.5)  # the search path's cached statistics
             assert (await gw.vectors.search_explained("c", queries[0], 10))["plan"]["ef_search"] == 70
             assert (await gw.vectors.describe_collection("c"))["index"]["calibration"] is None

@@ -380,14 +380,11 @@ class IndexBuilder:
         return "built"
 
     async def _calibration_due(self, raw: Any, coll: CollectionInfo) -> bool:
-        """Whether the collection's valid HNSW index wants a recall calibration (``recall.due``);
-        False while it is not valid (a build is what it wants)."""
+        """Whether the collection's HNSW index, valid (every caller has seen it so, or built it),
+        wants a recall calibration (``recall.due``)."""
         if self.target_recall <= 0:
             return False
-        index = hnsw_index_name(coll)
-        if not await raw.fetchval(_INDEX_VALID, index):
-            return False
-        current = recall.parse(await raw.fetchval(INDEX_COMMENT, index))
+        current = recall.parse(await raw.fetchval(INDEX_COMMENT, hnsw_index_name(coll)))
         return recall.due(current, int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0), self.target_recall)
 
     async def _calibrate(self, raw: Any, coll: CollectionInfo) -> recall.Calibration | None:

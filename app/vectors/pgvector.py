@@ -103,9 +103,11 @@ _STATS = (
     f"WHERE i.indrelid = c.oid AND i.indisvalid AND x.relname LIKE $3), "
     f"obj_description(to_regclass($2), 'pg_class') {_OF_TABLE}"
 )
-# An index's comment, where the recall calibration of an HNSW index is kept ($1 / :i: the index).
-INDEX_COMMENT = "SELECT obj_description(to_regclass($1), 'pg_class')"
-_INDEX_COMMENT_NAMED = "SELECT obj_description(to_regclass(:i), 'pg_class')"
+# An index's comment, where the recall calibration of an HNSW index is kept (asyncpg's parameter
+# for the builder, SQLAlchemy's for describe).
+_INDEX_COMMENT = "SELECT obj_description(to_regclass({i}), 'pg_class')"
+INDEX_COMMENT = _INDEX_COMMENT.format(i="$1")
+_INDEX_COMMENT_NAMED = _INDEX_COMMENT.format(i=":i")
 # A table's payload subgraph indexes: name, valid, being built (asyncpg's parameters for the
 # builder, SQLAlchemy's for describe and reset).
 _SUBGRAPH_INDEXES = (

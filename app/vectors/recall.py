@@ -7,8 +7,7 @@ rule of size alone cannot be right for every graph, so once a collection's graph
 again when the collection has grown or shrunk by ``REGROW`` since), the index builder measures it
 (``app.vectors.builder``):
 
-- ``QUERIES`` points sampled uniformly from the collection (``vectors.calibration_queries``) are
-  the queries; each one's own id is left out of its answers, so a query is a point's neighbourhood,
+- ``vectors.calibration_queries`` points sampled uniformly from the collection are the queries; each one's own id is left out of its answers, so a query is a point's neighbourhood,
   as a search for a stored memory's near duplicates or a text like a stored one is;
 - each is searched exactly (the ground truth) and through the graph at each ``ef_search`` of
   ``LADDER``, from the smallest up, until the mean recall@``K`` reaches ``vectors.target_recall``,
@@ -27,9 +26,11 @@ never reached, at any ``ef_search``), where 100 held-out queries from the same c
 planner (``app.vectors.planner.ef_for``) takes the larger of its size rule and the calibrated
 value (scaled by ``limit / K`` above ``K``, and by ``sqrt(points / calibrated points)`` while the
 collection has grown since). A graph whose own points fall short at the rule's ``ef_search``
-(sparse graphs, hard data) gets what it measured it needs; an easy one keeps the rule. The result is kept as the HNSW index's comment (``COMMENT ON INDEX``): it lives and dies
-with the graph it measured (a reset or a rebuild drops it), and every worker and replica reads it
-with the index's validity (one catalog read, ``app.vectors.pgvector._STATS``).
+(sparse graphs, hard data) gets what it measured it needs; an easy one keeps the rule.
+
+The result is kept as the HNSW index's comment (``COMMENT ON INDEX``): it lives and dies with the
+graph it measured (a reset or a rebuild drops it), and every worker and replica reads it with the
+index's validity (one catalog read, ``app.vectors.pgvector._STATS``).
 """
 
 from __future__ import annotations
