@@ -53,6 +53,21 @@ def test_the_attributes_read_are_still_set() -> None:
     assert "limit_concurrency" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
 
 
+def test_a_spliced_body_is_counted_where_uvicorn_counts_a_body() -> None:
+    """``splice_body`` reads the cycle's answer state and takes the spliced bytes off
+    ``expected_content_length``, which ``send`` checks on every body message and at the end."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    init = inspect.getsource(RequestResponseCycle.__init__)
+    for attribute in ("self.response_started", "self.response_complete", "self.chunked_encoding",
+                      "self.expected_content_length"):
+        assert attribute in init, attribute
+    send = inspect.getsource(RequestResponseCycle.send)
+    assert "self.expected_content_length -= num_bytes" in send
+    assert "if self.expected_content_length != 0:" in send
+    assert "self.scope = {" in inspect.getsource(HttpToolsProtocol.on_message_begin)  # extensions go in it
+
+
 # --- one socket write per answer (CoalescingTransport) -----------------------------------------
 
 

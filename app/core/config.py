@@ -258,6 +258,11 @@ class S3Settings(_Strict):
         default=False, description="Answer downloads with a redirect to a short-lived presigned URL."
     )
     presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600, description="Lifetime of a presigned URL.")
+    splice_downloads: bool = Field(
+        default=True,
+        description="Move a download of 4 MiB or more from the S3 connection to the client's in the kernel "
+        "(Linux `splice`; plain-HTTP endpoint without a proxy, client without TLS to the gateway).",
+    )
 
     @field_validator("prefix")
     @classmethod

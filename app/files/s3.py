@@ -12,9 +12,11 @@ Object keys are derived only from values the gateway controls:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +24,7 @@ from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, TypedDict
+from urllib.parse import urlsplit
 
 from app.core.config import S3Settings
 from app.core.errors import ServiceUnavailable
@@ -150,6 +153,41 @@ class ObjectBody:
         self._body.close()
 
 
+MAX_HEAD_BYTES = 64 * 1024  # an S3 answer's head read by ``get_socket``
+
+
+class SocketBody:
+    """A GET's body left on its socket (``S3Objects.get_socket``): ``buffered``, the bytes read
+    with the head, then ``remaining`` more on ``sock``; always ``close()``."""
+
+    def __init__(self, sock: socket.socket, buffered: bytes, length: int, read_timeout: float) -> None:
+        self.sock = sock
+        self.read_timeout = read_timeout  # the longest the socket may stay silent (files.s3.read_timeout)
+        self.buffered = buffered[:length]
+        self.remaining = length - len(self.buffered)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """The status and headers (lower-case names) of an HTTP/1.1 answer's head (httptools)."""
+    import httptools
+
+    headers: dict[bytes, bytes] = {}
+
+    class Callbacks:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            headers[name.lower()] = value
+
+    parser = httptools.HttpResponseParser(Callbacks())
+    try:
+        parser.feed_data(head)
+    except httptools.HttpParserError as exc:
+        raise ValueError(f"a malformed answer head: {exc}") from None
+    return parser.get_status_code(), headers
+
+
 class S3Objects:
     """One aiobotocore client (one connection pool) for the process, owned by the files lifespan."""
 
@@ -276,22 +314,26 @@ class S3Objects:
             answer = await self._client.get_object(Bucket=self.bucket, Key=key, Range=byte_range)
         return ObjectBody(answer["Body"])
 
+    async def _get_url(self, key: str) -> str:
+        """``key``'s presigned GET URL, kept for ``GET_URL_REUSE_SECONDS`` (an object never changes)."""
+        now = time.monotonic()
+        kept = self._get_urls.get(key)
+        if kept is not None and kept[0] > now:
+            self._get_urls.move_to_end(key)
+            return kept[1]
+        url = await self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=GET_URL_SECONDS
+        )
+        self._get_urls[key] = (now + GET_URL_REUSE_SECONDS, url)
+        if len(self._get_urls) > GET_URLS_KEPT:
+            self._get_urls.popitem(last=False)
+        return url
+
     async def _get_presigned(self, key: str, byte_range: str) -> aiohttp.ClientResponse | None:
         """The GET of ``key``'s presigned URL if it answers 200/206, else None (URL forgotten)."""
         assert self._http is not None
-        now = time.monotonic()
-        kept = self._get_urls.get(key)
         try:
-            if kept is not None and kept[0] > now:
-                url = kept[1]
-                self._get_urls.move_to_end(key)
-            else:
-                url = await self._client.generate_presigned_url(
-                    "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=GET_URL_SECONDS
-                )
-                self._get_urls[key] = (now + GET_URL_REUSE_SECONDS, url)
-                if len(self._get_urls) > GET_URLS_KEPT:
-                    self._get_urls.popitem(last=False)
+            url = await self._get_url(key)
             response = await self._http.get(
                 url, headers={"Range": byte_range}, allow_redirects=False, proxy=self._proxy_for(url)
             )
@@ -306,6 +348,59 @@ class S3Objects:
         if response.status not in (403, 404):  # (403: an expired URL, e.g. temporary credentials)
             self._note_fallback(f"HTTP {response.status}")
         return None
+
+    async def get_socket(self, key: str, start: int, end: int) -> SocketBody | None:
+        """Bytes ``start..end`` of ``key`` on a connection of their own, for ``splice`` to move.
+
+        The presigned GET of ``get``, sent on a plain socket (``Connection: close``) and its
+        answer's head read with httptools; the body is left on the socket. Only over plain HTTP
+        with no proxy (TLS bytes cannot be spliced), and only for a 200/206 whose
+        ``Content-Length`` is the range's: anything else (an error, a refused connection, an
+        expired URL) is None, and the caller takes ``get``, which reports it.
+        """
+        url = await self._get_url(key)
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or self._proxy_for(url) is not None:
+            return None
+        length = end - start + 1
+        loop = asyncio.get_running_loop()
+        sock: socket.socket | None = None
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                infos = await loop.getaddrinfo(parts.hostname, parts.port or 80, type=socket.SOCK_STREAM)
+                family, kind, proto, _, address = infos[0]
+                sock = socket.socket(family, kind, proto)
+                sock.setblocking(False)
+                await loop.sock_connect(sock, address)
+            target = parts.path + ("?" + parts.query if parts.query else "")
+            await loop.sock_sendall(sock, (
+                f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nRange: bytes={start}-{end}\r\n"
+                "Connection: close\r\nAccept-Encoding: identity\r\n\r\n"
+            ).encode("ascii"))
+            head = bytearray()
+            async with asyncio.timeout(self.settings.read_timeout):
+                while (ends := head.find(b"\r\n\r\n")) < 0 and len(head) <= MAX_HEAD_BYTES:
+                    received = await loop.sock_recv(sock, 64 * 1024)
+                    if not received:
+                        break
+                    head += received
+            if ends < 0:
+                raise ConnectionError("no complete answer head")
+            status, headers = _parse_head(bytes(head[: ends + 4]))
+            if (status not in (200, 206) or headers.get(b"content-length") != str(length).encode()
+                    or b"transfer-encoding" in headers or headers.get(b"content-encoding", b"identity") != b"identity"):
+                if status in (403, 404):
+                    self._get_urls.pop(key, None)
+                raise ConnectionError(f"answered {status}")
+            body = SocketBody(sock, bytes(head[ends + 4:]), length, self.settings.read_timeout)
+            sock = None
+            return body
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.debug("a spliced GET of %s fell back to a copied one: %s", key, exc)
+            return None
+        finally:
+            if sock is not None:
+                sock.close()
 
     def _proxy_for(self, url: str) -> str | None:
         """The proxy botocore would take for ``url`` (``HTTPS_PROXY``, ``NO_PROXY``, ...), looked

@@ -307,6 +307,7 @@ class FilesService:
         total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
         self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
         self.send_timeout = settings.limits.send_idle_timeout_seconds
+        self.splice_downloads = settings.files.s3.splice_downloads
         self._inline = frozenset(t.strip().lower() for t in settings.files.inline_types)
         self._inline_by_namespace = {
             ns: self._inline | {t.strip().lower() for t in types}
@@ -466,9 +467,13 @@ class FilesService:
         return self.blobs.reader(row)
 
     async def open_range(
-        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan]
+        self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan],
+        *, splice: bool = False,
     ) -> tuple[BlobReader, DownloadPlan]:
         """``open`` and start reading the range ``plan`` picks, before any header is sent.
+
+        ``splice``: the response can splice a body from a socket (``files.s3.splice_downloads``
+        permitting, an S3 reader may then leave a large range on one: ``ObjectReader``).
 
         An object deleted between reading its row and the GET belongs to a version replaced
         meanwhile: the row is read again (the new version is sent, or 404 once deleted).
@@ -478,7 +483,7 @@ class FilesService:
             try:
                 chosen = plan(reader.row)
                 if chosen.status != 304 and not self.presigns(reader.row):
-                    await reader.start(chosen.byte_range)
+                    await reader.start(chosen.byte_range, splice=splice and self.splice_downloads)
                 return reader, chosen
             except ObjectMissing:
                 await reader.close()

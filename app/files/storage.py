@@ -33,9 +33,13 @@ from app.core.db.slots import Slot
 from app.files.local import LocalFiles, is_local_key
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
-from app.files.s3 import ObjectBody, ObjectMissing, S3Objects
+from app.files.s3 import ObjectBody, ObjectMissing, S3Objects, SocketBody
 
 log = logging.getLogger("app.files")
+
+# A smaller range is copied through aiohttp: its GET reuses a pooled connection, where a spliced
+# one opens its own, and it is over before splicing would pay (docs/benchmarks.md).
+SPLICE_MIN_BYTES = 4 * 1024 * 1024
 
 WriteTxn = Callable[..., AbstractAsyncContextManager[AsyncConnection]]
 
@@ -85,8 +89,10 @@ class BlobSink(Protocol):
 class BlobReader(Protocol):
     row: FileRow
     in_memory: bool  # every byte is already read and nothing is held (no connection, slot, GET)
+    # ``start(splice=True)`` may leave the range on a socket instead, for the response to splice
+    socket_body: SocketBody | None
 
-    async def start(self, byte_range: ByteRange) -> None: ...
+    async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None: ...
 
     def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]: ...
 
@@ -137,12 +143,13 @@ class BytesReader:
     """A file whose bytes are already read (one chunk, or none): no connection, no slot."""
 
     in_memory = True
+    socket_body: SocketBody | None = None
 
     def __init__(self, row: FileRow, data: bytes) -> None:
         self.row = row
         self._data = data
 
-    async def start(self, byte_range: ByteRange) -> None:
+    async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         pass
 
     async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
@@ -162,6 +169,7 @@ class ChunkReader:
     holding a download slot (``app.core.db.slots``) until closed."""
 
     in_memory = False
+    socket_body: SocketBody | None = None
 
     def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot) -> None:
         self._conn = conn
@@ -169,7 +177,7 @@ class ChunkReader:
         self.row = row
         self._slot = slot
 
-    async def start(self, byte_range: ByteRange) -> None:
+    async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         pass
 
     async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
@@ -267,7 +275,12 @@ class ObjectSink(_SinkOutside):
 
 
 class ObjectReader:
-    """A committed row and a ranged GET of its object; no database connection is held."""
+    """A committed row and a ranged GET of its object; no database connection is held.
+
+    With ``start(splice=True)`` a range of ``SPLICE_MIN_BYTES`` or more is fetched on a socket of
+    its own (``socket_body``), for the response to splice to the client (``app.core.http.splice``);
+    when that GET cannot be made so, it is made as usual.
+    """
 
     in_memory = False
 
@@ -275,11 +288,17 @@ class ObjectReader:
         self._objects = objects
         self.row = row
         self._body: ObjectBody | None = None
+        self.socket_body: SocketBody | None = None
 
-    async def start(self, byte_range: ByteRange) -> None:
+    async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         if byte_range.length > 0:
-            assert self.row.object_key is not None
-            self._body = await self._objects.get(self.row.object_key, byte_range.start, byte_range.end)
+            key = self.row.object_key
+            assert key is not None
+            if splice and byte_range.length >= SPLICE_MIN_BYTES:
+                self.socket_body = await self._objects.get_socket(key, byte_range.start, byte_range.end)
+                if self.socket_body is not None:
+                    return
+            self._body = await self._objects.get(key, byte_range.start, byte_range.end)
 
     async def iter_bytes(self, byte_range: ByteRange) -> AsyncIterator[bytes]:
         """The GET's bytes as they arrive.
@@ -301,6 +320,9 @@ class ObjectReader:
         if self._body is not None:
             self._body.close()
             self._body = None
+        if self.socket_body is not None:
+            self.socket_body.close()
+            self.socket_body = None
 
 
 # --- files in a local directory ---------------------------------------------------------------
@@ -364,6 +386,7 @@ class FileReader:
         self._local = local
         self.row = row
         self.in_memory = False
+        self.socket_body: SocketBody | None = None
         self._data: bytes | None = None
         self._fd: int | None = None
 
@@ -372,7 +395,7 @@ class FileReader:
         assert self.row.object_key is not None
         return self.row.object_key
 
-    async def start(self, byte_range: ByteRange) -> None:
+    async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         if byte_range.length <= 0:
             return
         if byte_range.length <= self.SMALL_READ_BYTES:

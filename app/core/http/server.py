@@ -16,7 +16,10 @@ protocol with these added, per connection, from ``limits.*``:
   (lingering: what the client still sends is read and dropped for a moment, so it reads the answer);
 - an answer's head and body go out in one socket write (``CoalescingTransport``): uvicorn writes
   the head as soon as the app starts the answer, so every small answer cost two ``send`` calls and
-  two TCP segments, and the client two wake-ups.
+  two TCP segments, and the client two wake-ups;
+- on a plain TCP connection (Linux, no TLS), a started answer's body can be moved to the socket
+  straight from another one, in the kernel: ``scope["extensions"][splice.EXTENSION]`` is a
+  ``BodySplicer`` (``app.core.http.splice``; S3 downloads use it).
 
 This subclasses uvicorn internals (the parser callbacks and ``send_400_response``): the one place
 that does, pinned by ``tests/test_server_protocol.py``. Served as ``http=PROTOCOL`` by ``app.cli``.
@@ -36,6 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.core.config import LimitsSettings, get_settings
 from app.core.errors import PROBLEM_JSON
+from app.core.http import splice
 from app.core.ops.metrics import count_problem
 
 PROTOCOL = "app.core.http.server:GatewayHttpProtocol"
@@ -117,6 +121,11 @@ class CoalescingTransport(asyncio.Transport):
         if waiting and not self._transport.is_closing():
             self._transport.writelines(waiting)
 
+    def flushed(self) -> asyncio.Transport:
+        """The transport underneath, with every write that waited handed to it."""
+        self.flush()
+        return self._transport
+
     def close(self) -> None:
         self.flush()
         self._transport.close()
@@ -163,6 +172,23 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.get_write_buffer_limits()
 
 
+class BodySplicer:
+    """``scope["extensions"][splice.EXTENSION]``: the rest of a started answer's body, moved
+    from a socket to the client's in the kernel."""
+
+    def __init__(self, protocol: GatewayHttpProtocol) -> None:
+        self._protocol = protocol
+
+    async def splice(self, source: int, count: int, *, read_timeout: float, write_timeout: float) -> None:
+        """Send ``count`` bytes read from socket ``source`` as the next bytes of the body.
+
+        Raises what ``splice.relay`` raises; the connection is then closed (a body cut short
+        cannot carry another answer). The answer is completed as usual afterwards (an empty last
+        ``http.response.body``), and its ``Content-Length`` counts the spliced bytes.
+        """
+        await self._protocol.splice_body(source, count, read_timeout=read_timeout, write_timeout=write_timeout)
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with head limits, a head deadline and idle-first eviction."""
 
@@ -182,12 +208,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str, str] | None = None
         self._lingering = False
         self.idle_since: float | None = None  # when the last answer ended (None: a request is on)
+        self._splicer: BodySplicer | None = None
 
     # --- connections --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._out = CoalescingTransport(transport, self.loop)
         super().connection_made(self._out)
+        if splice.AVAILABLE and transport.get_extra_info("sslcontext") is None and transport.get_extra_info("socket"):
+            self._splicer = BodySplicer(self)
         self.idle_since = time.monotonic()
         if len(self.connections) > self._max_connections and not self._close_an_idle_connection():
             self.connections.discard(self)
@@ -227,6 +256,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._splicer is not None:
+            self.scope["extensions"] = {splice.EXTENSION: self._splicer}  # type: ignore[dict-item]  # (ASGI types extensions as plain dicts)
         self.idle_since = None
         self._header_lines = 0
         self._parsed_bytes = 0
@@ -270,6 +301,32 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """uvicorn's answer to a request httptools could not parse, as problem+json."""
         status, code, detail = self._refusal or (400, "malformed_request", "the request is not valid HTTP/1.1")
         self._refuse(status, code, detail)
+
+    # --- a body spliced from another socket -----------------------------------------------------
+
+    async def splice_body(self, source: int, count: int, *, read_timeout: float, write_timeout: float) -> None:
+        cycle = self.cycle
+        if (cycle is None or not cycle.response_started or cycle.response_complete  # type: ignore[redundant-expr]
+                or cycle.chunked_encoding is not False or not 0 < count <= cycle.expected_content_length):
+            raise RuntimeError("a spliced body needs a started answer whose Content-Length covers it")
+        raw = self._out.flushed()
+        try:
+            waited = 0.0
+            while raw.get_write_buffer_size():  # the head (and anything before) leaves first
+                if raw.is_closing():
+                    raise splice.SinkClosed("the client connection is closing")
+                if waited >= write_timeout:
+                    raise splice.SinkStalled(f"the client took nothing for {write_timeout:g} s")
+                await asyncio.sleep(0.001)
+                waited += 0.001
+            await splice.relay(
+                source, raw.get_extra_info("socket").fileno(), count,
+                read_timeout=read_timeout, write_timeout=write_timeout, closing=raw.is_closing,
+            )
+        except BaseException:
+            raw.close()  # part of the body may be out: this connection can carry nothing more
+            raise
+        cycle.expected_content_length -= count
 
     # --- helpers ------------------------------------------------------------------------------
 
