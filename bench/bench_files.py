@@ -13,11 +13,13 @@ GET), the ceiling the gateway is measured against (``down/direct``: the gateway 
 HTTP client, aiohttp, over the direct GET), and 50 concurrent 64 MiB downloads (total MB/s,
 failures, peak RSS above idle). Requests carry a key scoped to the bench namespace, not the admin key.
 
-``relay/direct`` is the ceiling of that ratio for any relay in Python on the machine: a bare ASGI app
+``relay/direct`` is the ceiling of that ratio for a relay that copies in Python: a bare ASGI app
 (``RELAY_APP``: no auth, no metadata, no middleware) under uvicorn with the gateway's loop and HTTP
-parser, streaming the same object's presigned GET with aiohttp as the gateway does, read by the
-same client, interleaved with the other transfers. On 2 cores a relay adds a third busy process
-(the client, the relay, SeaweedFS) and two more copies of every byte through loopback TCP.
+parser, streaming the same object's presigned GET with aiohttp as the gateway's copied path does,
+read by the same client, interleaved with the other transfers. On 2 cores a relay adds a third
+busy process (the client, the relay, SeaweedFS) and two more copies of every byte through
+loopback TCP. The gateway splices downloads of 4 MiB or more (``files.s3.splice_downloads``), so
+its 64 MiB and 1 GiB cells can pass that ceiling (``bench/bench_splice_relay.py``: both relays bare).
 
 Targets: peak RSS within 64 MiB of idle for the large transfers; download >= 0.3x nginx on
 PostgreSQL; on S3 download >= 0.7x direct S3 and 50 concurrent downloads without a pool timeout.

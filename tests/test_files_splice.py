@@ -24,6 +24,7 @@ from storage_gateway_client import GatewayClient
 from tests.conftest import ADMIN_KEY, Backend, Server, start_server, stop_server
 from tests.test_files import url
 from tests.test_ops_telemetry import parse_metrics, value
+from tests.test_pipeline import read_to_end, stuck_download
 
 MiB = 1024 * 1024
 SPLICED = "gateway_file_bytes_spliced_total"
@@ -197,21 +198,10 @@ def test_a_client_that_stops_reading_a_spliced_download_is_cut_off(strict: Serve
     with httpx.Client(base_url=strict.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
         assert client.put(path, content=blob).status_code == 201
         before = value(parse_metrics(client.get("/metrics").text), SPLICED)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", int(strict.url.rsplit(":", 1)[1])))
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n".encode())
+        sock = stuck_download(strict, path)
         try:
-            assert sock.recv(12).startswith(b"HTTP/1.1 200")
             time.sleep(4)  # past send_idle_timeout_seconds=2
-            sock.settimeout(10)
-            got = bytearray()
-            try:
-                while piece := sock.recv(1 << 20):
-                    got += piece
-            except ConnectionResetError:
-                pass
-            assert len(got) < len(blob)  # cut off, not sent whole
+            assert len(read_to_end(sock)) < len(blob)  # cut off, not sent whole
         finally:
             sock.close()
         assert client.get(path).content == blob  # the next download is whole, and spliced
