@@ -34,6 +34,19 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def tcp_pair(segment: int) -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection whose packets carry ``segment`` bytes at most (on a
+    real network ~1448: each fills a page slot of a pipe it is spliced into)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.socket()
+        a.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, segment)
+        a.connect(listener.getsockname())
+        b, _ = listener.accept()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
 def pair() -> tuple[socket.socket, socket.socket]:
     a, b = socket.socketpair()
     a.setblocking(False)
@@ -128,6 +141,56 @@ async def test_relay_stops_when_the_sink_is_closing_or_reset() -> None:
         s.close()
 
 
+async def test_relay_waits_for_a_slow_sink_without_spinning_or_timing_out_the_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sink slower than the source, and a pipe that fills before the bytes it was asked for (a
+    pipe holds a number of page slots, one per packet spliced in; here: a resize that did not
+    happen, the quota case): while the pipe holds bytes only the sink is waited for (the source,
+    always readable, would wake the loop at once), and the source's silence is not counted while
+    it could not be read."""
+    import fcntl as real
+
+    class Unresizable:
+        @staticmethod
+        def fcntl(fd: int, cmd: int, arg: int = 0) -> int:
+            return 0 if cmd == 1031 else real.fcntl(fd, cmd, arg)  # F_SETPIPE_SZ: "done", but not
+
+    monkeypatch.setattr(splice, "fcntl", Unresizable)
+    (src_in, src_out), (dst_in, dst_out) = tcp_pair(1400), pair()
+    data = os.urandom(6 * MiB)
+    writer = asyncio.create_task(feed(src_in, data, close=False))
+    loop = asyncio.get_running_loop()
+
+    async def slow_reader() -> bytes:
+        got = bytearray()
+        while len(got) < len(data):
+            await asyncio.sleep(0.02)
+            got += await loop.sock_recv(dst_out, 256 * 1024)
+        return bytes(got)
+
+    reader = asyncio.create_task(slow_reader())
+    cpu, wall = time.process_time(), time.monotonic()
+    await splice.relay(src_out.fileno(), dst_in.fileno(), len(data), read_timeout=0.3, write_timeout=2)
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    assert await reader == data
+    assert wall > 0.3  # longer than read_timeout: the source's clock did not run while it waited
+    assert cpu < wall / 2, (cpu, wall)  # waiting, not spinning
+    await writer
+    for s in (src_in, src_out, dst_in, dst_out):
+        s.close()
+
+
+def test_the_raw_get_sends_the_host_botocore_signed() -> None:
+    from urllib.parse import urlsplit
+
+    from app.files.s3 import _signed_host
+
+    assert _signed_host(urlsplit("http://127.0.0.1:8333/b/k?X-Amz-Signature=s")) == "127.0.0.1:8333"
+    assert _signed_host(urlsplit("http://MinIO.local:80/b/k")) == "minio.local"  # default port left out
+    assert _signed_host(urlsplit("http://[::1]:9000/b/k")) == "[::1]:9000"
+
+
 # --- the gateway on S3 ---------------------------------------------------------------------------
 
 pytestmark_s3 = pytest.mark.parametrize("backend", ["sqlite_s3", "postgres_s3"], indirect=True)
@@ -180,6 +243,34 @@ async def test_the_client_downloads_spliced_files(
         await gw.files.download_to("c", "doc.bin", target)
         assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
     assert await spliced(http) - before >= 2 * (len(data) - MiB)
+
+
+@pytestmark_s3
+def test_pipelined_downloads_are_each_spliced_whole(server: Server, namespace: str) -> None:
+    """Two GETs sent at once on one connection: uvicorn makes the second request's cycle while the
+    first answer is still being spliced; each answer keeps its own."""
+    first, second = os.urandom(6 * MiB + 1), os.urandom(5 * MiB + 2)
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        for name, data in (("one", first), ("two", second)):
+            assert client.put(url(namespace, "c", name), content=data).status_code == 201
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
+    try:
+        sock.sendall(b"".join(
+            f"GET {url(namespace, 'c', name)} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n".encode()
+            for name in ("one", "two")
+        ))
+        stream = sock.makefile("rb")
+        for data in (first, second):
+            assert stream.readline().startswith(b"HTTP/1.1 200")
+            length = None
+            while (line := stream.readline()) != b"\r\n":
+                name, _, value_ = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value_)
+            assert length == len(data)
+            assert stream.read(length) == data
+    finally:
+        sock.close()
 
 
 @pytest.fixture

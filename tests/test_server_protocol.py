@@ -60,12 +60,15 @@ def test_a_spliced_body_is_counted_where_uvicorn_counts_a_body() -> None:
 
     init = inspect.getsource(RequestResponseCycle.__init__)
     for attribute in ("self.response_started", "self.response_complete", "self.chunked_encoding",
-                      "self.expected_content_length"):
+                      "self.expected_content_length", "self.disconnected", "self.scope = scope"):
         assert attribute in init, attribute
     send = inspect.getsource(RequestResponseCycle.send)
     assert "self.expected_content_length -= num_bytes" in send
     assert "if self.expected_content_length != 0:" in send
-    assert "self.scope = {" in inspect.getsource(HttpToolsProtocol.on_message_begin)  # extensions go in it
+    # The splicer is bound to the cycle made for the request's scope, before its task runs.
+    headers_complete = inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self.cycle = RequestResponseCycle(" in headers_complete and "scope=self.scope," in headers_complete
+    assert "self.loop.create_task(" in inspect.getsource(HttpToolsProtocol._start_asgi_task)
 
 
 # --- one socket write per answer (CoalescingTransport) -----------------------------------------

@@ -24,7 +24,7 @@ from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, TypedDict
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from app.core.config import S3Settings
 from app.core.errors import ServiceUnavailable
@@ -168,6 +168,17 @@ class SocketBody:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _signed_host(parts: SplitResult) -> str:
+    """The ``Host`` a presigned URL was signed for, as botocore computes it (``auth._host_from_url``):
+    the lower-case host name, bracketed for IPv6, with the port only when it is not the default."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if parts.port is not None and parts.port != {"http": 80, "https": 443}.get(parts.scheme):
+        host = f"{host}:{parts.port}"
+    return host
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
@@ -374,7 +385,7 @@ class S3Objects:
                 await loop.sock_connect(sock, address)
             target = parts.path + ("?" + parts.query if parts.query else "")
             await loop.sock_sendall(sock, (
-                f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nRange: bytes={start}-{end}\r\n"
+                f"GET {target} HTTP/1.1\r\nHost: {_signed_host(parts)}\r\nRange: bytes={start}-{end}\r\n"
                 "Connection: close\r\nAccept-Encoding: identity\r\n\r\n"
             ).encode("ascii"))
             head = bytearray()

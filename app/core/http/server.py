@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.core.config import LimitsSettings, get_settings
 from app.core.errors import PROBLEM_JSON
@@ -174,10 +174,12 @@ class CoalescingTransport(asyncio.Transport):
 
 class BodySplicer:
     """``scope["extensions"][splice.EXTENSION]``: the rest of a started answer's body, moved
-    from a socket to the client's in the kernel."""
+    from a socket to the client's in the kernel. One per request (a pipelined request's cycle
+    replaces ``protocol.cycle`` before this one's answer is done)."""
 
-    def __init__(self, protocol: GatewayHttpProtocol) -> None:
+    def __init__(self, protocol: GatewayHttpProtocol, cycle: RequestResponseCycle) -> None:
         self._protocol = protocol
+        self._cycle = cycle
 
     async def splice(self, source: int, count: int, *, read_timeout: float, write_timeout: float) -> None:
         """Send ``count`` bytes read from socket ``source`` as the next bytes of the body.
@@ -186,7 +188,9 @@ class BodySplicer:
         cannot carry another answer). The answer is completed as usual afterwards (an empty last
         ``http.response.body``), and its ``Content-Length`` counts the spliced bytes.
         """
-        await self._protocol.splice_body(source, count, read_timeout=read_timeout, write_timeout=write_timeout)
+        await self._protocol.splice_body(
+            self._cycle, source, count, read_timeout=read_timeout, write_timeout=write_timeout
+        )
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -208,15 +212,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str, str] | None = None
         self._lingering = False
         self.idle_since: float | None = None  # when the last answer ended (None: a request is on)
-        self._splicer: BodySplicer | None = None
+        self._can_splice = False
 
     # --- connections --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._out = CoalescingTransport(transport, self.loop)
         super().connection_made(self._out)
-        if splice.AVAILABLE and transport.get_extra_info("sslcontext") is None and transport.get_extra_info("socket"):
-            self._splicer = BodySplicer(self)
+        self._can_splice = bool(
+            splice.AVAILABLE and transport.get_extra_info("sslcontext") is None and transport.get_extra_info("socket")
+        )
         self.idle_since = time.monotonic()
         if len(self.connections) > self._max_connections and not self._close_an_idle_connection():
             self.connections.discard(self)
@@ -256,8 +261,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._splicer is not None:
-            self.scope["extensions"] = {splice.EXTENSION: self._splicer}  # type: ignore[dict-item]  # (ASGI types extensions as plain dicts)
         self.idle_since = None
         self._header_lines = 0
         self._parsed_bytes = 0
@@ -282,6 +285,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_pending = False
         self._cancel_head_timer()
         super().on_headers_complete()
+        # The request's cycle exists now and its task has not run yet: the scope it got still
+        # takes the extension (not when uvicorn answered by itself, e.g. an upgrade).
+        cycle = self.cycle
+        if self._can_splice and cycle is not None and cycle.scope is self.scope:  # type: ignore[redundant-expr]
+            self.scope["extensions"] = {splice.EXTENSION: BodySplicer(self, cycle)}  # type: ignore[dict-item]  # (ASGI types extensions as plain dicts)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -304,21 +312,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     # --- a body spliced from another socket -----------------------------------------------------
 
-    async def splice_body(self, source: int, count: int, *, read_timeout: float, write_timeout: float) -> None:
-        cycle = self.cycle
-        if (cycle is None or not cycle.response_started or cycle.response_complete  # type: ignore[redundant-expr]
-                or cycle.chunked_encoding is not False or not 0 < count <= cycle.expected_content_length):
-            raise RuntimeError("a spliced body needs a started answer whose Content-Length covers it")
+    async def splice_body(
+        self, cycle: RequestResponseCycle, source: int, count: int, *, read_timeout: float, write_timeout: float
+    ) -> None:
         raw = self._out.flushed()
+        if cycle.disconnected or raw.is_closing():
+            raise splice.SinkClosed("the client connection is closing")
+        if (not cycle.response_started or cycle.response_complete or cycle.chunked_encoding is not False
+                or not 0 < count <= cycle.expected_content_length):
+            raise RuntimeError("a spliced body needs a started answer whose Content-Length covers it")
         try:
-            waited = 0.0
+            deadline = time.monotonic() + write_timeout
             while raw.get_write_buffer_size():  # the head (and anything before) leaves first
                 if raw.is_closing():
                     raise splice.SinkClosed("the client connection is closing")
-                if waited >= write_timeout:
+                if time.monotonic() >= deadline:
                     raise splice.SinkStalled(f"the client took nothing for {write_timeout:g} s")
                 await asyncio.sleep(0.001)
-                waited += 0.001
             await splice.relay(
                 source, raw.get_extra_info("socket").fileno(), count,
                 read_timeout=read_timeout, write_timeout=write_timeout, closing=raw.is_closing,

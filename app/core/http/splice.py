@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 EXTENSION = "storage_gateway.splice"  # scope["extensions"] key of a connection that can splice (app.core.http.server)
 PIPE_BYTES = 1024 * 1024  # the pipe between the sockets (the unprivileged maximum by default)
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named from Python 3.10, absent from some stubs)
+_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032  # fcntl.F_SETPIPE_SZ / F_GETPIPE_SZ (Linux)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
 AVAILABLE = sys.platform == "linux" and hasattr(os, "splice")
@@ -56,67 +56,76 @@ async def relay(
     ``BrokenPipeError`` and the like). The pipe is closed on return and on error.
     """
     loop = asyncio.get_running_loop()
-    out, into = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    fds: list[int] = []
     try:
-        fcntl.fcntl(into, _F_SETPIPE_SZ, PIPE_BYTES)
-        room = PIPE_BYTES
-    except OSError:  # a lowered /proc/sys/fs/pipe-max-size: the default pipe
-        room = 64 * 1024
-    watch_in, watch_out = os.dup(source), os.dup(sink)
+        out, into = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        fds += (out, into)
+        try:
+            fcntl.fcntl(into, _F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:  # a lowered /proc/sys/fs/pipe-max-size, or this user's pipes over their quota
+            pass
+        room = fcntl.fcntl(into, _F_GETPIPE_SZ)
+        fds.append(watch_in := os.dup(source))
+        fds.append(watch_out := os.dup(sink))
+        await _move(loop, source, sink, out, into, watch_in, watch_out, count, room, read_timeout, write_timeout, closing)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+async def _move(
+    loop: asyncio.AbstractEventLoop, source: int, sink: int, out: int, into: int, watch_in: int, watch_out: int,
+    count: int, room: int, read_timeout: float, write_timeout: float, closing: Callable[[], bool],
+) -> None:
+    """``relay``'s loop. A pipe holds ``room`` bytes at most, and fewer when the data came in small
+    packets (one page slot per packet): a read into it can stop short of ``room``. So the source
+    is read until it has nothing or the pipe takes nothing more, and while the pipe holds bytes
+    only the sink is waited for (waiting on a source that has data would wake at once: a spin)."""
     left, held, ended = count, 0, False
     read_at = wrote_at = time.monotonic()
-    try:
-        while (left and not ended) or held:
-            if closing():
-                raise SinkClosed("the client connection is closing")
-            if left and held < room and not ended:
-                try:
-                    moved = os.splice(source, into, min(left, room - held), flags=_FLAGS)
-                except BlockingIOError:
-                    moved = -1
-                except OSError as exc:  # a reset source: the client's side is not at fault
-                    raise SourceEnded(f"the source failed ({exc.__class__.__name__}) {left} bytes short") from None
-                if moved == 0:  # what came still goes out, then SourceEnded
-                    ended = True
-                    continue
-                if moved > 0:
-                    read_at = time.monotonic()
-                    if not held:  # the sink's clock starts when it has something to take
-                        wrote_at = read_at
-                    left, held = left - moved, held + moved
-                    continue  # fill the pipe first: fewer, larger writes
-            if held:
-                try:
-                    moved = os.splice(out, sink, held, flags=_FLAGS)
-                except BlockingIOError:
-                    moved = 0
-                if moved > 0:
-                    wrote_at = time.monotonic()
-                    if held >= room:  # the source's clock starts when there is room to read into
-                        read_at = wrote_at
-                    held -= moved
-                    continue
-            # Neither side could move: wait for one that can.
-            wants_in, wants_out = left > 0 and held < room and not ended, held > 0
-            now = time.monotonic()
-            source_by = read_at + read_timeout if wants_in else float("inf")
-            sink_by = wrote_at + write_timeout if wants_out else float("inf")
-            deadline = min(source_by, sink_by)
-            if deadline <= now or not await _ready(loop, watch_in if wants_in else None,
-                                                   watch_out if wants_out else None, deadline - now):
-                # (by the deadline that ran out, not the clock: a timer may fire a hair early)
-                if sink_by <= source_by:
-                    raise SinkStalled(f"the sink took nothing for {write_timeout:g} s")
-                raise SourceTimeout(f"the source sent nothing for {read_timeout:g} s")
-        if left:
-            raise SourceEnded(f"the source ended {left} bytes short")
-    finally:
-        for fd in (out, into, watch_in, watch_out):
-            os.close(fd)
+    while (left and not ended) or held:
+        if closing():
+            raise SinkClosed("the client connection is closing")
+        if left and held < room and not ended:
+            try:
+                moved = os.splice(source, into, min(left, room - held), flags=_FLAGS)
+            except BlockingIOError:  # nothing to read, or the pipe is full
+                moved = -1
+            except OSError as exc:  # a reset source: the client's side is not at fault
+                raise SourceEnded(f"the source failed ({exc.__class__.__name__}) {left} bytes short") from None
+            if moved == 0:  # what came still goes out, then SourceEnded
+                ended = True
+                continue
+            if moved > 0:
+                read_at = time.monotonic()
+                if not held:  # the sink's clock starts when it has something to take
+                    wrote_at = read_at
+                left, held = left - moved, held + moved
+                continue  # fill the pipe first: fewer, larger writes
+        if held:
+            try:
+                moved = os.splice(out, sink, held, flags=_FLAGS)
+            except BlockingIOError:
+                moved = 0
+            if moved > 0:
+                wrote_at = time.monotonic()
+                held -= moved
+                continue
+            # The sink is full: wait for it alone (the source waits in its socket buffer).
+            if not await _ready(loop, None, watch_out, wrote_at + write_timeout - time.monotonic()):
+                raise SinkStalled(f"the sink took nothing for {write_timeout:g} s")
+            continue
+        # The pipe is empty and the source has nothing: wait for it, from the last progress.
+        if not await _ready(loop, watch_in, None, max(read_at, wrote_at) + read_timeout - time.monotonic()):
+            raise SourceTimeout(f"the source sent nothing for {read_timeout:g} s")
+    if left:
+        raise SourceEnded(f"the source ended {left} bytes short")
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, readable: int | None, writable: int | None, timeout: float) -> bool:
     """Whether ``readable`` can be read or ``writable`` written within ``timeout`` seconds."""
+    if timeout <= 0:
+        return False
     ready = loop.create_future()
 
     def wake() -> None:
