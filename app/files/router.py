@@ -37,6 +37,7 @@ from app.core.errors import (
 )
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
+from app.core.ops.metrics import FILE_BYTES_SPLICED
 from app.core.names import KEY_PATTERN, key_json_schema, validate_key
 from app.core.http.routing import CapabilityRouter
 from app.files.dependencies import Files
@@ -49,7 +50,6 @@ from app.files.service import (
     new_file_id,
     plan_download,
 )
-from app.core.ops.metrics import FILE_BYTES_SPLICED
 from app.files.s3 import SocketBody
 from app.files.storage import BlobReader
 
@@ -258,7 +258,6 @@ class BlobResponse(StreamingResponse):
         finally:
             deadline.close()
             await self._reader.close()
-
 
     async def _splice(self, scope: Scope, send: Send, body: SocketBody) -> None:
         """The head and the bytes read with it as usual, then the rest spliced from the S3 socket

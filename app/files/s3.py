@@ -369,9 +369,12 @@ class S3Objects:
         ``Content-Length`` is the range's: anything else (an error, a refused connection, an
         expired URL) is None, and the caller takes ``get``, which reports it.
         """
-        url = await self._get_url(key)
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or self._proxy_for(url) is not None:
+        try:
+            url = await self._get_url(key)
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname or self._proxy_for(url) is not None:
+                return None
+        except Exception:  # noqa: BLE001 - no URL (credentials, ...): ``get`` retries and reports it
             return None
         length = end - start + 1
         loop = asyncio.get_running_loop()
