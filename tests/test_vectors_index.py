@@ -398,15 +398,19 @@ async def test_a_bulk_load_through_another_process_is_not_indexed_half_way(
     own_backend: Backend, tmp_path: Path
 ) -> None:
     """Process B loads a collection for about eight seconds while process A, which receives no
-    writes, sweeps every 2 s. A must see from PostgreSQL's counters that the collection is still
+    writes, sweeps every 3 s. A must see from PostgreSQL's counters that the collection is still
     being written to and leave it alone: an index built half way would take the rest of the load
-    row by row into the graph. Once the load stops, it is built once."""
+    row by row into the graph. Once the load stops, it is built once.
+
+    The batches are 0.3 s apart; B's quiet time (2.5 s) and A's sweep are wide of that, so that a
+    batch slowed by a loaded machine (a 1 s quiet time flaked under a parallel build) is not a
+    pause in the load."""
     dim = 16
     data = clustered(5000, dim, seed=41)
     ns = f"b{uuid.uuid4().hex[:10]}"
     key = os.environ["GATEWAY_TEST_ADMIN_KEY"]
-    a = start_server(own_backend, tmp_path / "sweeper.log", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="2")
-    b = start_server(own_backend, tmp_path / "loader.log", GATEWAY_VECTORS__INDEX_QUIET_SECONDS="1.0")
+    a = start_server(own_backend, tmp_path / "sweeper.log", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="3")
+    b = start_server(own_backend, tmp_path / "loader.log", GATEWAY_VECTORS__INDEX_QUIET_SECONDS="2.5")
     try:
         async with GatewayClient(a.url, ns, key) as ga, GatewayClient(b.url, ns, key) as gb:
             await gb.vectors.setup_collection("c", dim)
