@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -34,25 +33,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
-from bench_vectors import clustered  # noqa: E402
-from bench_vectors_scale import DIM, K, start_postgres  # noqa: E402
+from bench_vectors import clustered, ground_truth  # noqa: E402
+from bench_vectors_scale import DIM, K, recall, start_postgres  # noqa: E402
 
 SCRATCH = "hnsw_params_probe"
 
 
-def exact_top(data: np.ndarray, queries: np.ndarray) -> list[list[int]]:
-    d = data / np.linalg.norm(data, axis=1, keepdims=True)
-    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
-    out = []
-    for row in range(0, len(q), 50):
-        s = q[row : row + 50] @ d.T
-        top = np.argsort(-s, axis=1)[:, :K]
-        out.extend([[int(j) for j in t] for t in top])
-    return out
-
-
 async def main_async(args: argparse.Namespace) -> None:
     import asyncpg
+    from sqlalchemy.engine import make_url
 
     from app.vectors.pgvector import encode_vector
 
@@ -62,10 +51,10 @@ async def main_async(args: argparse.Namespace) -> None:
         n = args.size
         both = clustered(n + args.queries, DIM, seed=1)
         data, queries = both[:n], both[n:]
-        truth = exact_top(data, queries)
+        truth = [[int(j) for j in top] for top in ground_truth(data, queries)]
         rng = np.random.default_rng(7)
         selves = rng.choice(n, size=args.selves, replace=False)
-        dsn = re.sub(r"/[^/?]*(\?|$)", f"/bscale_{n}_vectors\\1", pg.get_uri(), count=1)
+        dsn = make_url(pg.get_uri()).set(database=f"bscale_{n}_vectors").render_as_string(hide_password=False)
         conn = await asyncpg.connect(dsn)
         try:
             await conn.set_type_codec("vector", encoder=encode_vector, decoder=bytes, format="binary")
@@ -111,7 +100,7 @@ async def main_async(args: argparse.Namespace) -> None:
                             lat.append(time.perf_counter() - t)
                             if len(found) < len(queries):
                                 found.append(ids)
-                    rec = float(np.mean([len(set(f) & set(t)) / K for f, t in zip(found, truth)]))
+                    rec = recall(found, truth)
                     self_found = 0
                     for i in selves:
                         ids = [r[0] for r in await stmt.fetch(data[i])]
