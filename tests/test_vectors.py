@@ -21,6 +21,10 @@ from storage_gateway_client import (
     create_vector_store,
 )
 
+from tests.conftest import VECTOR_BACKENDS
+
+pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
+
 
 def rand_vectors(n: int, dim: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)

@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_gateway_client import GatewayClient
 
-from tests.conftest import start_server, stop_server
+from tests.conftest import VECTOR_BACKENDS, start_server, stop_server
 from tests.test_vectors_index import pg_connect, plan_uses_index, table_of, wait_until_indexed
+
+pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
 N, DIM, QUERIES, K = 20_000, 384, 30, 10
 

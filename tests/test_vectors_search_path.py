@@ -16,9 +16,11 @@ from app.core.http.bodies import json_body
 from app.core.state import gateway_state
 from app.main import create_app
 from app.vectors.schemas import SearchRequest
-from tests.conftest import Backend, Server
+from tests.conftest import VECTOR_BACKENDS, Backend, Server
 from tests.test_handlers import planned_paths
 from tests.test_scoping import in_process_settings
+
+pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
 BODIES: list[tuple[bytes, str | None]] = [
     (b'{"vector": [0.1, 0.2], "limit": 3}', "application/json"),
@@ -114,7 +116,7 @@ async def test_a_search_begins_and_commits_nothing(
     assert again.json() == first.json()
     assert filtered.status_code == 200 and {h["payload"]["tag"] for h in filtered.json()["results"]} == {1}
     assert "commit" not in events, events
-    if backend.name == "postgres":
+    if backend.is_postgres:
         assert events == [], events
 
 

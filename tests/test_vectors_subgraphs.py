@@ -28,8 +28,10 @@ from app.vectors.pgvector import _Positional, compile_filter, decode_vector, enc
 from app.vectors import recall
 from app.vectors.planner import EF_SEARCH_MAX, Subgraph, choose, ef_for
 from app.vectors.subgraphs import index_name, is_subgraph_name, position_of, sql_literal, wanted
-from tests.conftest import Backend, start_server, stop_server
+from tests.conftest import VECTOR_BACKENDS, Backend, start_server, stop_server
 from tests.test_vectors_index import clustered, index_problems, own_backend, pg_connect, table_of  # noqa: F401
+
+pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
 N, DIM = 4000, 16
 QUOTED = "o'q\"u\\x\\'; --"  # quotes, backslashes and SQL punctuation
