@@ -25,10 +25,13 @@ from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text, unescape_text
 from app.vectors.pgvector import _Positional, compile_filter as pg_compile
-from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, choose, ef_for
+from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, ITERATIVE_SCAN_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
 from app.vectors.filters import SqlBuilder
 from tests.test_vectors_index import clustered, index_problems, pg_connect, table_of
+from tests.conftest import VECTOR_BACKENDS
+
+pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
 N, DIM = 4000, 16
 DECLARED = [{"field": "user", "kind": "keyword"}, {"field": "n", "kind": "integer"}]
@@ -267,8 +270,18 @@ def test_planner_chooses_by_the_estimated_matches() -> None:
     # Too rare for the graph: narrowed by an index, or compared one by one.
     assert choose(index_ready=True, filtered=True, narrowed=True, selectivity=0.012, **common).kind == "filter_first"
     assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **common).kind == "exact_scan"
+    # pgvector 0.8: the walk goes on until limit points pass the filter, when that takes at most
+    # hnsw.max_scan_tuples points and at most half the collection; a rarer one is compared exactly.
     iterative = {**common, "iterative": True}
     assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.001, **iterative).kind == "hnsw_iterative"
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.02, **iterative).kind == "hnsw_iterative"
+    rare = 2 * 10 / (ITERATIVE_SCAN_MAX + 1)
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=rare, **iterative).kind == "exact_scan"
+    assert choose(index_ready=True, filtered=True, narrowed=True, selectivity=rare, **iterative).kind == "filter_first"
+    small = {**iterative, "rows": 4000}
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.01, **small).kind == "hnsw_iterative"
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.009, **small).kind == "exact_scan"
+    assert choose(index_ready=True, filtered=True, narrowed=False, selectivity=0.0, **iterative).kind == "exact_scan"
 
 
 def test_keyword_statistics_estimate_equalities_as_postgres_does() -> None:

@@ -18,7 +18,12 @@ Plans:
   the exact search of the matches took 48 ms, the graph at ``ef_search`` 1000 22-25 ms, so the
   graph is cheaper even with its occasional exact fallback (about 7% of searches at 1.5x).
 - ``hnsw_iterative``: pgvector 0.8's iterative index scan (``hnsw.iterative_scan``), which keeps
-  walking the graph until ``limit`` candidates pass the filter.
+  walking the graph until ``limit`` candidates pass the filter: when that takes at most
+  ``ITERATIVE_SCAN_MAX`` points (pgvector's ``hnsw.max_scan_tuples``, where the walk gives up)
+  and at most half the collection (``FILTER_MARGIN`` times ``limit / selectivity``); a rarer
+  filter is compared exactly (``filter_first`` or ``exact_scan``). PostgreSQL may still sort
+  a small table instead of scanning its index (pgvector 0.8 costs an index scan by the pages
+  it reads): the plan names what the gateway asked for, and the sort is exact.
 - ``hnsw_subgraph``: a payload subgraph (``app.vectors.subgraphs``): a partial HNSW index of the
   points whose declared keyword field holds one value, for a filter that is that equality (alone
   or in an AND). Its ``ef_search`` is the unfiltered one of a collection of the subgraph's size;
@@ -56,6 +61,7 @@ EF_SEARCH_MAX = 1000  # pgvector's upper bound of hnsw.ef_search
 EF_REFERENCE_ROWS = 100_000
 FILTER_MARGIN = 2.0
 MIN_FILTER_MARGIN = 1.5
+ITERATIVE_SCAN_MAX = 20_000  # pgvector 0.8's hnsw.max_scan_tuples (its default; the gateway keeps it)
 
 
 @dataclass
@@ -136,14 +142,19 @@ def choose(
                               fixed_ef=fixed_ef, calibration=calibration)
         if plan is not None:
             return plan
+    needed = math.ceil(FILTER_MARGIN * limit / s) if s > 0 else rows + ITERATIVE_SCAN_MAX + 1
     if iterative:
-        return Plan("hnsw_iterative", "iterative index scan", ef_search=ef, rows=rows, estimated_matches=matches)
-    needed = math.ceil(FILTER_MARGIN * limit / s) if s > 0 else EF_SEARCH_MAX + 1
-    if needed > EF_SEARCH_MAX and s * EF_SEARCH_MAX >= MIN_FILTER_MARGIN * limit:
-        needed = EF_SEARCH_MAX  # the matches are too many to compare exactly (see above)
-    if needed <= EF_SEARCH_MAX:
-        return Plan("hnsw", "the graph's candidates hold enough matches", ef_search=max(ef, needed),
-                    rows=rows, estimated_matches=matches)
+        # The walk visits about ``needed`` points: past hnsw.max_scan_tuples it stops short of
+        # ``limit`` matches (and is redone exactly); past half the collection, comparing every
+        # point in table order costs no more than the walk's scattered reads.
+        if needed <= min(ITERATIVE_SCAN_MAX, rows // 2):
+            return Plan("hnsw_iterative", "iterative index scan", ef_search=ef, rows=rows, estimated_matches=matches)
+    else:
+        if needed > EF_SEARCH_MAX and s * EF_SEARCH_MAX >= MIN_FILTER_MARGIN * limit:
+            needed = EF_SEARCH_MAX  # the matches are too many to compare exactly (see above)
+        if needed <= EF_SEARCH_MAX:
+            return Plan("hnsw", "the graph's candidates hold enough matches", ef_search=max(ef, needed),
+                        rows=rows, estimated_matches=matches)
     if narrowed:
         return Plan("filter_first", "too few matches for the graph; an index narrows them", rows=rows,
                     estimated_matches=matches)
