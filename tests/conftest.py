@@ -361,8 +361,10 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params or {}
         backend = params.get("backend")
-        other_backend = (backend == "sqlite" and item.get_closest_marker("postgres_only")) or (
-            backend not in (None, "sqlite") and item.get_closest_marker("sqlite_only")
+        other_backend = (
+            (backend == "sqlite" and item.get_closest_marker("postgres_only"))
+            or (backend not in (None, "sqlite") and item.get_closest_marker("sqlite_only"))
+            or (backend not in (None, "pgvector08") and item.get_closest_marker("pgvector08_only"))
         )
         httpx_elsewhere = params.get("client_transport") == "httpx" and (
             backend != HTTPX_TRANSPORT_BACKEND or item.get_closest_marker("one_transport")

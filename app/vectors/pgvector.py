@@ -52,7 +52,7 @@ from app.vectors import recall, subgraphs
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
-from app.vectors.planner import Plan, Subgraph, choose
+from app.vectors.planner import ITERATIVE_SCAN_MAX, Plan, Subgraph, choose
 from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
 
 
@@ -330,6 +330,7 @@ class PgVectorIndex(VectorIndex):
         self.default_ef = ef_search
         self.calibrated = calibrated  # False: recall calibrations kept by an earlier run are not used
         self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
+        self._forced: weakref.WeakSet[Any] = weakref.WeakSet()  # connections inside ``_walk_only``
         self.version = version
         self._v = parse_version(version)
         self.iterative_scan = self._v >= (0, 8)
@@ -581,16 +582,26 @@ class PgVectorIndex(VectorIndex):
         try:
             yield conn
         except asyncpg.UndefinedTableError:
-            self._gucs.pop(conn, None)  # a rolled-back transaction may take a SET with it
+            self._forget(conn, pooled)  # a rolled-back transaction may take a SET with it
             raise MissingTable() from None
         except Exception as exc:
-            self._gucs.pop(conn, None)
             # SQLAlchemy did not see the failure: raise what it would have (an unreachable or hung
             # database is a 503), and never pool a connection that may be broken.
-            raise translate_driver_error(pooled, exc) from exc
+            error = translate_driver_error(pooled, exc)
+            self._forget(conn, pooled)
+            raise error from exc
         except BaseException:
-            self._gucs.pop(conn, None)
+            self._forget(conn, pooled)
             raise
+
+    def _forget(self, conn: Any, pooled: Any) -> None:
+        """After a failed or interrupted search: the connection's settings are unknown, and one
+        left with the planner's switches off (``_walk_only``) is never pooled again."""
+        self._gucs.pop(conn, None)
+        if conn in self._forced:
+            self._forced.discard(conn)
+            if pooled.is_valid:
+                pooled.invalidate()
 
     async def _settings(self, conn: Any, ef: int, iterative: bool) -> None:
         wanted = (ef, iterative)
@@ -599,9 +610,26 @@ class PgVectorIndex(VectorIndex):
         stmt = f"SET hnsw.ef_search = {int(ef)}"
         if self.iterative_scan:
             stmt += "; SET hnsw.iterative_scan = " + ("strict_order" if iterative else "off")
+            if iterative:  # the planner's bound on the walk, whatever the server's configuration says
+                stmt += f"; SET hnsw.max_scan_tuples = {ITERATIVE_SCAN_MAX}"
         self._gucs[conn] = (-1, False)  # unknown until the SET is through
         await conn.execute(stmt)
         self._gucs[conn] = wanted
+
+    @asynccontextmanager
+    async def _walk_only(self, conn: Any) -> AsyncIterator[None]:
+        """Sequential and bitmap scans off for one statement: the iterative walk as planned.
+
+        PostgreSQL estimates a payload condition with a fixed guess (0.5% for a jsonb test) and
+        would sort every match of a filter the gateway's planner sampled as common (a full scan
+        of the table) instead of walking the graph. Turned on again after the statement (a
+        payload GIN index is read only by bitmap scans, and the pooled connection serves other
+        statements); a connection interrupted in between is not pooled again."""
+        self._forced.add(conn)
+        await conn.execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        yield
+        await conn.execute("RESET enable_seqscan; RESET enable_bitmapscan")
+        self._forced.discard(conn)
 
     def _search_builder(self) -> SqlBuilder:
         return _Positional(2)  # $1 is the query vector
@@ -659,6 +687,11 @@ class PgVectorIndex(VectorIndex):
                 return self._hits(await conn.fetch(stmt, search.q["q"], *_args(search.sql)))
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
         candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
+        if plan.kind == "hnsw_iterative":
+            async with self._walk_only(conn):
+                return await self._indexed(
+                    conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), 0
+                )
         return await self._indexed(
             conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), candidates
         )
@@ -749,30 +782,7 @@ class PgVectorIndex(VectorIndex):
     async def _indexed(
         self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any], candidates: int
     ) -> builtins.list[Hit]:
-        """A graph search. With a filter and ``candidates`` > 0: the ``candidates`` nearest from the
-        graph, then the filter on them (what pgvector before 0.8 does with a WHERE anyway, but
-        spelled out so that PostgreSQL cannot pick a payload index and sort every match instead).
-        """
-        op = _OPERATOR[coll.distance]
-        t = coll.data_table
-        order = _graph_order(coll)
-        if candidates:
-            stmt = (
-                f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
-                f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
-            )
-        elif coll.index.get("kind") == "hnsw_halfvec":
-            # The index orders by half precision; re-rank the candidates by the exact distance.
-            stmt = (
-                f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
-                f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
-            )
-        else:
-            stmt = (
-                f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
-                f"WHERE {where} ORDER BY {order} LIMIT {limit}"
-            )
-        return self._hits(await conn.fetch(stmt, q, *args))
+        return self._hits(await conn.fetch(graph_statement(coll, where, limit, candidates), q, *args))
 
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
@@ -786,6 +796,32 @@ class PgVectorIndex(VectorIndex):
             *_args(search.sql),
         )
         return self._hits(rows)
+
+
+def graph_statement(coll: CollectionInfo, where: str, limit: int, candidates: int) -> str:
+    """A graph search against ``$1``. With a filter and ``candidates`` > 0: the ``candidates``
+    nearest from the graph, then the filter on them (what pgvector before 0.8 does with a WHERE
+    anyway, but spelled out so that PostgreSQL cannot pick a payload index and sort every match
+    instead); otherwise the filter in the index scan's WHERE (pgvector 0.8's iterative scan
+    walks on until ``limit`` rows pass it)."""
+    op = _OPERATOR[coll.distance]
+    t = coll.data_table
+    order = _graph_order(coll)
+    if candidates:
+        return (
+            f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+            f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
+        )
+    if coll.index.get("kind") == "hnsw_halfvec":
+        # The index orders by half precision; re-rank the candidates by the exact distance.
+        return (
+            f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
+            f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
+        )
+    return (
+        f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
+        f"WHERE {where} ORDER BY {order} LIMIT {limit}"
+    )
 
 
 def _graph_order(coll: CollectionInfo) -> str:

@@ -61,7 +61,7 @@ EF_SEARCH_MAX = 1000  # pgvector's upper bound of hnsw.ef_search
 EF_REFERENCE_ROWS = 100_000
 FILTER_MARGIN = 2.0
 MIN_FILTER_MARGIN = 1.5
-ITERATIVE_SCAN_MAX = 20_000  # pgvector 0.8's hnsw.max_scan_tuples (its default; the gateway keeps it)
+ITERATIVE_SCAN_MAX = 20_000  # hnsw.max_scan_tuples (pgvector 0.8's default), set with hnsw.iterative_scan
 
 
 @dataclass
