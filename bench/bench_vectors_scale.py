@@ -141,7 +141,8 @@ def start_postgres(pgdata: Path, shared_buffers: str, pgvector08: bool = False):
             await conn.close()
             for name in names:
                 conn = await asyncpg.connect(pg.get_uri(name))
-                await conn.execute("ALTER EXTENSION vector UPDATE")
+                if await conn.fetchval("SELECT count(*) FROM pg_extension WHERE extname = 'vector'"):
+                    await conn.execute("ALTER EXTENSION vector UPDATE")
                 await conn.close()
 
         asyncio.run(update())
@@ -235,7 +236,9 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth) -> d
             plans: dict[str, int] = {}
             for i in range(min(len(queries), 20)):
                 answer = await gw.vectors.search_explained("s", queries[i], K, filters=query_filter(field, values, i))
-                plan = answer["plan"]["kind"] + ("+fallback" if answer["plan"]["fallback"] else "")
+                ef = answer["plan"].get("ef_search")
+                plan = (answer["plan"]["kind"] + (f" (ef {ef})" if ef else "")
+                        + ("+fallback" if answer["plan"]["fallback"] else ""))
                 plans[plan] = plans.get(plan, 0) + 1
             async def search(item: tuple[int, np.ndarray]) -> list[int]:
                 i, q = item

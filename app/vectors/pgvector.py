@@ -614,7 +614,10 @@ class PgVectorIndex(VectorIndex):
                 stmt += f"; SET hnsw.max_scan_tuples = {ITERATIVE_SCAN_MAX}"
         self._gucs[conn] = (-1, False)  # unknown until the SET is through
         await conn.execute(stmt)
-        self._gucs[conn] = wanted
+        # Inside the request's transaction (its first look at a collection's registry row begins
+        # one) the SET goes with the transaction's ROLLBACK: set it again next time. Seen on a
+        # restarted gateway: every later search of the connection ran at the default ef_search.
+        self._gucs[conn] = (-1, False) if conn.is_in_transaction() else wanted
 
     @asynccontextmanager
     async def _walk_only(self, conn: Any) -> AsyncIterator[None]:
