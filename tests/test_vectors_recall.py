@@ -169,10 +169,15 @@ async def test_a_graph_that_recalls_poorly_gets_the_ef_search_it_needs(
             out.append(recall.recall_at_k(truth, [int(h["id"]) for h in hits], int(i)))
         return float(np.mean(out))
     # Other stored points (60: one recall@10 varies much from point to point on this data):
-    # well above what pgvector's default 40 recalls, and about what the calibration measured
-    # (pgvector 0.8.5's graph of this data: 0.947 against 0.890, so a margin of 0.05).
+    # well above what pgvector's default 40 recalls, and about what the calibration measured.
     default, at_40 = await mean_recall(None), await mean_recall(LADDER[0])
-    assert default >= 0.9 and default >= at_40 + 0.05 and at_40 < 0.98, (default, at_40, kept)
+    if server.backend.name == "pgvector08":
+        # pgvector 0.8 costs a graph walk by ef_search and the pages it reads: PostgreSQL walks
+        # these 3,000 points at some ef_search and sorts them (exact) at others (0.963 / 0.758
+        # in one run, 1.0 / 1.0 in another); the plans above are the check there.
+        assert default >= 0.9 and default >= at_40, (default, at_40, kept)
+    else:
+        assert default >= 0.9 and default >= at_40 + 0.08 and at_40 < 0.98, (default, at_40, kept)
 
 
 @pytest.mark.postgres_only
