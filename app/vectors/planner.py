@@ -21,9 +21,9 @@ Plans:
   walking the graph until ``limit`` candidates pass the filter: when that takes at most
   ``ITERATIVE_SCAN_MAX`` points (pgvector's ``hnsw.max_scan_tuples``, where the walk gives up)
   and at most half the collection (``FILTER_MARGIN`` times ``limit / selectivity``); a rarer
-  filter is compared exactly (``filter_first`` or ``exact_scan``). PostgreSQL may still sort
-  a small table instead of scanning its index (pgvector 0.8 costs an index scan by the pages
-  it reads): the plan names what the gateway asked for, and the sort is exact.
+  filter is compared exactly (``filter_first`` or ``exact_scan``). The walk's statement runs
+  with sequential and bitmap scans off (``PgVectorIndex._walk_only``): PostgreSQL's fixed
+  guess of a payload condition's share would otherwise have it sort every match.
 - ``hnsw_subgraph``: a payload subgraph (``app.vectors.subgraphs``): a partial HNSW index of the
   points whose declared keyword field holds one value, for a filter that is that equality (alone
   or in an AND). Its ``ef_search`` is the unfiltered one of a collection of the subgraph's size;
@@ -145,8 +145,9 @@ def choose(
     needed = math.ceil(FILTER_MARGIN * limit / s) if s > 0 else rows + ITERATIVE_SCAN_MAX + 1
     if iterative:
         # The walk visits about ``needed`` points: past hnsw.max_scan_tuples it stops short of
-        # ``limit`` matches (and is redone exactly); past half the collection, comparing every
-        # point in table order costs no more than the walk's scattered reads.
+        # ``limit`` matches (and is redone exactly); past half the collection it is taken to cost
+        # more than comparing every point in table order (a bound for small collections, where
+        # either is cheap: not measured).
         if needed <= min(ITERATIVE_SCAN_MAX, rows // 2):
             return Plan("hnsw_iterative", "iterative index scan", ef_search=ef, rows=rows, estimated_matches=matches)
     else:
