@@ -206,12 +206,17 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def fresh_backend(backend: Backend, tmp_path: Path) -> Backend:
     """Empty, unmigrated databases of the same kind as ``backend`` (for migration tests)."""
     if backend.is_postgres:
-        base = (backend.name == "postgres" and os.environ.get("GATEWAY_TEST_POSTGRES_URL")) or _postgres_base_of(backend)
-        urls = create_postgres_databases(base, f"gwf_{uuid.uuid4().hex[:8]}")
+        urls = create_postgres_databases(postgres_base_for(backend), f"gwf_{uuid.uuid4().hex[:8]}")
     else:
         urls = {db: f"sqlite+aiosqlite:///{tmp_path}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
     files = {k: v for k, v in backend.env.items() if k.startswith(("GATEWAY_FILES__", "AWS_"))}
     return Backend(backend.name, {**backend_env(urls, tmp_path), **files}, urls, files=backend.files)
+
+
+def postgres_base_for(backend: Backend) -> str:
+    """The server on which more databases of a PostgreSQL ``backend`` go: ``GATEWAY_TEST_POSTGRES_URL``
+    for ``postgres`` when set, else the backend's own server."""
+    return (backend.name == "postgres" and os.environ.get("GATEWAY_TEST_POSTGRES_URL")) or _postgres_base_of(backend)
 
 
 def _postgres_base_of(backend: Backend) -> str:
@@ -378,7 +383,7 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     import re
 
-    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in (*FILE_BACKENDS, "pgvector08")}
+    counts = {b: {"passed": 0, "failed": 0, "skipped": 0} for b in dict.fromkeys((*FILE_BACKENDS, *VECTOR_BACKENDS))}
     for outcome in ("passed", "failed", "error", "skipped"):
         for report in terminalreporter.stats.get(outcome, []):
             nodeid = getattr(report, "nodeid", "")

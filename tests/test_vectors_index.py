@@ -23,11 +23,12 @@ import pytest
 from sqlalchemy.engine import make_url
 from storage_gateway_client import GatewayClient
 
+from app.vectors.pgvector import parse_version
 from tests.conftest import (
     VECTOR_BACKENDS,
     Backend,
     Server,
-    _postgres_base_of,
+    postgres_base_for,
     backend_env,
     create_postgres_databases,
     run_cli,
@@ -117,6 +118,11 @@ async def hnsw_index(conn: asyncpg.Connection, table: str) -> tuple[int, bool] |
 OPERATORS = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 
 
+async def pgvector_version(conn: asyncpg.Connection) -> tuple[int, ...]:
+    """The pgvector version of the database ``conn`` is on, as the gateway parses it."""
+    return parse_version(await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))
+
+
 async def plan_uses_index(conn: asyncpg.Connection, table: str, dim: int, distance: str = "cosine") -> bool:
     """Whether PostgreSQL plans a nearest-neighbour query on ``table`` with its HNSW index.
 
@@ -125,9 +131,8 @@ async def plan_uses_index(conn: asyncpg.Connection, table: str, dim: int, distan
     disabled (the index is still the only way to order by distance without a sort)."""
     q = "[" + ",".join(["0.5"] * dim) + "]"
     stmt = f"EXPLAIN SELECT id FROM {table} ORDER BY embedding {OPERATORS[distance]} '{q}'::vector LIMIT 10"
-    version = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
     async with conn.transaction():
-        if tuple(int(x) for x in version.split(".")[:2]) >= (0, 8):
+        if await pgvector_version(conn) >= (0, 8):
             await conn.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(r[0] for r in await conn.fetch(stmt))
     return f"{table}_hnsw" in plan
@@ -160,8 +165,7 @@ def index_problems(server: Server) -> list[str]:
 def own_backend(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """Migrated PostgreSQL databases no session-wide server uses (PostgreSQL only)."""
     assert backend.is_postgres, "mark the test postgres_only"
-    base = (backend.name == "postgres" and os.environ.get("GATEWAY_TEST_POSTGRES_URL")) or _postgres_base_of(backend)
-    urls = create_postgres_databases(base, f"gwi_{uuid.uuid4().hex[:8]}")
+    urls = create_postgres_databases(postgres_base_for(backend), f"gwi_{uuid.uuid4().hex[:8]}")
     own = Backend(backend.name, backend_env(urls, tmp_path_factory.mktemp("data-index")), urls)
     result = run_cli(own, "migrate")
     assert result.returncode == 0, result.stderr

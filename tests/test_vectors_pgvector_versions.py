@@ -15,21 +15,22 @@ from storage_gateway_client import GatewayClient
 
 from app.vectors.backend import CollectionInfo
 from app.vectors.filters import parse_filter
-from app.vectors.pgvector import _Positional, compile_filter, decode_vector, encode_vector, graph_statement
+from app.vectors.pgvector import WALK_ONLY, _Positional, compile_filter, decode_vector, encode_vector, graph_statement
 from app.vectors.planner import ITERATIVE_SCAN_MAX
 from tests.conftest import ADMIN_KEY, VECTOR_BACKENDS, Backend, Server, start_server, stop_server
-from tests.test_vectors_index import clustered, insert, own_backend, pg_connect, table_of  # noqa: F401
+from tests.test_vectors_index import (  # noqa: F401
+    clustered,
+    insert,
+    own_backend,
+    pg_connect,
+    pgvector_version,
+    table_of,
+)
 from tests.test_vectors_payload_index import cosine, wait_plan, wait_ready
 
 pytestmark = [pytest.mark.backends(*VECTOR_BACKENDS), pytest.mark.postgres_only]
 
 N, DIM = 4000, 16
-
-
-async def pgvector_version(conn: asyncpg.Connection) -> tuple[int, int]:
-    version = await conn.fetchval("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
 
 
 async def walks_the_graph(conn: asyncpg.Connection, coll: CollectionInfo, q: np.ndarray, flt: dict | None) -> bool:
@@ -42,7 +43,7 @@ async def walks_the_graph(conn: asyncpg.Connection, coll: CollectionInfo, q: np.
         await conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
         await conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {ITERATIVE_SCAN_MAX}")
         if flt:  # as the gateway walks: PostgreSQL's guess of a payload condition's share overruled
-            await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off")
+            await conn.execute("; ".join(f"SET LOCAL {name} = off" for name in WALK_ONLY))
         plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {stmt}", encode_vector(q), *sql.args))
     return f"Index Scan using {coll.data_table}_hnsw" in plan
 

@@ -63,6 +63,8 @@ _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
 TEXT_CONFIG = "english"
 HNSW_KINDS = ("hnsw", "hnsw_halfvec")
+# PostgreSQL's planner switches turned off for the iterative walk's statement (``_walk_only``).
+WALK_ONLY = ("enable_seqscan", "enable_bitmapscan")
 BUILDER_APPLICATION_NAME = "storage-gateway index builder"
 # Dropping or truncating a table waits for every lock on it; a build is cancelled first and the
 # wait bounded, then retried (a build may start between the cancel and the DROP).
@@ -629,9 +631,9 @@ class PgVectorIndex(VectorIndex):
         payload GIN index is read only by bitmap scans, and the pooled connection serves other
         statements); a connection interrupted in between is not pooled again."""
         self._forced.add(conn)
-        await conn.execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        await conn.execute("; ".join(f"SET {name} = off" for name in WALK_ONLY))
         yield
-        await conn.execute("RESET enable_seqscan; RESET enable_bitmapscan")
+        await conn.execute("; ".join(f"RESET {name}" for name in WALK_ONLY))
         self._forced.discard(conn)
 
     def _search_builder(self) -> SqlBuilder:
