@@ -139,6 +139,7 @@ def test_defaults_are_sqlite_files_under_the_data_dir(tmp_path: Path, monkeypatc
         ({"GATEWAY_AUTH__MODE": "disabled", "GATEWAY_HOST": "0.0.0.0"}, "auth.mode"),
         ({"GATEWAY_DATABASES__METADATA__URL": "mysql://x/y"}, "databases.metadata.url"),
         ({"GATEWAY_DATABASES__VECTORS__POOL_SIZE": "0"}, "databases.vectors.pool_size"),
+        ({"GATEWAY_VECTORS__HNSW_M": "100"}, "vectors.hnsw_ef_construction"),  # pgvector builds none
     ],
 )
 def test_bad_settings_stop_startup_with_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:

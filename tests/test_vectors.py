@@ -79,6 +79,15 @@ async def test_bad_collection_settings(http: httpx.AsyncClient, namespace: str) 
     assert r.status_code == 422 and "vector_size" in r.json()["detail"]
     r = await http.put(vpath(namespace, "bad name!"), json={"vector_size": 3})
     assert r.status_code == 422
+    # A graph pgvector refuses to build (ef_construction below 2 m, here the default 128): the
+    # same 422 on every backend, and nothing created (it was accepted, then never built).
+    for index in ({"m": 100}, {"m": 8, "ef_construction": 15}):
+        r = await http.put(vpath(namespace, "c"), json={"vector_size": 3, "index": index})
+        assert r.status_code == 422 and "index.ef_construction" in r.json()["detail"], r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+    assert (await http.get(vpath(namespace, "c"))).status_code == 404
+    r = await http.put(vpath(namespace, "c"), json={"vector_size": 3, "index": {"m": 8, "ef_construction": 16}})
+    assert r.status_code == 201, r.text
     r = await http.post(vpath(namespace, "missing", "search"), json={"vector": [1, 2, 3]})
     assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json")
 

@@ -333,7 +333,7 @@ class VectorsSettings(_Strict):
     """Defaults of the vectors capability (each collection may override the index options)."""
 
     hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
-    hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth.")
+    hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth; at least twice hnsw_m.")
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points; "
         "the planner scales it with the collection (sqrt) and for filters, and raises it to a graph's calibrated one.")
     target_recall: float = Field(
@@ -395,6 +395,15 @@ class VectorsSettings(_Strict):
         description="Most payload subgraphs per collection, the most common values first; 0: none (pgvector).",
     )
     idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
+
+    @model_validator(mode="after")
+    def _buildable_graph(self) -> VectorsSettings:
+        if self.hnsw_ef_construction < 2 * self.hnsw_m:  # pgvector refuses to build such a graph
+            raise ValueError(
+                f"vectors.hnsw_ef_construction ({self.hnsw_ef_construction}) must be at least twice vectors.hnsw_m "
+                f"({2 * self.hnsw_m})"
+            )
+        return self
 
 
 class Settings(BaseSettings):

@@ -43,7 +43,7 @@ class IndexOptions(_Body):
 
     kind: Literal["hnsw", "exact"] = Field(default="hnsw", description="`exact` skips the ANN index.")
     m: StrictInt | None = Field(default=None, ge=2, le=100, description="HNSW graph degree.")
-    ef_construction: StrictInt | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth.")
+    ef_construction: StrictInt | None = Field(default=None, ge=4, le=1000, description="HNSW build breadth; at least twice m (pgvector builds no other graph).")
 
 
 class PayloadIndexCreate(_Body):

@@ -197,13 +197,19 @@ class VectorService:
             return existing, False
         vs = self.settings.vectors
         requested = body.index.kind if body.index else "hnsw"
+        m = (body.index.m if body.index and body.index.m else None) or vs.hnsw_m
+        ef_construction = (
+            body.index.ef_construction if body.index and body.index.ef_construction else None
+        ) or vs.hnsw_ef_construction
+        if requested != "exact" and ef_construction < 2 * m:
+            # pgvector refuses such a build, and the builder would retry it forever: a 422 on
+            # every backend (SQLite searches exactly, but the same request gets the same answer).
+            raise InvalidInput("index.ef_construction", f"must be at least twice m ({2 * m}); got {ef_construction}")
         kind = self.index.index_kind(body.vector_size, requested)
         options: dict[str, Any] = {"kind": kind}
         if kind != "exact":
-            options["m"] = (body.index.m if body.index and body.index.m else None) or vs.hnsw_m
-            options["ef_construction"] = (
-                body.index.ef_construction if body.index and body.index.ef_construction else None
-            ) or vs.hnsw_ef_construction
+            options["m"] = m
+            options["ef_construction"] = ef_construction
         if declared:
             options["payload_indexes"] = declared
         new_id = await repository.insert_collection(
