@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import numpy as np
 import pytest
-from storage_gateway_client import GatewayClient
+from storage_gateway_client import GatewayClient, NotFound
 
 from app.vectors.backend import CollectionInfo
 from app.vectors.filters import parse_filter
@@ -236,3 +236,53 @@ async def test_a_restarted_gateway_searches_at_the_ef_search_it_set(
             assert float(np.mean(recalls)) >= 0.96, recalls
     finally:
         stop_server(other)
+
+
+# One pooled vectors connection and no background work in the second process: every search
+# below runs on the same connection, one after the other.
+ONE_CONNECTION = {
+    "GATEWAY_DATABASES__VECTORS__POOL_SIZE": "1", "GATEWAY_DATABASES__VECTORS__MAX_OVERFLOW": "0",
+    "GATEWAY_VECTORS__INDEX_SWEEP_SECONDS": "3600", "GATEWAY_VECTORS__TARGET_RECALL": "0",
+}
+
+
+async def test_a_failed_search_leaves_no_ef_search_behind(gw: GatewayClient, server: Server, tmp_path: Path) -> None:
+    """A search that fails on a connection (here: its collection was dropped by another process
+    since this one cached it) leaves the connection's ``hnsw.ef_search`` unknown, not at the
+    default: a SET made earlier outside a transaction is still in force, and the next search
+    that wants the default must set it. On a sparse graph (m 4) own points recall ~0.63 at
+    ``ef_search`` 10 and ~0.9 at 100; before, the search after the failure recalled 0.63 at a
+    planned 100."""
+    rng = np.random.default_rng(91)
+    data = rng.normal(size=(3000, 24)).astype(np.float32)
+    await gw.vectors.setup_collection("kept", 24, index={"m": 4, "ef_construction": 16})
+    await insert(gw, "kept", data)
+    await gw.vectors.setup_collection("gone", 2, index={"kind": "exact"})
+    await gw.vectors.upsert_points("gone", [[0, 1], [1, 0]], ids=["a", "b"])
+    await wait_ready(gw, server, "kept")
+    picks = rng.choice(len(data), 30, replace=False)
+
+    async def recall_at(client: GatewayClient, ef: int) -> float:
+        found = []
+        for i in picks:
+            answer = await client.vectors.search_explained("kept", data[i], 10, ef_search=ef)
+            assert answer["plan"]["kind"] == "hnsw" and answer["plan"]["ef_search"] == ef, answer["plan"]
+            truth = set(np.argsort(cosine(data, data[i]))[:10].tolist())
+            found.append(len(truth & {int(h["id"]) for h in answer["results"]}) / 10)
+        return float(np.mean(found))
+
+    other = start_server(server.backend, tmp_path / "other.log", **ONE_CONNECTION)
+    try:
+        async with GatewayClient(other.url, gw.namespace, ADMIN_KEY) as fresh:
+            assert len(await fresh.vectors.search("gone", [0, 1], 1)) == 1  # its registry row cached
+            at_100 = await recall_at(fresh, 100)
+            at_10 = await recall_at(fresh, 10)  # the connection is at 10 now
+            assert at_10 < at_100 - 0.15, (at_10, at_100)
+            await gw.vectors.drop_collection("gone")
+            with pytest.raises(NotFound):
+                await fresh.vectors.search("gone", [0, 1], 1)  # fails on the data table, then 404
+            again = await recall_at(fresh, 100)
+            assert again > at_10 + 0.15 and again >= at_100 - 0.05, (again, at_10, at_100)
+    finally:
+        stop_server(other)
+

@@ -598,8 +598,10 @@ class PgVectorIndex(VectorIndex):
 
     def _forget(self, conn: Any, pooled: Any) -> None:
         """After a failed or interrupted search: the connection's settings are unknown, and one
-        left with the planner's switches off (``_walk_only``) is never pooled again."""
-        self._gucs.pop(conn, None)
+        left with the planner's switches off (``_walk_only``) is never pooled again. Unknown is
+        not the connect-time default: a SET made outside a transaction outlives the failure, so
+        the next search on the connection sets what it needs whatever that is."""
+        self._gucs[conn] = (-1, False)
         if conn in self._forced:
             self._forced.discard(conn)
             if pooled.is_valid:
