@@ -6,6 +6,7 @@ from 0.7 on (``hnsw_halfvec``), re-ranked by the exact distance."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -285,4 +286,41 @@ async def test_a_failed_search_leaves_no_ef_search_behind(gw: GatewayClient, ser
             assert again > at_10 + 0.15 and again >= at_100 - 0.05, (again, at_10, at_100)
     finally:
         stop_server(other)
+
+
+async def test_a_collection_dropped_during_a_search_is_a_404(gw: GatewayClient, server: Server, tmp_path: Path) -> None:
+    """A process's first search of a collection reads its registry row in a transaction; when
+    another process drops the collection before the search's statement runs, that statement
+    fails and aborts the transaction, and the search reads the registry again in a new one:
+    404, not a 500 from an aborted transaction. The race is made certain with a lock: the
+    search waits on its table while the table and its registry row go, as a drop does."""
+    await gw.vectors.setup_collection("raced", 2, index={"kind": "exact"})
+    await gw.vectors.upsert_points("raced", [[0, 1], [1, 0]], ids=["a", "b"])
+    conn = await pg_connect(server.backend)
+    other = start_server(server.backend, tmp_path / "other.log", **ONE_CONNECTION)
+    try:
+        table = await table_of(conn, gw.namespace, "raced")
+        async with GatewayClient(other.url, gw.namespace, ADMIN_KEY) as fresh:
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            search = asyncio.ensure_future(fresh.vectors.search("raced", [0, 1], 1))
+            for _ in range(200):
+                waiting = await conn.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted", table
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting and not search.done()
+            await conn.execute(f"DROP TABLE {table}")
+            await conn.execute("DELETE FROM vector_collections WHERE namespace = $1 AND collection = 'raced'", gw.namespace)
+            await tx.commit()
+            with pytest.raises(NotFound):
+                await search
+            with pytest.raises(NotFound):  # and the connection serves the next request
+                await fresh.vectors.search("raced", [0, 1], 1)
+    finally:
+        stop_server(other)
+        await conn.close()
 

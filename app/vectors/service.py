@@ -538,8 +538,12 @@ class VectorService:
         try:
             return await self._search(conn, await self.cached(conn, namespace, collection), body, flt)
         except MissingTable:
-            # Dropped (and maybe re-created) by another process since this one cached it.
+            # Dropped (and maybe re-created) by another process since this one cached it, or
+            # since this request read its registry row: then the failed statement aborted the
+            # transaction that read began, and the row is read again in a new one.
             self.registry.forget(namespace, collection)
+            if conn.in_transaction():
+                await conn.rollback()
             return await self._search(conn, await self.cached(conn, namespace, collection), body, flt)
 
     async def _search(
