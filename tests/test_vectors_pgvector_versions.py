@@ -324,3 +324,36 @@ async def test_a_collection_dropped_during_a_search_is_a_404(gw: GatewayClient, 
         stop_server(other)
         await conn.close()
 
+
+def rss_mb(server: Server) -> float:
+    """Resident memory of a gateway's processes (its supervisor and workers), in MB."""
+    import psutil
+
+    top = psutil.Process(server.process.pid)
+    return sum(p.memory_info().rss for p in [top, *top.children(recursive=True)]) / 2**20
+
+
+async def test_filter_values_are_not_kept_by_the_estimate_cache(
+    gw: GatewayClient, server: Server, tmp_path: Path
+) -> None:
+    """The planner caches a sampled filter's share per filter for a while, for up to 4,096
+    filters per process: by a digest, not by the client's values, which may each be as large as
+    a request body. 24 searches with a different 2 MB value each (12 MB in the statement's two
+    JSON forms of it, ``\\u00e9`` each) keep nothing of them: 280 MB stayed before."""
+    data = clustered(2000, 8, seed=5)
+    await gw.vectors.setup_collection("big", 8)
+    await gw.vectors.upsert_points("big", data, [{"k": str(i % 3)} for i in range(2000)], [str(i) for i in range(2000)])
+    await wait_ready(gw, server, "big")
+    other = start_server(server.backend, tmp_path / "other.log")
+    try:
+        async with GatewayClient(other.url, gw.namespace, ADMIN_KEY) as fresh:
+            await fresh.vectors.search("big", data[0], 5, filters={"k": "0"})
+            before = rss_mb(other)
+            for n in range(24):
+                value = f"{n}:" + "é" * 1_000_000
+                answer = await fresh.vectors.search_explained("big", data[0], 5, filters={"k": value})
+                assert answer["results"] == [], answer["plan"]
+            grown = rss_mb(other) - before
+            assert grown < 100, f"{grown:.0f} MB kept after 24 searches of 2 MB filter values"
+    finally:
+        stop_server(other)

@@ -31,6 +31,7 @@ uses HNSW. Dropping or resetting a collection cancels a build running on its tab
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import struct
 import sys
@@ -339,7 +340,7 @@ class PgVectorIndex(VectorIndex):
         self.halfvec = self._v >= (0, 7)
         self.exact_threshold = exact_threshold
         self._stat_cache: dict[int, tuple[float, int, bool, recall.Calibration | None]] = {}
-        self._sel_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._sel_cache: dict[tuple[int, bytes], tuple[float, float]] = {}
         self._kw_cache: dict[int, tuple[float, dict[str, KeywordStats]]] = {}
         self._subgraph_cache: dict[int, frozenset[str]] = {}  # valid subgraphs, with ``_stat_cache``
 
@@ -748,7 +749,9 @@ class PgVectorIndex(VectorIndex):
         if share is not None:
             return share
         args = _args(search.sql)
-        key = (coll.id, search.where, tuple(json.dumps(a) if isinstance(a, (dict, list)) else a for a in args))
+        # A digest, not the filter's values: those are the client's (up to a body's size each),
+        # and the cache holds CACHE_ENTRIES of them.
+        key = (coll.id, hashlib.blake2b(repr((search.where, args)).encode(), digest_size=16).digest())
         now = time.monotonic()
         cached = self._sel_cache.get(key)
         if cached is not None and cached[0] > now:
