@@ -71,6 +71,8 @@ async def test_malformed_requests_are_422_naming_the_field(small: httpx.AsyncCli
     assert_problem(await small.post(url, json=checkpoint(checkpoint_ns="a\nb")), 422, "checkpoint_ns")
     search = f"/v1/{namespace}/checkpoints/search"
     assert_problem(await small.post(search, json={"filter": {"parents": {"": "x"}}}), 422, "filter")
+    assert_problem(await small.post(search, json={"filter": {"s": "a\u0000b"}}), 422, "filter")  # was a 500 on PostgreSQL
+    assert_problem(await small.post(search, json={"filter": {"a\u0000": 1}}), 422, "filter")
     assert_problem(await small.post(search, json={"cursor": "garbage"}), 422, "cursor")
     assert_problem(await small.post(search, json={"limit": 11}), 422, "limit")
     assert_problem(await small.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "t", "checkpoint_id": "a\x00"}), 422, "checkpoint_id")
@@ -96,3 +98,10 @@ async def test_pages_follow_the_cursor_to_the_end(small: httpx.AsyncClient, name
     assert seen == [(f"c{i:02}", f"t{i % 3}") for i in reversed(range(12))]
     only = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"filter": {"i": 7.0}})).json()["items"]
     assert [p["checkpoint_id"] for p in only] == ["c07"]
+    # An integer beyond 64 bits filters as it was written, on both backends (a 500 on PostgreSQL before).
+    big = 10**20
+    assert (await small.post(url, json=checkpoint(thread_id="big", checkpoint_id="c99", metadata={"i": big}))).is_success
+    found = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"filter": {"i": big}})).json()["items"]
+    assert [p["checkpoint_id"] for p in found] == ["c99"]
+    none = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"filter": {"i": big + 1}})).json()["items"]
+    assert none == []

@@ -14,7 +14,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import orjson
 from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -93,7 +92,7 @@ class PostgresBackend:
         return [table.c.metadata.op("@>")(self.json_param("mfilter"))] if keys else []
 
     def metadata_filter_params(self, filter: Mapping[str, Scalar]) -> dict[str, Any]:
-        return {"mfilter": orjson.dumps(dict(filter)).decode()}
+        return {"mfilter": dumps_text(dict(filter))}  # integers beyond 64 bits too, as metadata is written
 
     async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
         return None  # the GIN index on metadata serves the filter

@@ -130,6 +130,8 @@ class CheckpointsService:
             raise InvalidInput("limit", f"must be at most {self.limits.max_page_size}")
         if body.filter and len(body.filter) > self.limits.max_filter_terms:
             raise InvalidInput("filter", f"at most {self.limits.max_filter_terms} entries")
+        if body.filter:  # as metadata is written: no NUL (PostgreSQL's jsonb has none), any integer
+            self._json("filter", body.filter, self.settings.max_metadata_bytes)
         after = None
         if body.cursor is not None:
             position = decode_cursor(body.cursor, "c", "n", p=CursorBigint)
