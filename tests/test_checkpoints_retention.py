@@ -16,7 +16,7 @@ import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
 
 from app.checkpoints.models import checkpoint_blobs, checkpoint_threads, checkpoint_writes
@@ -194,3 +194,25 @@ async def test_a_delta_channel_keeps_its_chain(gateway: Gateway, namespace: str,
         await saver.acopy_thread("delta", "delta-copy")
         copied = await delta_graph(saver).aget_state({"configurable": {"thread_id": "delta-copy"}})
         assert copied.values == state.values
+
+
+async def test_a_prune_of_more_checkpoints_than_a_statement_holds(gateway: Gateway, namespace: str) -> None:
+    """A thread of 11,001 checkpoints pruned to its latest: the deletes name at most
+    ``DELETE_CHUNK`` keys a statement. Whole, they were 33,003 parameters, which asyncpg refuses
+    (32,767 at most): the prune answered 503 on every retry (SQLite refuses 250,000)."""
+    from app.checkpoints.models import checkpoints
+
+    async with gateway.client(namespace) as gw:
+        put = {"thread_id": "many", "checkpoint_id": "z", "checkpoint": {"type": "bytes", "data": "AA=="}}
+        assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
+        engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
+        async with engine.begin() as conn:
+            t = checkpoint_threads
+            mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "many").scalar_subquery()
+            row = (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().one()
+            await conn.execute(insert(checkpoints), [{**row, "checkpoint_id": f"c{i:05}"} for i in range(11_000)])
+        answer = await gw._transport.request(
+            "POST", f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": ["many"], "strategy": "keep_latest"}
+        )
+        assert answer.status_code == 200 and answer.json()["deleted"] == 11_000, answer.text
+        assert await gateway.rows(checkpoints, namespace, "many") == 1

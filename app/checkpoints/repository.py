@@ -45,6 +45,7 @@ _TID: BindParameter[str] = bindparam("tid")
 _PK = bindparam("pk", type_=Integer)
 _CNS = bindparam("cns", type_=Text)
 _CHILD_TABLES = (writes, terms, cp, blobs)
+DELETE_CHUNK = 1000  # checkpoint keys a DELETE names (3 parameters each)
 
 CheckpointKey = tuple[int, str, str]  # (thread_pk, checkpoint_ns, checkpoint_id)
 
@@ -189,16 +190,20 @@ class CheckpointsRepository:
 
     async def delete_checkpoints(self, conn: AsyncConnection, keys: Sequence[CheckpointKey]) -> int:
         """These checkpoints with their pending writes and metadata terms (not their blobs: ``collect_blobs``)."""
-        if not keys:
-            return 0
         deleted = 0
-        for table in (writes, terms, cp):
-            stmt = delete(table).where(
-                tuple_(table.c.thread_pk, table.c.checkpoint_ns, table.c.checkpoint_id).in_(bindparam("keys", expanding=True))
-            )
-            result = await conn.execute(stmt, {"keys": list(keys)})
-            if table is cp:
-                deleted = result.rowcount or 0
+        # Three parameters a key: a statement holds DELETE_CHUNK keys, far below asyncpg's 32,767
+        # parameters (a prune of 11,000 checkpoints was refused whole, and retried in vain).
+        for start in range(0, len(keys), DELETE_CHUNK):
+            chunk = list(keys[start : start + DELETE_CHUNK])
+            for table in (writes, terms, cp):
+                stmt = delete(table).where(
+                    tuple_(table.c.thread_pk, table.c.checkpoint_ns, table.c.checkpoint_id).in_(
+                        bindparam("keys", expanding=True)
+                    )
+                )
+                result = await conn.execute(stmt, {"keys": chunk})
+                if table is cp:
+                    deleted += result.rowcount or 0
         return deleted
 
     async def orphan_parents(self, conn: AsyncConnection, pk: int, ns: str) -> None:
