@@ -216,3 +216,44 @@ async def test_a_prune_of_more_checkpoints_than_a_statement_holds(gateway: Gatew
         )
         assert answer.status_code == 200 and answer.json()["deleted"] == 11_000, answer.text
         assert await gateway.rows(checkpoints, namespace, "many") == 1
+
+
+async def test_a_checkpoint_written_while_its_idle_thread_is_swept_is_kept(gateway: Gateway, namespace: str) -> None:
+    """The sweep finds an idle thread, and a checkpoint is written to it before the sweep
+    deletes it: the write waits for the sweep (the thread's row is locked with its selection)
+    and lands in the thread made again, so the acknowledged checkpoint is kept. Before, on
+    PostgreSQL, the write went through and the sweep deleted it with the thread."""
+    from app.checkpoints.models import checkpoints
+
+    service = gateway.app.state.gateway.services["checkpoints"]
+    found_idle = service.repo.idle_threads
+    late: list[asyncio.Task] = []
+
+    async with gateway.client(namespace) as gw:
+        put = {"thread_id": "idle", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="}}
+        assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
+
+        async def idle_threads(conn: Any, now: float, batch: int) -> list[int]:
+            pks = await found_idle(conn, now, batch)
+            if pks and not late:  # the write lands between the sweep's look and its delete
+                again = {**put, "checkpoint_id": "c2"}
+                late.append(asyncio.ensure_future(
+                    gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=again)
+                ))
+                await asyncio.wait(late, timeout=1.0)
+            return pks
+
+        service.repo.idle_threads = idle_threads
+        try:
+            await gw._transport.request("PUT", f"/v1/{namespace}/checkpoints/retention", json={"idle_ttl_seconds": 0.5})
+
+            async def written() -> bool:
+                return bool(late) and late[0].done()
+            await eventually(written)
+        finally:
+            service.repo.idle_threads = found_idle
+        assert late[0].result().status_code == 200
+        await gw._transport.request("PUT", f"/v1/{namespace}/checkpoints/retention", json={"idle_ttl_seconds": 0})
+        tuple_ = await gw._transport.request("GET", f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "idle"})
+        assert tuple_.status_code == 200 and tuple_.json()["checkpoint_id"] == "c2", tuple_.text
+        assert await gateway.rows(checkpoints, namespace, "idle") == 1

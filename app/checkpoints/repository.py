@@ -306,13 +306,18 @@ class CheckpointsRepository:
     # --- the retention sweep (every namespace) ------------------------------------------------
 
     async def idle_threads(self, conn: AsyncConnection, now: float, batch: int) -> list[int]:
-        """Threads idle longer than their (or their namespace's) TTL."""
+        """Threads idle longer than their (or their namespace's) TTL, locked until the sweep's
+        transaction ends (PostgreSQL; SQLite's sweep holds the write lock): a write to one of them
+        waits, and touches it again once the thread is gone, so an acknowledged checkpoint is never
+        deleted with it. A thread a write holds is skipped, and one written since it was found is
+        found idle again or not (PostgreSQL rechecks the condition on the row it locks)."""
         ttl = func.coalesce(threads.c.idle_ttl_seconds, retention.c.idle_ttl_seconds)
         stmt = (
             select(threads.c.pk)
             .select_from(threads.outerjoin(retention, retention.c.namespace == threads.c.namespace))
             .where(ttl > 0, threads.c.touched_at + ttl < bindparam("now"))
             .limit(bindparam("lim", type_=Integer))
+            .with_for_update(of=threads, skip_locked=True)
         )
         return [r[0] for r in (await conn.execute(stmt, {"now": now, "lim": batch})).all()]
 
