@@ -180,7 +180,7 @@ async def test_if_match_compare_and_swap(gw: GatewayClient) -> None:
     assert await gw.kv.get("c", "counter") == 5
 
 
-@pytest.mark.parametrize("tag", ['"9223372036854775808"', '"99999999999999999999999"'])
+@pytest.mark.parametrize("tag", ['"9223372036854775808"', '"99999999999999999999999"', '"' + "1" * 5000 + '"'])
 async def test_etags_beyond_any_version_match_nothing(gw: GatewayClient, tag: str) -> None:
     """Versions are BIGINT: a bigger number is never one of ours (412 for If-Match; If-None-Match writes)."""
     await gw.kv.set("c", "big", 1)
@@ -190,6 +190,23 @@ async def test_etags_beyond_any_version_match_nothing(gw: GatewayClient, tag: st
     current = await gw.kv.set("c", "big", 4)
     await gw.kv.set("c", "big", 5, if_match=f"{tag}, {current}")
     assert await gw.kv.get("c", "big") == 5
+
+
+async def test_a_condition_lists_at_most_64_entity_tags(gw: GatewayClient, http: httpx.AsyncClient) -> None:
+    """Each listed tag is a bound value of the write's statement, and each count its own
+    statement: 64 distinct tags at most (a tag listed twice counts once), more is a 422 naming
+    the header, and nothing is written."""
+    current = await gw.kv.set("c", "many", 1)
+    url = kv_url(gw.namespace, "c", "many")
+    tags = ", ".join(f'"{n}"' for n in range(1000, 1064))
+    r = await http.put(url, json=2, headers={"If-Match": f"{tags}, {current}, {current}"})
+    assert r.status_code == 422 and "If-Match" in r.json()["detail"], r.text
+    r = await http.put(url, json=2, headers={"If-None-Match": f"{tags}, {current}"})
+    assert r.status_code == 422 and "If-None-Match" in r.json()["detail"], r.text
+    assert await gw.kv.get("c", "many") == 1
+    r = await http.put(url, json=3, headers={"If-Match": ", ".join([*tags.split(", ")[:63], current, current])})
+    assert r.status_code == 204, r.text
+    assert await gw.kv.get("c", "many") == 3
 
 
 async def test_etags_of_non_ascii_digits_match_nothing(gw: GatewayClient, http: httpx.AsyncClient) -> None:

@@ -258,7 +258,7 @@ def plan_download(
     row: FileRow, range_header: str | None, if_none_match: str | None, if_range: str | None
 ) -> DownloadPlan:
     """RFC 9110: ``If-None-Match`` first (304), then ``If-Range``, then ``Range`` (206 or 416)."""
-    tags = parse_etags(if_none_match)
+    tags = parse_etags(if_none_match, "If-None-Match")
     if tags is not None and ("*" in tags or row.sha256 in tags):
         return DownloadPlan(304, whole(row.size))
     if range_header is not None and if_range is not None:

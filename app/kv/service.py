@@ -33,7 +33,9 @@ def _versions(tags: list[str]) -> list[int]:
     version) cannot match anything."""
     out = []
     for tag in tags:
-        if tag.isascii() and tag.isdigit() and int(tag) <= _MAX_VERSION:
+        # 19 digits at most before int(): a longer tag is no version (and Python refuses to
+        # read more than 4,300 digits: a 500 before)
+        if tag.isascii() and tag.isdigit() and len(tag) <= 19 and int(tag) <= _MAX_VERSION:
             out.append(int(tag))
     return out
 

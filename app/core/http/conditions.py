@@ -11,21 +11,25 @@ from typing import Annotated
 
 from fastapi import Header
 
-from app.core.errors import PreconditionFailed
+from app.core.errors import InvalidInput, PreconditionFailed
 
 
 def quote_etag(tag: str) -> str:
     return f'"{tag}"'
 
 
-def parse_etags(header: str | None) -> list[str] | None:
-    """``None`` when absent, ``["*"]`` for any, else the listed tags without quotes or ``W/``."""
+MAX_ETAGS = 64  # entity tags one condition may list: each is a bound value of the write's statement
+
+
+def parse_etags(header: str | None, name: str = "If-Match") -> list[str] | None:
+    """``None`` when absent, ``["*"]`` for any, else the listed tags without quotes or ``W/``,
+    each once; more than ``MAX_ETAGS`` is a 422 naming the header ``name``."""
     if header is None:
         return None
     header = header.strip()
     if header == "*":
         return ["*"]
-    tags = []
+    tags: dict[str, None] = {}
     for part in header.split(","):
         part = part.strip()
         if part.startswith("W/"):
@@ -33,8 +37,10 @@ def parse_etags(header: str | None) -> list[str] | None:
         if len(part) >= 2 and part[0] == part[-1] == '"':
             part = part[1:-1]
         if part:
-            tags.append(part)
-    return tags
+            tags[part] = None
+    if len(tags) > MAX_ETAGS:
+        raise InvalidInput(name, f"at most {MAX_ETAGS} entity tags (got {len(tags)})")
+    return list(tags)
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ async def _write_conditions(
         str | None, Header(description="`*`: write only if it does not exist yet.")
     ] = None,
 ) -> WriteConditions:
-    return WriteConditions(parse_etags(if_match), parse_etags(if_none_match))
+    return WriteConditions(parse_etags(if_match, "If-Match"), parse_etags(if_none_match, "If-None-Match"))
 
 
 from fastapi import Depends  # noqa: E402
