@@ -209,6 +209,43 @@ async def test_a_condition_lists_at_most_64_entity_tags(gw: GatewayClient, http:
     assert await gw.kv.get("c", "many") == 3
 
 
+@pytest.mark.postgres_only
+async def test_an_entry_rewritten_while_the_sweep_deletes_it_stays(gw: GatewayClient, backend: Backend) -> None:
+    """The sweep deletes what its subquery found expired; a write that rewrote one of those
+    entries meanwhile (a new value, no TTL: its 204 said so) is not deleted, because the
+    expiry is checked again on the row deleted. Made certain with a row lock: the sweep waits
+    on the row while the rewrite commits. Before, the entry was gone (PostgreSQL only: SQLite's
+    sweep holds the write lock)."""
+    from app.core.db.statements import fixed_statements
+    from app.core.db.upsert import insert_builder
+    from app.kv.repository import KvRepository
+
+    await gw.kv.set("ttl", "raced", "old", ttl_seconds=0.2)
+    await asyncio.sleep(0.4)
+    engine = create_async_engine(backend.urls["metadata"])
+    try:
+        async with engine.connect() as writer, engine.connect() as sweeper:
+            where = "namespace = :ns AND collection = 'ttl' AND key = 'raced'"
+            await writer.execute(text(f"SELECT 1 FROM kv_entries WHERE {where} FOR UPDATE"), {"ns": gw.namespace})
+            repo = KvRepository(insert_builder("postgresql"), fixed_statements("postgresql"))
+
+            async def sweep() -> int:
+                async with sweeper.begin():
+                    return await repo.sweep_expired(sweeper, datetime.now(timezone.utc), 100)
+            swept = asyncio.ensure_future(sweep())
+            await asyncio.sleep(0.5)
+            assert not swept.done()  # waiting on the row
+            await writer.execute(
+                text(f"UPDATE kv_entries SET value = '\"new\"', expires_at = NULL, version = version + 1 WHERE {where}"),
+                {"ns": gw.namespace},
+            )
+            await writer.commit()
+            await swept
+    finally:
+        await engine.dispose()
+    assert await gw.kv.get("ttl", "raced") == "new"
+
+
 async def test_etags_of_non_ascii_digits_match_nothing(gw: GatewayClient, http: httpx.AsyncClient) -> None:
     """``"\xb2"`` (superscript two, as the latin-1 header decodes) is a digit to Python, not a version."""
     await gw.kv.set("c", "sup", 1)

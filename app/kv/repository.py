@@ -195,7 +195,10 @@ class KvRepository:
     async def sweep_expired(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired entries of any namespace; how many went."""
         doomed = select(*_PK).where(t.c.expires_at <= _now()).limit(batch)
-        stmt = delete(t).where(tuple_(*_PK).in_(doomed))
+        # Expired again on the row deleted, not only in the subquery's snapshot: PostgreSQL
+        # rechecks this condition on a row a writer changed meanwhile, and an entry rewritten
+        # since (a new value, no TTL) stays; before, it was deleted after its write's 204.
+        stmt = delete(t).where(tuple_(*_PK).in_(doomed), t.c.expires_at <= _now())
         result = await conn.execute(stmt, {"now": now})
         return result.rowcount or 0
 
