@@ -28,6 +28,7 @@ import email.utils
 import hashlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -77,6 +78,9 @@ def new_file_id() -> str:
     return uuid.uuid4().hex
 
 
+SMALL_PIECE = 64 * 1024  # received pieces smaller than this are gathered before they are queued
+
+
 def too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"file exceeds the limit of {limit} bytes", headers={"Connection": "close"})
 
@@ -101,7 +105,10 @@ class BlobWriter:
         self._hash = hashlib.sha256()
         # Received pieces not yet stored, joined once when a piece is taken: a bytearray that
         # grows by appends and is copied out cost 1.1-1.2 ms per MiB, the list and join 29 us.
-        self._pending_pieces: list[bytes] = []
+        # Pieces under SMALL_PIECE are gathered into one bytearray of at most about that size:
+        # a client that sends a body in tiny TCP segments gets tiny pieces from the server, and
+        # a piece of 1 MiB was 262,144 entries of 4 bytes, taken one by one from a list's front.
+        self._pending_pieces: deque[bytes | bytearray] = deque()
         self._buffered = 0
         self._stored = 0  # pieces already stored
         self._pending: asyncio.Task[None] | None = None
@@ -114,7 +121,13 @@ class BlobWriter:
         if self.size > self.max_bytes:
             raise too_large(self.max_bytes)
         self._hash.update(data)
-        self._pending_pieces.append(bytes(data))  # (a no-op for bytes, which the server gives)
+        pieces = self._pending_pieces
+        if len(data) >= SMALL_PIECE:
+            pieces.append(bytes(data))  # (a no-op for bytes, which the server gives)
+        elif pieces and isinstance(pieces[-1], bytearray) and len(pieces[-1]) < SMALL_PIECE:
+            pieces[-1] += data
+        else:
+            pieces.append(bytearray(data))
         self._buffered += len(data)
         # Keep one full piece back: a body of exactly one piece is then stored in one step.
         while self._buffered > self.piece_bytes:
@@ -128,10 +141,10 @@ class BlobWriter:
         """The first ``n`` buffered bytes (copied once), the rest kept."""
         pieces, taken, size = self._pending_pieces, [], 0
         while size < n:
-            head = pieces.pop(0)
+            head = pieces.popleft()
             if size + len(head) > n:
                 cut = n - size
-                pieces.insert(0, head[cut:])
+                pieces.appendleft(head[cut:])
                 head = head[:cut]
             taken.append(head)
             size += len(head)
@@ -141,7 +154,7 @@ class BlobWriter:
     def _tail(self) -> bytes:
         """Every buffered byte, and the buffer emptied."""
         tail = b"".join(self._pending_pieces)
-        self._pending_pieces, self._buffered = [], 0
+        self._pending_pieces, self._buffered = deque(), 0
         return tail
 
     async def _settle(self) -> None:
