@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.core.names import NAME_PATTERN
+from app.core.names import NAME_PATTERN, key_problem
 
 # What app.auth.service.validate_pattern and validate_scopes accept, for the OpenAPI document.
 # The capability names are the registry's: app.core.http.openapi writes them into this pattern.
@@ -26,6 +26,15 @@ class KeyCreate(BaseModel):
         "ACTION in read, write, * (write includes read).", examples=[["kv:write", "vectors:read"]],
     )
     description: str = Field(default="", max_length=500, examples=["memory plugin, production"])
+
+    @field_validator("description")
+    @classmethod
+    def _plain_text(cls, value: str) -> str:
+        # No control characters or lone surrogates: PostgreSQL's text refuses a NUL (a 500
+        # there, stored on SQLite), and a key's description is shown to operators as a line.
+        if value and key_problem(value, max_bytes=4 * 500):
+            raise ValueError("must be UTF-8 text without control characters")
+        return value
 
 
 class KeyRead(BaseModel):
