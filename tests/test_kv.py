@@ -135,6 +135,19 @@ async def test_list_is_in_byte_order_with_prefix_and_cursor(gw: GatewayClient) -
     assert await gw.kv.keys("ordered", prefix="a") == ["a", "a b", "a/b", "a:b"]
 
 
+async def test_the_next_cursor_of_the_longest_keys_is_accepted(gw: GatewayClient) -> None:
+    """A cursor holds the last key and the prefix, JSON-escaped and base64'd: for keys of 1,024
+    quotes under a prefix of 600 it is about 4,400 characters, more than the 4,096 the list
+    took, and the second page was a 422."""
+    first, second = '"' * 1024, '"' * 1023 + "~"
+    await gw.kv.set("long", first, 1)
+    await gw.kv.set("long", second, 2)
+    page, cursor = await gw.kv.list("long", prefix='"' * 600, limit=1)
+    assert [e.key for e in page] == [first] and cursor is not None and len(cursor) > 4096
+    page, cursor = await gw.kv.list("long", prefix='"' * 600, limit=1, cursor=cursor)
+    assert [e.key for e in page] == [second]
+
+
 async def test_prefix_with_like_wildcards_is_literal(gw: GatewayClient) -> None:
     for key in ["a%b", "a_b", "axb", "A%b"]:
         await gw.kv.set("wild", key, key)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, StrictStr, WithJsonSchema
 
+from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.names import KeyText
 from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 
@@ -156,7 +157,7 @@ class CheckpointSearch(BaseModel):
     )
     before: CheckpointId | None = Field(default=None, description="Only checkpoints with a smaller id.")
     limit: StrictInt | None = Field(default=None, ge=1, description="Most items in this page.")
-    cursor: str | None = Field(default=None, max_length=4096, description="`next_cursor` of the previous page.")
+    cursor: str | None = Field(default=None, max_length=MAX_CURSOR_CHARS, description="`next_cursor` of the previous page.")
 
 
 class RunsDelete(BaseModel):

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Query, Request, Response
 
 from app.core.http.conditions import Conditions
+from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.dependencies import CollectionPath, Key, MetadataStatement, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
@@ -113,7 +114,7 @@ async def list_entries(
     service: KvServiceDep,
     limit: PageLimit,
     prefix: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys starting with this.")] = None,
-    cursor: Annotated[str | None, Query(max_length=4096, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS, description="`next_cursor` of the previous page.")] = None,
     keys_only: Annotated[bool, Query(description="Leave the values out of the items.")] = False,
 ) -> Response:
     """Entries `{key, value, etag}` sorted by key (UTF-8 byte order), a page at a time."""

@@ -23,6 +23,7 @@ from app.core.errors import (
 )
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
+from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.http.routing import CapabilityRouter
 from app.core.names import KEY_PATTERN
 from app.records.dependencies import RecordsServiceDep
@@ -161,7 +162,7 @@ async def list_records(
     ] = None,
     after: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys strictly greater.")] = None,
     before: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys strictly smaller.")] = None,
-    cursor: Annotated[str | None, Query(max_length=4096, description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS, description="`next_cursor` of the previous page.")] = None,
 ) -> Response:
     """Records `{key, value}` ordered by key (UTF-8 byte order), never by insertion time."""
     body = await service.page(
