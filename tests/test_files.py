@@ -360,6 +360,12 @@ async def test_odd_file_ids(gw: GatewayClient, http: httpx.AsyncClient, namespac
     r = await http.put(url(namespace, "odd", "f"), content=b"x", headers={"Content-Type": "no-slash"})
     assert r.status_code == 422 and "Content-Type" in r.text
     assert await gw.files.get_file("odd", "f") is None
+    # The Location of a new file named "." or "..": its dots encoded, or it names the collection
+    for dots in (".", ".."):
+        r = await http.put(f"/v1/{namespace}/files/loc/{dots.replace('.', '%2E')}", content=b"x")
+        assert r.status_code == 201, r.text
+        assert r.headers["location"].endswith(f"/files/loc/{dots.replace('.', '%2E')}"), r.headers["location"]
+        assert (await http.get(r.headers["location"])).content == b"x"
 
 
 async def test_namespaces_are_isolated(server: Server, gw: GatewayClient, api_key: str | None,

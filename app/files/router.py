@@ -133,9 +133,14 @@ def _content_type(value: str | None) -> str:
 
 
 def _location(request: Request, namespace: str, collection: str, file_id: str) -> str:
-    """The file's URL path, percent-encoded (header values must be ASCII)."""
+    """The file's URL path, percent-encoded (header values must be ASCII); the id ``.`` or ``..``
+    with its dots encoded too, or the URL would resolve to the collection or above it (a dot
+    segment, RFC 3986 section 5.2.4), as the client's paths do."""
     root = request.scope.get("root_path", "")
-    return f"{root}/v1/{namespace}/files/{collection}/{quote(file_id, safe='')}"
+    segment = quote(file_id, safe="")
+    if segment in (".", ".."):
+        segment = segment.replace(".", "%2E")
+    return f"{root}/v1/{namespace}/files/{collection}/{segment}"
 
 
 def _stored_response(row_read: FileRead, etag: str, created: bool, location: str) -> Response:
