@@ -140,6 +140,10 @@ def test_defaults_are_sqlite_files_under_the_data_dir(tmp_path: Path, monkeypatc
         ({"GATEWAY_DATABASES__METADATA__URL": "mysql://x/y"}, "databases.metadata.url"),
         ({"GATEWAY_DATABASES__VECTORS__POOL_SIZE": "0"}, "databases.vectors.pool_size"),
         ({"GATEWAY_VECTORS__HNSW_M": "100"}, "vectors.hnsw_ef_construction"),  # pgvector builds none
+        # S3 takes 10,000 parts; the parts column is 32-bit (and two parts are buffered an upload)
+        ({"GATEWAY_FILES__BACKEND": "s3", "GATEWAY_FILES__S3__BUCKET": "b", "GATEWAY_LIMITS__MAX_FILE_BYTES": str(10**12)},
+         "limits.max_file_bytes"),
+        ({"GATEWAY_FILES__S3__PART_BYTES": str(2**31)}, "files.s3.part_bytes"),
     ],
 )
 def test_bad_settings_stop_startup_with_one_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:

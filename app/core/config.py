@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 CONFIG_ENV = "GATEWAY_CONFIG"
+S3_MAX_PARTS = 10_000  # parts of one S3 multipart upload
 
 
 class Database(StrEnum):
@@ -248,8 +249,9 @@ class S3Settings(_Strict):
     )
     kms_key_id: str | None = Field(default=None, description="KMS key of `aws:kms` (default: the bucket's).")
     part_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=5 * 1024**3,
-        description="Multipart upload part size (each upload buffers at most two parts).",
+        default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=1024**3,
+        description="Multipart upload part size (each upload buffers at most two parts); S3 takes at most "
+        "10,000 parts, so `limits.max_file_bytes` may be at most 10,000 times this.",
     )
     max_connections: int = Field(default=100, ge=1, description="HTTP connections kept to the S3 endpoint, per pool: one for downloads, one for every other call.")
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection to S3.")
@@ -480,6 +482,13 @@ class Settings(BaseSettings):
             url = self.database_url(db)
             if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
                 raise ValueError(f"databases.{db.value}.url: unsupported URL scheme in {url.split('://')[0]!r}")
+        parts = -(-self.limits.max_file_bytes // self.files.s3.part_bytes)
+        if self.files.backend == "s3" and parts > S3_MAX_PARTS:
+            # the upload of a file that large would fail at part 10,001, on every retry
+            raise ValueError(
+                f"limits.max_file_bytes ({self.limits.max_file_bytes}) needs {parts} parts of files.s3.part_bytes "
+                f"({self.files.s3.part_bytes}); S3 takes at most {S3_MAX_PARTS}"
+            )
         return self
 
     @classmethod
