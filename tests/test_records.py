@@ -229,6 +229,10 @@ async def _state(gw: GatewayClient) -> list:
         ("POST", "", {"json": {"records": []}}, 422, "records"),
         ("POST", "", {"json": {"rows": [{"key": "k2", "value": 1}]}}, 422, "records"),
         ("POST", "", {"content": b"not json"}, 422, "body"),
+        # JSON is UTF-8 without a BOM: a batch with one fell back to parsed floats (1e400 stored as null)
+        ("POST", "", {"content": b'\xef\xbb\xbf{"records": [{"key": "k2", "value": 1e400}]}'}, 422, "body"),
+        ("POST", "", {"content": '{"records": [{"key": "k2", "value": 1.10}]}'.encode("utf-16")}, 422, "body"),
+        ("PUT", "/k2", {"content": b'\xef\xbb\xbf{"a": 1}'}, 422, "value"),
         ("POST", "", {"json": {"records": [{"key": f"k{i}", "value": i} for i in range(1001)]}}, 413, "records"),
         ("POST", "", {"json": {"records": [{"key": "k2", "value": 1}, {"key": "k3", "value": "x" * (1024 * 1024)}]}}, 413, "records.1.value"),
         ("POST", "/trim", {"json": {}}, 422, "body"),

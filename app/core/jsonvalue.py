@@ -102,9 +102,16 @@ def find_invalid(value: Any, where: str) -> tuple[str, str] | None:
 
 
 def check_json_text(body: bytes) -> None:
-    """422 naming the place of a lone surrogate or NaN/Infinity in a JSON request body.
+    """422 naming the place of a lone surrogate or NaN/Infinity in a JSON request body, and 422
+    for a body that is not UTF-8 from its first bytes: a byte order mark, or UTF-16/32 (a NUL
+    byte in the first four, which JSON in UTF-8 never has). RFC 8259 section 8.1: JSON between
+    systems is UTF-8 without a BOM. Python's parser reads all of them, but a value kept as
+    written (``literal_numbers``) is read from UTF-8 only, and a records batch fell back to the
+    parsed floats (``1e400`` stored as null).
 
     Malformed JSON is left to the route's parser (which answers it as it always has)."""
+    if body.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:
+        raise InvalidInput("body", "must be JSON encoded as UTF-8, without a byte order mark")
     if not _suspect(body):
         return
     try:
