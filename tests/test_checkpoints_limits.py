@@ -3,6 +3,7 @@ over the limits (413), malformed names, bytes, filters and cursors (422), missin
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -105,3 +106,23 @@ async def test_pages_follow_the_cursor_to_the_end(small: httpx.AsyncClient, name
     assert [p["checkpoint_id"] for p in found] == ["c99"]
     none = (await small.post(f"/v1/{namespace}/checkpoints/search", json={"filter": {"i": big + 1}})).json()["items"]
     assert none == []
+
+
+async def test_copies_in_opposite_directions_at_once_all_succeed(http: httpx.AsyncClient, namespace: str) -> None:
+    """Copies of a into b and of b into a, 20 pairs at once against the real server: each locks
+    both threads in thread_id order, so none waits on the other in a cycle. Before, each held
+    its source and waited for its target: PostgreSQL broke the deadlock by failing one (a 500)."""
+    base = f"/v1/{namespace}/checkpoints"
+    for thread in ("a", "b"):
+        for i in range(3):
+            put = checkpoint(thread_id=thread, checkpoint_id=f"c{i}", metadata={"i": i})
+            assert (await http.post(f"{base}/put", json=put)).status_code == 200
+    pairs = [("a", "b"), ("b", "a")] * 20
+    answers = await asyncio.gather(*(
+        http.post(f"{base}/threads/copy", json={"source_thread_id": s, "target_thread_id": t}) for s, t in pairs
+    ))
+    assert [r.status_code for r in answers] == [200] * len(pairs), [r.text for r in answers if r.status_code != 200][:2]
+    missing = await http.post(f"{base}/threads/copy", json={"source_thread_id": "zz", "target_thread_id": "a0"})
+    assert missing.status_code == 200 and missing.json()["copied"] == 0
+    page = (await http.post(f"{base}/search", json={"thread_id": "a0"})).json()
+    assert page["items"] == []  # nothing made for a missing source

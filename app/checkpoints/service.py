@@ -169,6 +169,10 @@ class CheckpointsService:
         with its values and pending writes, into ``target``."""
         if source == target:
             raise InvalidInput("target_thread_id", "must differ from source_thread_id")
+        # Both threads' rows are locked in thread_id order, as a prune locks them: two copies
+        # in opposite directions deadlocked (each held its source and waited for its target).
+        if target < source:
+            await self.repo.lock_thread(conn, ns, target)  # if it exists: nothing is made for a missing source
         src = await self.repo.lock_thread(conn, ns, source)
         if src is None:
             return 0
