@@ -9,6 +9,7 @@ connection given back inside a transaction is rolled back.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import os
 import uuid
@@ -361,3 +362,38 @@ async def test_a_one_chunk_file_download_is_one_driver_statement_with_the_stored
     reads = [sql for sql, _ in captured if "file_chunks" in sql]
     assert len(reads) == 1 and reads == [sql for sql in driver_path if "file_chunks" in sql], captured
     assert not any(sql.strip().upper().startswith("BEGIN") for sql in driver_path), captured
+
+
+@pytest.mark.postgres_only
+async def test_a_deadlock_is_retryable(backend: Backend) -> None:
+    """PostgreSQL breaks a deadlock by failing one transaction (40P01), rolled back whole:
+    retrying it is the remedy, so it is a 503 with Retry-After, not a 500."""
+    databases = Databases.open(settings_for(backend))
+    scratch = _scratch_table().name
+    engine = databases.engine(Database.metadata)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"CREATE TABLE {scratch} (k TEXT PRIMARY KEY)"))
+            await conn.execute(text(f"INSERT INTO {scratch} VALUES ('a'), ('b')"))
+        async with engine.connect() as one, engine.connect() as two:
+            lock = f"SELECT 1 FROM {scratch} WHERE k = :k FOR UPDATE"
+            await one.execute(text(lock), {"k": "a"})
+            await two.execute(text(lock), {"k": "b"})
+
+            async def cross(conn: Any, k: str) -> BaseException | None:
+                try:
+                    await conn.execute(text(lock), {"k": k})
+                except sa_exc.DBAPIError as exc:
+                    await conn.rollback()  # its locks go with it: the other one goes on
+                    return exc
+                await conn.commit()
+                return None
+
+            results = await asyncio.gather(cross(one, "b"), cross(two, "a"))
+        errors = [r for r in results if r is not None]
+        assert len(errors) == 1 and getattr(errors[0], "orig", None).sqlstate == "40P01", errors  # type: ignore[union-attr]
+        assert is_database_unavailable(errors[0])
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"DROP TABLE IF EXISTS {scratch}"))
+        await databases.close()

@@ -236,9 +236,11 @@ def is_database_unavailable(exc: BaseException) -> bool:
             return True
         # PostgreSQL says why by SQLSTATE: 08xxx connection exceptions, 57P0x the server is
         # shutting down / starting up / crashed, 53300 too many connections, 57014 a statement
-        # cancelled by statement_timeout (an overloaded or stuck server): all retryable.
+        # cancelled by statement_timeout (an overloaded or stuck server), 40P01 a deadlock and
+        # 40001 a serialization failure (the transaction was rolled back: retrying it is the
+        # remedy PostgreSQL documents): all retryable.
         sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-        if sqlstate.startswith(("08", "57P")) or sqlstate in ("53300", "57014"):
+        if sqlstate.startswith(("08", "57P")) or sqlstate in ("53300", "57014", "40P01", "40001"):
             return True
         if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
             return True
