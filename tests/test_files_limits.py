@@ -126,6 +126,44 @@ async def test_chunks_of_a_crashed_upload_are_swept(
         stop_server(sweeper)
 
 
+def in_process_app(backend: Backend, monkeypatch: pytest.MonkeyPatch, **settings: str):  # noqa: ANN201
+    """The app in this process on the backend's databases and file storage, auth off."""
+    from app.core.config import Settings
+    from app.main import create_app
+
+    for name, value in {**backend.env, "GATEWAY_AUTH__MODE": "disabled", "GATEWAY_AUTO_MIGRATE": "false",
+                        **settings}.items():
+        monkeypatch.setenv(name, value)
+    return create_app(Settings())
+
+
+async def test_a_slow_upload_keeps_its_heartbeat_between_pieces(
+    backend: Backend, server: Server, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body may arrive at ``limits.min_body_rate_bytes`` (500 B/s), slower than one piece per
+    ``files.upload_stale_seconds``: the upload's heartbeat is touched between pieces, and the
+    sweep leaves it alone. Before, only a stored piece touched it: with 1 MiB pieces and the
+    default 600 s, an upload slower than 1.75 KB/s was swept and answered 409 at its end."""
+    from app.core.http.conditions import WriteConditions
+
+    app = in_process_app(backend, monkeypatch, GATEWAY_FILES__UPLOAD_STALE_SECONDS="1",
+                         GATEWAY_LIMITS__FILE_CHUNK_BYTES="4096")
+    async with app.router.lifespan_context(app):
+        service = app.state.gateway.services["files"]
+        async with service.new_blob(namespace) as writer:
+            body = os.urandom(writer.piece_bytes + 1000)  # one piece stored: the heartbeat started
+            await writer.write(body)
+            for _ in range(8):  # 2.4 s without another piece, a trickle of bytes
+                await asyncio.sleep(0.3)
+                await writer.write(b"x")
+                body += b"x"
+            assert await service.sweep() == 0
+            await writer.commit(namespace, "slow", "f", "application/octet-stream", WriteConditions())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            r = await http.get(url(namespace, "slow", "f"))
+            assert r.status_code == 200 and r.content == body
+
+
 async def test_a_body_in_tiny_pieces_is_gathered_before_it_is_queued(
     backend: Backend, server: Server, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,17 +171,10 @@ async def test_a_body_in_tiny_pieces_is_gathered_before_it_is_queued(
     are gathered into pieces of up to ``SMALL_PIECE`` bytes before they are queued, and the
     bytes come back exact. Before, 300,000 bytes in 4-byte pieces were up to 75,000 entries, taken
     one by one from a list's front: quadratic in the pieces, on the event loop's thread."""
-    from app.core.config import Settings
     from app.core.http.conditions import WriteConditions
     from app.files.service import SMALL_PIECE
-    from app.main import create_app
 
-    for name, value in backend.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
-    monkeypatch.setenv("GATEWAY_AUTO_MIGRATE", "false")
-    monkeypatch.setenv("GATEWAY_LIMITS__FILE_CHUNK_BYTES", str(SMALL_CHUNK))
-    app = create_app(Settings())
+    app = in_process_app(backend, monkeypatch, GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(SMALL_CHUNK))
     body = os.urandom(300_000)
     most = 0
     async with app.router.lifespan_context(app):

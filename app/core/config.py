@@ -302,7 +302,8 @@ class FilesSettings(_Strict):
     s3: S3Settings = S3Settings()
     directory: DirectorySettings = DirectorySettings()
     upload_stale_seconds: float = Field(
-        default=600.0, gt=0, description="An upload that stored no chunk for this long is abandoned and swept."
+        default=600.0, gt=0, description="An upload whose body stopped arriving for this long is abandoned and swept (its "
+        "heartbeat is touched with every stored chunk, and a few times per this while bytes still arrive)."
     )
     sweep_interval_seconds: float = Field(default=60.0, gt=0, description="How often abandoned uploads are swept.")
     max_downloads: int | None = Field(

@@ -27,6 +27,7 @@ import builtins
 import email.utils
 import hashlib
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -113,6 +114,10 @@ class BlobWriter:
         self._stored = 0  # pieces already stored
         self._pending: asyncio.Task[None] | None = None
         self.finished = False
+        # A body may arrive at limits.min_body_rate_bytes, slower than a piece per stale age:
+        # between pieces the heartbeat is touched a few times per stale age.
+        self._beat_every = service.stale_after.total_seconds() / 4
+        self._last_beat = time.monotonic()
 
     async def write(self, data: bytes) -> None:
         if not data:
@@ -136,6 +141,11 @@ class BlobWriter:
             await self._settle()
             self._pending = asyncio.create_task(self._sink.store(self._stored, piece))
             self._stored += 1
+            self._last_beat = time.monotonic()
+        if time.monotonic() - self._last_beat > self._beat_every:
+            self._last_beat = time.monotonic()
+            await self._settle()  # (a store in flight beats too; and two writes of a row at once wait)
+            await self._sink.keep_alive()
 
     def _take(self, n: int) -> bytes:
         """The first ``n`` buffered bytes (copied once), the rest kept."""

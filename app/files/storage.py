@@ -79,6 +79,8 @@ class BlobSink(Protocol):
 
     async def store(self, seq: int, piece: bytes) -> None: ...
 
+    async def keep_alive(self) -> None: ...
+
     async def finish(self, tail: bytes, pieces: int) -> None: ...
 
     async def finish_in(self, conn: AsyncConnection, tail: bytes, pieces: int) -> None: ...
@@ -115,6 +117,16 @@ class _Sink:
         self.object_key = key
         self.chunk_bytes = chunk_bytes
         self.heartbeat = Heartbeat(repo, blob_id)
+
+    async def _beat(self) -> None:
+        async with self._write() as conn:
+            await self.heartbeat.beat(conn)
+
+    async def keep_alive(self) -> None:
+        """Touch the heartbeat of an upload that has stored a piece: its body is still arriving,
+        slower than a piece per ``files.upload_stale_seconds`` but within the body's rate."""
+        if self.heartbeat.started:
+            await self._beat()
 
 
 class ChunkSink(_Sink):
@@ -211,10 +223,6 @@ class _SinkOutside(_Sink):
     def key(self) -> str:
         assert self.object_key is not None
         return self.object_key
-
-    async def _beat(self) -> None:
-        async with self._write() as conn:
-            await self.heartbeat.beat(conn)
 
     async def _forget_upload(self) -> None:
         if self.heartbeat.started:
