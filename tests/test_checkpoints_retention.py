@@ -232,10 +232,15 @@ async def test_a_checkpoint_written_while_its_idle_thread_is_swept_is_kept(gatew
     async with gateway.client(namespace) as gw:
         put = {"thread_id": "idle", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="}}
         assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
+        t = checkpoint_threads
+        async with gateway_state(gateway.app).databases.engine(Database.checkpoints).connect() as conn:
+            mine = (await conn.execute(select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "idle"))).scalar_one()
 
         async def idle_threads(conn: Any, now: float, batch: int) -> list[int]:
             pks = await found_idle(conn, now, batch)
-            if pks and not late:  # the write lands between the sweep's look and its delete
+            # The write lands between the sweep's look and its delete (of this thread: the sweep
+            # goes over every namespace, and other tests' threads may be idle too).
+            if mine in pks and not late:
                 again = {**put, "checkpoint_id": "c2"}
                 late.append(asyncio.ensure_future(
                     gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=again)
