@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.core.names import NAME_PATTERN, key_problem
+from app.core.names import KEY_PATTERN, NAME_PATTERN, key_problem
 
 # What app.auth.service.validate_pattern and validate_scopes accept, for the OpenAPI document.
 # The capability names are the registry's: app.core.http.openapi writes them into this pattern.
@@ -25,7 +25,9 @@ class KeyCreate(BaseModel):
         min_length=1, max_length=32, description="CAP:ACTION; CAP a capability this gateway serves or *; "
         "ACTION in read, write, * (write includes read).", examples=[["kv:write", "vectors:read"]],
     )
-    description: str = Field(default="", max_length=500, examples=["memory plugin, production"])
+    description: str = Field(
+        default="", max_length=500, json_schema_extra={"pattern": KEY_PATTERN}, examples=["memory plugin, production"]
+    )
 
     @field_validator("description")
     @classmethod
