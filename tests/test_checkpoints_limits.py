@@ -126,3 +126,17 @@ async def test_copies_in_opposite_directions_at_once_all_succeed(http: httpx.Asy
     assert missing.status_code == 200 and missing.json()["copied"] == 0
     page = (await http.post(f"{base}/search", json={"thread_id": "a0"})).json()
     assert page["items"] == []  # nothing made for a missing source
+
+
+async def test_a_backslash_before_u0000_is_text_not_a_nul(small: httpx.AsyncClient, namespace: str) -> None:
+    """Metadata holding a backslash then ``u0000`` (six characters) is JSON ``"\\\\u0000"``, no
+    NUL: stored and found by a filter on both backends. Before, the NUL check read the escape
+    inside it and answered 422; a real NUL still is one."""
+    url = f"/v1/{namespace}/checkpoints"
+    text = "\\u0000"
+    assert len(text) == 6
+    r = await small.post(f"{url}/put", json=checkpoint(thread_id="bs", metadata={"k": text}))
+    assert r.status_code == 200, r.text
+    found = (await small.post(f"{url}/search", json={"filter": {"k": text}})).json()["items"]
+    assert [(p["thread_id"], p["metadata"]) for p in found] == [("bs", {"k": text})]
+    assert_problem(await small.post(f"{url}/put", json=checkpoint(metadata={"k": "a\\\u0000"})), 422, "metadata")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,6 +22,10 @@ from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.core.jsonvalue import dumps_text
 from app.core.http.pagination import CursorBigint, decode_cursor, encode_cursor
 from app.core.db.statements import StatementConnection
+
+# A NUL in JSON text: the escape \u0000 not itself escaped (an even run of backslashes before it):
+# a text holding a backslash then "u0000" is written \\u0000 and is no NUL.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 _b64 = base64.b64encode
 
@@ -57,7 +62,7 @@ class CheckpointsService:
             text = dumps_text(value)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(field, f"is not JSON: {exc}") from None
-        if "\\u0000" in text:
+        if _NUL_ESCAPE.search(text):
             raise InvalidInput(field, "must not contain NUL characters (\\u0000)")
         if len(text) > limit:
             message = f"must be at most {limit} bytes of JSON (got {len(text)})"
