@@ -21,7 +21,7 @@ def quote_etag(tag: str) -> str:
 MAX_ETAGS = 64  # entity tags one condition may list: each is a bound value of the write's statement
 
 
-def parse_etags(header: str | None, name: str = "If-Match") -> list[str] | None:
+def parse_etags(header: str | None, name: str) -> list[str] | None:
     """``None`` when absent, ``["*"]`` for any, else the listed tags without quotes or ``W/``,
     each once; more than ``MAX_ETAGS`` is a 422 naming the header ``name``."""
     if header is None:
