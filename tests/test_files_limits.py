@@ -188,3 +188,128 @@ async def test_a_body_in_tiny_pieces_is_gathered_before_it_is_queued(
             r = await http.get(url(namespace, "tiny", "f"))
             assert r.status_code == 200 and r.content == body
     assert most <= len(body) // SMALL_PIECE + 2, most
+
+
+async def snapshots_held(backend: Backend) -> int:
+    """Read snapshots the gateway holds in the metadata database: PostgreSQL, its connections idle
+    in a transaction with an xmin (what holds back VACUUM); SQLite, 1 when a WAL
+    checkpoint of a write made now cannot finish (a reader's snapshot predates it), else 0."""
+    from sqlalchemy import text
+
+    from tests.files_storage import metadata
+
+    if backend.name.startswith("postgres"):
+        async with metadata(backend) as conn:
+            return int((await conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'storage-gateway' AND state = 'idle in transaction' "
+                "AND backend_xmin IS NOT NULL"
+            ))).scalar_one())
+    import sqlite3
+
+    path = backend.urls["metadata"].split("///", 1)[1]
+
+    def checkpoint() -> int:
+        db = sqlite3.connect(path, timeout=0.5, isolation_level=None)
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS probe_writes (x)")
+            db.execute("INSERT INTO probe_writes VALUES (1)")
+            busy, _log, _done = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return int(busy)
+        finally:
+            db.close()
+
+    return await asyncio.to_thread(checkpoint)
+
+
+async def test_a_slow_download_lets_its_snapshot_go(
+    backend: Backend, server: Server, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download of database chunks reads them in one snapshot for at most
+    ``files.download_snapshot_seconds``; one still running then reads each further chunk on its
+    own, and holds no snapshot between them. Its file replaced after that: it is cut off
+    (``VersionGone``), never finished with the new version's bytes. Before, the snapshot (and a
+    pooled connection) lasted as long as the client took to read: a reader at 9 KB/s held back
+    PostgreSQL's VACUUM, or every WAL checkpoint of SQLite, for hours. Bytes in S3 or a local file
+    never change once written: such a download sends the old version whole."""
+    from app.core.http.conditions import WriteConditions
+    from app.files.ranges import whole
+    from app.files.storage import ChunkReader, VersionGone
+
+    app = in_process_app(backend, monkeypatch, GATEWAY_FILES__DOWNLOAD_SNAPSHOT_SECONDS="0.5",
+                         GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(SMALL_CHUNK))
+    old, new = os.urandom(8 * SMALL_CHUNK), os.urandom(3 * SMALL_CHUNK)
+    async with app.router.lifespan_context(app):
+        service = app.state.gateway.services["files"]
+        for data in (old, old):  # a slow download with no replace, then one with
+            async with service.new_blob(namespace) as writer:
+                await writer.write(data)
+                await writer.commit(namespace, "slow", "f", "application/octet-stream", WriteConditions())
+        for replaced in (False, True):
+            reader = await service.open(namespace, "slow", "f")
+            got = bytearray()
+            try:
+                await reader.start(whole(reader.row.size))
+                pieces = reader.iter_bytes(whole(reader.row.size))
+                got += await anext(pieces)
+                if backend.chunks_in_database:
+                    assert isinstance(reader, ChunkReader)
+                    assert await snapshots_held(backend) == 1  # the check sees a snapshot
+                await asyncio.sleep(0.7)
+                got += await anext(pieces, b"")  # past the limit: read on its own (S3, a local file: done)
+                assert await snapshots_held(backend) == 0
+                if replaced:
+                    async with service.new_blob(namespace) as writer:
+                        await writer.write(new)
+                        await writer.commit(namespace, "slow", "f", "application/octet-stream", WriteConditions())
+                if replaced and backend.chunks_in_database:
+                    with pytest.raises(VersionGone):
+                        async for piece in pieces:
+                            got += piece
+                    assert len(got) < len(old) and bytes(got) == old[: len(got)]
+                else:
+                    async for piece in pieces:
+                        got += piece
+                    assert bytes(got) == old
+            finally:
+                await reader.close()
+    assert (await wait_clean(backend))["unreferenced"] == 0
+
+
+async def test_a_slow_downloader_is_cut_off_when_its_file_changes_after_the_snapshot(
+    server: Server, backend: Backend, namespace: str, tmp_path: Path, api_key: str | None,
+    client_transport: str,
+) -> None:
+    """Through a gateway process and the client: a download still running after
+    ``files.download_snapshot_seconds`` whose file is replaced meanwhile ends short (the client
+    raises ``TransportError``) with a prefix of the old bytes, never the new ones; the gateway logs
+    why. Bytes in S3 or a local file never change once written: the old version comes whole."""
+    from storage_gateway_client import TransportError
+
+    srv = start_server(backend, tmp_path / "snapshot.log", **keyed(api_key),
+                       GATEWAY_FILES__DOWNLOAD_SNAPSHOT_SECONDS="0.5")
+    old = os.urandom(32 * 1024 * 1024)  # more than the sockets' buffers hold: the gateway waits on the client
+    try:
+        async with GatewayClient(srv.url, namespace, api_key, transport=client_transport) as gw:
+            await gw.files.save_file("cut", "f", old)
+            got = bytearray()
+            async with gw.files.download("cut", "f") as d:
+                pieces = d.aiter_bytes()
+                got += await anext(pieces)
+                await asyncio.sleep(1.0)
+                await gw.files.save_file("cut", "f", b"new")
+                if backend.chunks_in_database:
+                    with pytest.raises(TransportError):
+                        async for piece in pieces:
+                            got += piece
+                else:
+                    async for piece in pieces:
+                        got += piece
+            if backend.chunks_in_database:
+                assert len(got) < len(old) and bytes(got) == old[: len(got)]
+                assert "outlasted its snapshot" in srv.log()
+            else:
+                assert bytes(got) == old
+            assert await gw.files.get_file("cut", "f") == b"new"
+    finally:
+        stop_server(srv)

@@ -309,7 +309,15 @@ class FilesSettings(_Strict):
     max_downloads: int | None = Field(
         default=None, ge=1,
         description="Downloads in progress per process, each holding a metadata connection while its client reads "
-        "(default: half of the metadata pool_size + max_overflow); more are 503 with Retry-After.",
+        "(database chunks: for at most download_snapshot_seconds) (default: half of the metadata pool_size + "
+        "max_overflow); more are 503 with Retry-After.",
+    )
+    download_snapshot_seconds: float = Field(
+        default=60.0, gt=0,
+        description="A download of a file stored as several database chunks reads them in one snapshot (a replace or "
+        "delete meanwhile does not change what it sends) for at most this long; a download still running then reads "
+        "each further chunk on its own, and is cut off short if the file was replaced or deleted meanwhile. Bounds how "
+        "long a slow client holds back PostgreSQL's VACUUM or SQLite's WAL checkpoints, and a pooled connection.",
     )
     max_downloads_per_namespace: int | None = Field(
         default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads).",

@@ -51,7 +51,7 @@ from app.files.service import (
     plan_download,
 )
 from app.files.s3 import SocketBody
-from app.files.storage import BlobReader
+from app.files.storage import BlobReader, VersionGone
 
 log = logging.getLogger("app.files")
 
@@ -260,6 +260,9 @@ class BlobResponse(StreamingResponse):
             pass  # the client left; nothing to answer
         except* ReaderStalled:
             log.warning("a download's client took nothing for %g s: cut off", self._send_timeout)
+        except* VersionGone as gone:
+            log.warning("a download outlasted its snapshot and its file was replaced or deleted meanwhile: cut off "
+                        "(%s)", gone.exceptions[0])
         finally:
             deadline.close()
             await self._reader.close()

@@ -14,7 +14,9 @@ blob's chunks. Any failure drops the new blob's chunks; a crash leaves them list
 A body that fits in one chunk skips all that and is written in a single transaction.
 
 Download: the file row and all its chunks are read inside one snapshot transaction, so a
-download that overlaps a replace or delete sends the old version whole, never a mix. An S3
+download that overlaps a replace or delete sends the old version whole, never a mix; one still
+running after ``files.download_snapshot_seconds`` lets the snapshot go and reads each further
+chunk on its own, and is cut off short if its version lost them meanwhile (``ChunkReader``). An S3
 object never changes once written: its download reads the row, lets the connection go and
 streams a ranged GET; a local file is never changed either, and is read from a descriptor that
 stays valid if the file is removed meanwhile.
@@ -331,6 +333,7 @@ class FilesService:
         total = settings.files.max_downloads or (pool.pool_size + pool.max_overflow) // 2
         self.downloads = Slots("downloads", total, settings.files.max_downloads_per_namespace or total // 2)
         self.send_timeout = settings.limits.send_idle_timeout_seconds
+        self.download_snapshot_seconds = settings.files.download_snapshot_seconds
         self.splice_downloads = settings.files.s3.splice_downloads
         self._inline = frozenset(t.strip().lower() for t in settings.files.inline_types)
         self._inline_by_namespace = {
@@ -481,7 +484,8 @@ class FilesService:
                 return BytesReader(row, only_chunk or b"")
             if row.object_key is None:
                 # It holds this connection while its client reads: only a bounded share of the pool.
-                return ChunkReader(conn, self.repo, row, self.downloads.take(namespace))
+                return ChunkReader(conn, self.repo, row, self.downloads.take(namespace), self._engine.connect,
+                                   self.download_snapshot_seconds)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await conn.close()

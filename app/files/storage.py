@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
@@ -176,18 +177,36 @@ class BytesReader:
         pass
 
 
+class VersionGone(Exception):
+    """The version a download was sending lost its bytes (replaced or deleted) after the download
+    let its snapshot go: the response is cut off short, never finished with another version's."""
+
+
 class ChunkReader:
-    """A file row and its chunks, read in one snapshot transaction on a connection of its own,
-    holding a download slot (``app.core.db.slots``) until closed."""
+    """A file row and its chunks, holding a download slot (``app.core.db.slots``) until closed.
+
+    The chunks are read in one snapshot transaction, on a connection of its own, for at most
+    ``snapshot_seconds``: a replace or delete meanwhile does not change what is sent. A download
+    still running then lets the snapshot (and its connection) go, and reads each further chunk
+    in a short read of its own: a version's chunks never change under its blob id, so such a
+    read returns the same bytes, or none once the version was replaced or deleted (the download
+    is then cut off: ``VersionGone``). A slow client so holds back neither PostgreSQL's VACUUM
+    nor SQLite's WAL checkpoints for longer than that, nor a pooled connection while it reads.
+    """
 
     in_memory = False
     socket_body: SocketBody | None = None
 
-    def __init__(self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot) -> None:
-        self._conn = conn
+    def __init__(
+        self, conn: AsyncConnection, repo: FilesRepository, row: FileRow, slot: Slot,
+        reads: Callable[[], AbstractAsyncContextManager[AsyncConnection]], snapshot_seconds: float,
+    ) -> None:
+        self._conn: AsyncConnection | None = conn
         self._repo = repo
         self.row = row
         self._slot = slot
+        self._reads = reads
+        self._snapshot_until = time.monotonic() + snapshot_seconds
 
     async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         pass
@@ -199,17 +218,34 @@ class ChunkReader:
         size = self.row.chunk_bytes
         first, last = byte_range.start // size, byte_range.end // size
         for seq in range(first, last + 1):
-            data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
-            if data is None:  # impossible inside the snapshot; never send a mix
-                raise RuntimeError(f"blob {self.row.blob_id} lacks chunk {seq}")
+            data = await self._chunk(seq)
             lo = byte_range.start - seq * size if seq == first else 0
             hi = byte_range.end - seq * size + 1 if seq == last else len(data)
             yield data if lo == 0 and hi == len(data) else data[lo:hi]
 
+    async def _chunk(self, seq: int) -> bytes:
+        if self._conn is not None and time.monotonic() >= self._snapshot_until:
+            await self._let_snapshot_go()
+        if self._conn is not None:
+            data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
+            if data is None:  # impossible inside the snapshot; never send a mix
+                raise RuntimeError(f"blob {self.row.blob_id} lacks chunk {seq}")
+            return data
+        async with self._reads() as conn:
+            data = await self._repo.chunk(conn, self.row.blob_id, seq)
+        if data is None:
+            raise VersionGone(f"blob {self.row.blob_id} lost chunk {seq} during a download")
+        return data
+
+    async def _let_snapshot_go(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
     async def close(self) -> None:
         self._slot.release()
-        with anyio.CancelScope(shield=True):
-            await self._conn.close()
+        await self._let_snapshot_go()
 
 
 # --- objects in an S3 bucket ------------------------------------------------------------------
