@@ -140,3 +140,50 @@ async def test_a_backslash_before_u0000_is_text_not_a_nul(small: httpx.AsyncClie
     found = (await small.post(f"{url}/search", json={"filter": {"k": text}})).json()["items"]
     assert [(p["thread_id"], p["metadata"]) for p in found] == [("bs", {"k": text})]
     assert_problem(await small.post(f"{url}/put", json=checkpoint(metadata={"k": "a\\\u0000"})), 422, "metadata")
+
+
+async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server, namespace: str, tmp_path: Path) -> None:
+    """A search page ends before the checkpoint that would make it weigh more than
+    ``checkpoints.max_page_bytes`` (checkpoints with their channel values and pending writes; the
+    first always comes), and its ``next_cursor`` goes on: every checkpoint comes once, in order.
+    Before, a page was ``limit`` checkpoints whatever they held: up to 1,000 of 8 MB each, with
+    their values and writes, built whole in the gateway's memory for one request."""
+    budget = 10_000
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False,
+        checkpoints={"max_blob_bytes": 4096, "max_page_bytes": budget},
+    )
+    app = create_app(settings)
+    put, search = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/search"
+
+    def data(n: int) -> dict:
+        return {"type": "bytes", "data": base64.b64encode(b"x" * n).decode()}
+
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            for i in range(9):  # ~3 KB each; c04 holds a 4 KB value too, c06 two 3 KB pending writes
+                body = checkpoint(thread_id="b", checkpoint_id=f"c{i:02}", checkpoint=data(3000))
+                if i == 4:
+                    body |= {"channel_versions": {"m": "1"}, "blobs": [{"channel": "m", "version": "1", **data(4000)}]}
+                assert (await http.post(put, json=body)).is_success
+                if i == 6:
+                    writes = {"thread_id": "b", "checkpoint_id": "c06", "task_id": "k",
+                              "writes": [{"idx": j, "channel": "w", **data(3000)} for j in range(2)]}
+                    assert (await http.post(f"/v1/{namespace}/checkpoints/writes", json=writes)).is_success
+            pages, cursor = [], None
+            while True:
+                r = await http.post(search, json={"thread_id": "b", "limit": 100} | ({"cursor": cursor} if cursor else {}))
+                assert r.status_code == 200, r.text
+                page = r.json()
+                pages.append([p["checkpoint_id"] for p in page["items"]])
+                cursor = page["next_cursor"]
+                if not cursor:
+                    break
+            # newest first: c08 c07 | c06 (9 KB with its writes) | c05 c04 (7 KB with its value) | c03 c02 c01 | c00
+            assert pages == [["c08", "c07"], ["c06"], ["c05"], ["c04"], ["c03", "c02", "c01"], ["c00"]], pages
+            heavy = (await http.post(search, json={"thread_id": "b", "checkpoint_id": "c06"})).json()["items"]
+            assert len(heavy[0]["pending_writes"]) == 2
+            # A page under the budget is as before: full pages have a cursor, the last none.
+            r = (await http.post(search, json={"thread_id": "b", "limit": 2})).json()
+            assert [p["checkpoint_id"] for p in r["items"]] == ["c08", "c07"] and r["next_cursor"]

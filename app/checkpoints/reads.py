@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, Text, and_, bindparam, cast, literal, null, select, tuple_, union_all
+from sqlalchemy import Integer, Text, and_, bindparam, cast, func, literal, null, or_, select, tuple_, union_all
 
 from app.checkpoints.backend import CheckpointsBackend
+from app.checkpoints.models import checkpoint_blobs as blobs
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
@@ -32,6 +33,7 @@ class Shape:
     before: bool
     filter_keys: int  # entries of the metadata filter (0: none)
     cursor: bool
+    budget: bool = False  # the page stops once its stored bytes pass ``budget`` (``_budgeted``)
 
 
 @dataclass
@@ -89,14 +91,19 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
             < tuple_(bindparam("a_cid", type_=cp.c.checkpoint_id.type), bindparam("a_pk", type_=Integer),
                      bindparam("a_cns", type_=cp.c.checkpoint_ns.type))
         )
-    page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
-    key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
     j = backend.json_text
+    if shape.budget:
+        page = _budgeted(backend, page.add_columns(_stored_bytes(backend, j)).order_by(*order))
+        found = page.c.found
+    else:
+        page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
+        found = cast(null(), Integer)
+    key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
     rows = select(
         literal(CHECKPOINT, Integer).label("kind"), *key, page.c.thread_id.label("a"),
         cast(page.c.parent_checkpoint_id, Text).label("b"), cast(page.c.type, Text).label("c"),
         page.c.checkpoint.label("data"), j(page.c.channel_versions).label("d"), j(page.c.metadata).label("e"),
-        cast(null(), Integer).label("idx"),
+        found.label("idx"),
     )
     found, value = backend.values_of(page)
     values = select(
@@ -113,6 +120,38 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     return union_all(rows, values, pending)
 
 
+def _stored_bytes(backend: CheckpointsBackend, j: Any) -> Any:
+    """What a checkpoint row of the page weighs: its bytes and JSON, the values of its channel
+    versions and its pending writes (their lengths only: no value is read for it)."""
+    v = backend.versions_of(cp)
+    values = select(func.coalesce(func.sum(func.length(blobs.c.blob)), 0)).select_from(v.join(blobs, and_(
+        blobs.c.thread_pk == cp.c.thread_pk, blobs.c.checkpoint_ns == cp.c.checkpoint_ns,
+        blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
+    ))).scalar_subquery()
+    pending = select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
+        writes.c.thread_pk == cp.c.thread_pk, writes.c.checkpoint_ns == cp.c.checkpoint_ns,
+        writes.c.checkpoint_id == cp.c.checkpoint_id,
+    ).scalar_subquery()
+    return (func.length(cp.c.checkpoint) + func.length(j(cp.c.metadata)) + func.length(j(cp.c.channel_versions))
+            + values + pending).label("weight")
+
+
+def _budgeted(backend: CheckpointsBackend, ordered: Any) -> Any:
+    """The page of ``ordered`` (newest first, with each row's ``weight``) up to ``lim`` rows, and
+    of those the ones that weigh at most ``budget`` bytes with the rows before them (the first row
+    always stays); ``found``: how many rows the page had before that cut (more than it keeps: a
+    next page follows)."""
+    first = ordered.limit(bindparam("lim", type_=Integer)).cte("page_all")
+    newest_first = [first.c.checkpoint_id.desc(), first.c.thread_pk.desc(), first.c.checkpoint_ns.desc()]
+    weighed = select(
+        first, func.sum(first.c.weight).over(order_by=newest_first, rows=(None, 0)).label("upto"),
+        func.row_number().over(order_by=newest_first).label("nth"), func.count().over().label("found"),
+    ).cte("page_weighed")
+    return select(weighed).where(
+        or_(weighed.c.upto <= bindparam("budget", type_=Integer), weighed.c.nth == 1)
+    ).cte("page")
+
+
 class CheckpointReader:
     def __init__(self, backend: CheckpointsBackend, fixed: type[FixedStatement]) -> None:
         self._backend = backend
@@ -121,23 +160,29 @@ class CheckpointReader:
     async def page(
         self, conn: StatementConnection, ns: str, *, thread_id: str | None, checkpoint_ns: str | None,
         checkpoint_id: str | None = None, before: str | None = None, filter: Mapping[str, Any] | None = None,
-        after_key: tuple[str, int, str] | None = None, limit: int,
-    ) -> list[PageRow]:
+        after_key: tuple[str, int, str] | None = None, limit: int, budget: int | None = None,
+    ) -> tuple[list[PageRow], bool]:
         """Checkpoints of namespace ``ns`` newest first (``checkpoint_id``, then thread and
-        checkpoint_ns, descending); ``after_key`` continues after that position."""
+        checkpoint_ns, descending); ``after_key`` continues after that position. With ``budget``
+        (and ``limit`` over 1), the page ends before the checkpoint that would make it weigh more
+        than that many stored bytes (values and pending writes included; the first checkpoint
+        always comes); True with the rows: it was cut so, and more may follow."""
+        budgeted = budget is not None and limit > 1
         params: dict[str, Any] = {"ns": ns, "lim": limit, "tid": thread_id, "cns": checkpoint_ns,
-                                  "cid": checkpoint_id, "before": before}
+                                  "cid": checkpoint_id, "before": before, "budget": budget}
         if filter:
             params.update(self._backend.metadata_filter_params(filter))
         if after_key is not None:
             params["a_cid"], params["a_pk"], params["a_cns"] = after_key
         shape = Shape(thread_id is not None, checkpoint_ns is not None, checkpoint_id is not None, before is not None,
-                      len(filter or {}), after_key is not None)
+                      len(filter or {}), after_key is not None, budgeted)
         pages: dict[tuple[int, str, str], PageRow] = {}
         values, pending = [], []
+        found = 0
         for kind, pk, cns, cid, a, b, c, data, d, e, idx in await self._shapes(shape).all(conn, params):
             if kind == CHECKPOINT:
                 pages[(pk, cns, cid)] = PageRow(pk, a, cns, cid, b, c, bytes(data), d, e, [], [])
+                found = max(found, idx or 0)
             elif kind == VALUE:
                 values.append(((pk, cns, cid), (a, c, bytes(data))))
             else:
@@ -149,6 +194,6 @@ class CheckpointReader:
         out = sorted(pages.values(), key=lambda r: (r.checkpoint_id, r.thread_pk, r.checkpoint_ns), reverse=True)
         for row in out:
             row.writes.sort(key=lambda w: (w[4], w[0], w[5]))  # (task_path, task_id, idx)
-        return out
+        return out, found > len(out)
 
 

@@ -94,7 +94,9 @@ async def search_checkpoints(
     namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsPgReadStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
-    namespace, with a metadata `filter` (served by an index), `before` and a page `limit`."""
+    namespace, with a metadata `filter` (served by an index), `before` and a page `limit`. A page
+    also ends before the checkpoint that would make it hold more than `checkpoints.max_page_bytes`
+    (with values and pending writes; at least one checkpoint): follow `next_cursor` until it is null."""
     return Response(await service.search(conn, namespace, body), media_type=JSON)
 
 

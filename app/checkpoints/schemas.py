@@ -142,7 +142,10 @@ class CheckpointPage(BaseModel):
     """Checkpoints newest first (descending `checkpoint_id`)."""
 
     items: list[CheckpointTupleRead]
-    next_cursor: str | None = Field(default=None, description="Pass as `cursor` for the next page.")
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page; null at the end (a page may be short of "
+        "`limit` and still have one: `checkpoints.max_page_bytes`).",
+    )
 
 
 class CheckpointSearch(BaseModel):

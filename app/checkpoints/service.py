@@ -120,7 +120,7 @@ class CheckpointsService:
 
     async def get(self, conn: StatementConnection, ns: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> bytes:
         """The checkpoint (the newest of the thread and checkpoint_ns without an id) as JSON, or 404."""
-        rows = await self.reader.page(
+        rows, _ = await self.reader.page(
             conn, ns, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, limit=1
         )
         if not rows:
@@ -129,7 +129,8 @@ class CheckpointsService:
         return orjson.dumps(self._tuple(rows[0]))
 
     async def search(self, conn: StatementConnection, ns: str, body: CheckpointSearch) -> bytes:
-        """A page newest first; a full page has a ``next_cursor`` (the page after may be empty)."""
+        """A page newest first; a full page has a ``next_cursor`` (the page after may be empty), and
+        so has one cut short by ``checkpoints.max_page_bytes``."""
         limit = body.limit or self.limits.default_page_size
         if limit > self.limits.max_page_size:
             raise InvalidInput("limit", f"must be at most {self.limits.max_page_size}")
@@ -141,11 +142,11 @@ class CheckpointsService:
         if body.cursor is not None:
             position = decode_cursor(body.cursor, "c", "n", p=CursorBigint)
             after = (position["c"], position["p"], position["n"])
-        rows = await self.reader.page(
+        rows, cut = await self.reader.page(
             conn, ns, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
-            before=body.before, filter=body.filter, after_key=after, limit=limit,
+            before=body.before, filter=body.filter, after_key=after, limit=limit, budget=self.settings.max_page_bytes,
         )
-        last = rows[-1] if len(rows) == limit else None
+        last = rows[-1] if len(rows) == limit or cut else None
         next_cursor = encode_cursor({"c": last.checkpoint_id, "p": last.thread_pk, "n": last.checkpoint_ns}) if last else None
         return orjson.dumps({"items": [self._tuple(r) for r in rows], "next_cursor": next_cursor})
 

@@ -224,6 +224,12 @@ class CheckpointsSettings(_Strict):
         default=8 * 1024 * 1024, ge=1, description="Largest checkpoint, channel value or pending write (typed bytes)."
     )
     max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
+    max_page_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1,
+        description="A search (list) page ends before the checkpoint that would make its checkpoints, with their "
+        "channel values and pending writes, weigh more than this many stored bytes (a page has at least one "
+        "checkpoint; `next_cursor` goes on).",
+    )
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
     )
