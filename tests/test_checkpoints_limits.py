@@ -187,3 +187,21 @@ async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server,
             # A page under the budget is as before: full pages have a cursor, the last none.
             r = (await http.post(search, json={"thread_id": "b", "limit": 2})).json()
             assert [p["checkpoint_id"] for p in r["items"]] == ["c08", "c07"] and r["next_cursor"]
+
+
+async def test_filter_keys_are_found_alike_on_both_backends(http: httpx.AsyncClient, namespace: str) -> None:
+    """A filter key of up to 256 characters (1,024 bytes of UTF-8 at most) finds its checkpoint on
+    both backends; a longer one is a 422 naming the filter. Before, a key over 1,024 bytes was
+    found on PostgreSQL (jsonb containment) and never on SQLite (no metadata term for it)."""
+    url = f"/v1/{namespace}/checkpoints/put"
+    wide, long = "\U0001d11e" * 256, "a" * 1025  # 1,024 bytes in 256 characters; 1,025 bytes
+    for cid, key in (("c1", wide), ("c2", long)):
+        r = await http.post(url, json=checkpoint(thread_id="keys", checkpoint_id=cid, metadata={key: None, "n": cid}))
+        assert r.is_success, r.text
+    search = f"/v1/{namespace}/checkpoints/search"
+    found = (await http.post(search, json={"filter": {wide: None}})).json()["items"]
+    assert [p["checkpoint_id"] for p in found] == ["c1"]
+    assert_problem(await http.post(search, json={"filter": {long: None}}), 422, "filter")
+    assert_problem(await http.post(search, json={"filter": {"a" * 257: 1}}), 422, "filter")
+    both = (await http.post(search, json={"thread_id": "keys"})).json()["items"]
+    assert [p["checkpoint_id"] for p in both] == ["c2", "c1"]  # stored whatever their keys

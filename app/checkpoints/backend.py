@@ -33,11 +33,15 @@ def canonical_json(value: Scalar) -> str:
     return dumps_text(value)
 
 
+TERM_KEY_MAX_BYTES = 1024  # metadata keys longer than this have no filter term (SQLite)
+
+
 def scalar_terms(metadata: Mapping[str, Any]) -> dict[str, str]:
-    """The top-level scalar entries of ``metadata`` as canonical JSON text."""
+    """The top-level scalar entries of ``metadata`` as canonical JSON text (keys of at most
+    ``TERM_KEY_MAX_BYTES``: a filter's keys are shorter, ``app.checkpoints.schemas.FilterKey``)."""
     return {
         k: canonical_json(v) for k, v in metadata.items()
-        if v is None or (isinstance(v, (str, int, float, bool)) and len(k.encode("utf-8")) <= 1024)
+        if len(k.encode("utf-8")) <= TERM_KEY_MAX_BYTES and (v is None or isinstance(v, (str, int, float, bool)))
     }
 
 

@@ -12,13 +12,18 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictStr, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, Field, StrictStr, StringConstraints, WithJsonSchema
 
+from app.checkpoints.backend import TERM_KEY_MAX_BYTES
 from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.names import KeyText
 from app.core.numbers import FiniteFloat, StrictBool, StrictInt
 
 Scalar = StrictStr | StrictInt | FiniteFloat | StrictBool | None
+# A filter's key is found the same on both backends up to TERM_KEY_MAX_BYTES of UTF-8 (SQLite
+# keeps the metadata terms it filters on for keys up to that); a character is at most 4 bytes.
+FILTER_KEY_CHARS = TERM_KEY_MAX_BYTES // 4
+FilterKey = Annotated[str, StringConstraints(max_length=FILTER_KEY_CHARS)]
 
 
 def _text(max_bytes: int, *, allow_empty: bool = False) -> KeyText:
@@ -154,8 +159,9 @@ class CheckpointSearch(BaseModel):
     thread_id: ThreadId | None = None
     checkpoint_ns: CheckpointNs | None = Field(default=None, description="Omit: every namespace of the thread.")
     checkpoint_id: CheckpointId | None = Field(default=None, description="Only this checkpoint.")
-    filter: dict[str, Scalar] | None = Field(
-        default=None, description="Metadata entries that must all be equal (top-level keys, scalar values).",
+    filter: dict[FilterKey, Scalar] | None = Field(
+        default=None, description="Metadata entries that must all be equal (top-level keys of at most "
+        f"{FILTER_KEY_CHARS} characters, scalar values).",
         examples=[{"source": "loop", "step": 1}],
     )
     before: CheckpointId | None = Field(default=None, description="Only checkpoints with a smaller id.")
