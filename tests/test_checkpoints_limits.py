@@ -205,3 +205,21 @@ async def test_filter_keys_are_found_alike_on_both_backends(http: httpx.AsyncCli
     assert_problem(await http.post(search, json={"filter": {"a" * 257: 1}}), 422, "filter")
     both = (await http.post(search, json={"thread_id": "keys"})).json()["items"]
     assert [p["checkpoint_id"] for p in both] == ["c2", "c1"]  # stored whatever their keys
+
+
+async def test_a_page_budget_beyond_32_bits_is_taken(backend: Backend, server: Server, namespace: str, tmp_path: Path) -> None:
+    """``checkpoints.max_page_bytes`` of 2**31 or more: found in review, every search of more than
+    one checkpoint was a 500 on PostgreSQL (the budget was bound as a 32-bit integer)."""
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False, checkpoints={"max_page_bytes": 2**40},
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            for cid in ("c1", "c2", "c3"):
+                r = await http.post(f"/v1/{namespace}/checkpoints/put", json=checkpoint(thread_id="huge", checkpoint_id=cid))
+                assert r.is_success, r.text
+            r = await http.post(f"/v1/{namespace}/checkpoints/search", json={"thread_id": "huge", "limit": 2})
+            assert r.status_code == 200, r.text
+            assert [p["checkpoint_id"] for p in r.json()["items"]] == ["c3", "c2"] and r.json()["next_cursor"]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, Text, and_, bindparam, cast, func, literal, null, or_, select, tuple_, union_all
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, cast, func, literal, null, or_, select, tuple_, union_all
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_blobs as blobs
@@ -124,10 +124,13 @@ def _stored_bytes(backend: CheckpointsBackend, j: Any) -> Any:
     """What a checkpoint row of the page weighs: its bytes and JSON, the values of its channel
     versions and its pending writes (their lengths only: no value is read for it)."""
     v = backend.versions_of(cp)
-    values = select(func.coalesce(func.sum(func.length(blobs.c.blob)), 0)).select_from(v.join(blobs, and_(
+    # one primary-key lookup per version, as ``values_of`` reads them: a join let PostgreSQL hash
+    # every value the thread ever stored for each checkpoint of the page
+    one = select(func.length(blobs.c.blob)).where(
         blobs.c.thread_pk == cp.c.thread_pk, blobs.c.checkpoint_ns == cp.c.checkpoint_ns,
         blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
-    ))).scalar_subquery()
+    ).correlate(cp, v).limit(1).scalar_subquery()
+    values = select(func.coalesce(func.sum(one), 0)).select_from(v).scalar_subquery()
     pending = select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
         writes.c.thread_pk == cp.c.thread_pk, writes.c.checkpoint_ns == cp.c.checkpoint_ns,
         writes.c.checkpoint_id == cp.c.checkpoint_id,
@@ -148,7 +151,7 @@ def _budgeted(backend: CheckpointsBackend, ordered: Any) -> Any:
         func.row_number().over(order_by=newest_first).label("nth"), func.count().over().label("found"),
     ).cte("page_weighed")
     return select(weighed).where(
-        or_(weighed.c.upto <= bindparam("budget", type_=Integer), weighed.c.nth == 1)
+        or_(weighed.c.upto <= bindparam("budget", type_=BigInteger), weighed.c.nth == 1)
     ).cte("page")
 
 
