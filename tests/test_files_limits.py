@@ -214,6 +214,7 @@ async def snapshots_held(backend: Backend) -> int:
         try:
             db.execute("CREATE TABLE IF NOT EXISTS probe_writes (x)")
             db.execute("INSERT INTO probe_writes VALUES (1)")
+            db.execute("PRAGMA busy_timeout = 0")  # not waiting for the reader: it may let go meanwhile
             busy, _log, _done = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             return int(busy)
         finally:
@@ -255,7 +256,8 @@ async def test_a_slow_download_lets_its_snapshot_go(
                 if backend.chunks_in_database:
                     assert isinstance(reader, ChunkReader)
                     assert await snapshots_held(backend) == 1  # the check sees a snapshot
-                await asyncio.sleep(0.7)
+                await asyncio.sleep(0.7)  # the client slow to take the chunk read: the snapshot goes on time
+                assert await snapshots_held(backend) == 0
                 got += await anext(pieces, b"")  # past the limit: read on its own (S3, a local file: done)
                 assert await snapshots_held(backend) == 0
                 if replaced:
@@ -313,3 +315,40 @@ async def test_a_slow_downloader_is_cut_off_when_its_file_changes_after_the_snap
             assert await gw.files.get_file("cut", "f") == b"new"
     finally:
         stop_server(srv)
+
+
+async def test_a_move_that_outlasts_its_snapshot_skips_a_file_deleted_meanwhile(
+    backend: Backend, server: Server, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``files migrate`` copies through the same reader as a download: one that outlasts
+    ``files.download_snapshot_seconds`` and finds the file deleted meanwhile skips it (False, as
+    for a file that changed), its copy dropped. Found in review: ``VersionGone`` escaped and
+    stopped the whole migration with a traceback."""
+    import app.files.service as files_service
+    from app.core.http.conditions import WriteConditions
+
+    app = in_process_app(backend, monkeypatch, GATEWAY_FILES__DOWNLOAD_SNAPSHOT_SECONDS="0.2",
+                         GATEWAY_LIMITS__FILE_CHUNK_BYTES="4096")
+    async with app.router.lifespan_context(app):
+        service = app.state.gateway.services["files"]
+        async with service.new_blob(namespace) as writer:
+            await writer.write(os.urandom(10 * 4096))
+            await writer.commit(namespace, "mv", "f", "application/octet-stream", WriteConditions())
+        row = await service.get(namespace, "mv", "f")
+        original, pieces = files_service.BlobWriter.write, 0
+
+        async def slow_write(self: files_service.BlobWriter, data: bytes) -> None:
+            nonlocal pieces
+            pieces += 1
+            if pieces == 2:  # a slow target; a gateway deletes the file meanwhile
+                await asyncio.sleep(0.4)
+                await service.delete(namespace, "mv", "f", WriteConditions())
+            await original(self, data)
+
+        monkeypatch.setattr(files_service.BlobWriter, "write", slow_write)
+        moved = await service.move(namespace, "mv", row)
+        if backend.chunks_in_database:
+            assert pieces >= 2 and moved is False
+        else:  # the reader may hand over the file in one piece: deleted meanwhile only if not
+            assert moved is (pieces < 2)
+    assert (await wait_clean(backend))["unreferenced"] == 0

@@ -65,6 +65,7 @@ from app.files.storage import (
     BytesReader,
     ChunkReader,
     UploadAbandoned,
+    VersionGone,
     utcnow,
 )
 
@@ -408,7 +409,9 @@ class FilesService:
 
     async def move(self, namespace: str, collection: str, source: FileRow) -> bool:
         """Copy one file version to the configured backend and swap it in; False if the file
-        changed or vanished meanwhile (reads of it go on from the source until the swap)."""
+        changed or vanished meanwhile (reads of it go on from the source until the swap; one of
+        database chunks still running ``files.download_snapshot_seconds`` after it began is
+        then cut off, as when the file is replaced)."""
         try:
             reader = await self.open(namespace, collection, source.file_id)
         except NotFound:
@@ -423,8 +426,11 @@ class FilesService:
                 return False
             async with self.new_blob(namespace) as writer:
                 writer.max_bytes = max(writer.max_bytes, source.size)  # stored under an older limit
-                async for piece in reader.iter_bytes(span):
-                    await writer.write(piece)
+                try:
+                    async for piece in reader.iter_bytes(span):
+                        await writer.write(piece)
+                except VersionGone:  # a copy that outlasted its snapshot; the file changed meanwhile
+                    return False
                 await reader.close()
                 return await writer.commit_move(namespace, collection, source)
         finally:

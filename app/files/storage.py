@@ -18,6 +18,7 @@ an unreachable bucket is still a 503), ``iter_bytes`` streams, ``close`` always 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -187,11 +188,13 @@ class ChunkReader:
 
     The chunks are read in one snapshot transaction, on a connection of its own, for at most
     ``snapshot_seconds``: a replace or delete meanwhile does not change what is sent. A download
-    still running then lets the snapshot (and its connection) go, and reads each further chunk
+    still running then lets the snapshot (and its connection) go, on time even while its client
+    is slow to take a chunk already read, and reads each further chunk
     in a short read of its own: a version's chunks never change under its blob id, so such a
     read returns the same bytes, or none once the version was replaced or deleted (the download
     is then cut off: ``VersionGone``). A slow client so holds back neither PostgreSQL's VACUUM
     nor SQLite's WAL checkpoints for longer than that, nor a pooled connection while it reads.
+    The snapshot also goes as soon as the range's last chunk is read, before it is sent.
     """
 
     in_memory = False
@@ -207,6 +210,12 @@ class ChunkReader:
         self._slot = slot
         self._reads = reads
         self._snapshot_until = time.monotonic() + snapshot_seconds
+        self._reading = False
+        # On time even while the client is slow to take a chunk already read (the next check
+        # would come only when the next chunk is read: up to a whole chunk's send time later).
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(snapshot_seconds, self._on_time)
+        self._letting_go: asyncio.Task[None] | None = None
 
     async def start(self, byte_range: ByteRange, *, splice: bool = False) -> None:
         pass
@@ -219,6 +228,8 @@ class ChunkReader:
         first, last = byte_range.start // size, byte_range.end // size
         for seq in range(first, last + 1):
             data = await self._chunk(seq)
+            if seq == last:  # all read: the snapshot and its connection are not needed while it is sent
+                await self._let_snapshot_go()
             lo = byte_range.start - seq * size if seq == first else 0
             hi = byte_range.end - seq * size + 1 if seq == last else len(data)
             yield data if lo == 0 and hi == len(data) else data[lo:hi]
@@ -227,7 +238,11 @@ class ChunkReader:
         if self._conn is not None and time.monotonic() >= self._snapshot_until:
             await self._let_snapshot_go()
         if self._conn is not None:
-            data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
+            self._reading = True
+            try:
+                data = await self._repo.chunk(self._conn, self.row.blob_id, seq)
+            finally:
+                self._reading = False
             if data is None:  # impossible inside the snapshot; never send a mix
                 raise RuntimeError(f"blob {self.row.blob_id} lacks chunk {seq}")
             return data
@@ -237,6 +252,12 @@ class ChunkReader:
             raise VersionGone(f"blob {self.row.blob_id} lost chunk {seq} during a download")
         return data
 
+    def _on_time(self) -> None:
+        """The snapshot's time is up: let it go now unless a chunk is being read from it (that
+        read's caller lets it go before the next one)."""
+        if self._conn is not None and not self._reading:
+            self._letting_go = asyncio.get_running_loop().create_task(self._let_snapshot_go())
+
     async def _let_snapshot_go(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -244,8 +265,12 @@ class ChunkReader:
                 await conn.close()
 
     async def close(self) -> None:
+        self._timer.cancel()
         self._slot.release()
         await self._let_snapshot_go()
+        if self._letting_go is not None:
+            with anyio.CancelScope(shield=True):
+                await self._letting_go
 
 
 # --- objects in an S3 bucket ------------------------------------------------------------------
