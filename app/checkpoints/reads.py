@@ -33,7 +33,7 @@ class Shape:
     before: bool
     filter_keys: int  # entries of the metadata filter (0: none)
     cursor: bool
-    budget: bool = False  # the page stops once its stored bytes pass ``budget`` (``_budgeted``)
+    budget: bool = False  # the page ends at ``budget`` stored bytes (``_budgeted``)
 
 
 @dataclass
@@ -93,7 +93,7 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
         )
     j = backend.json_text
     if shape.budget:
-        page = _budgeted(backend, page.add_columns(_stored_bytes(backend, j)).order_by(*order))
+        page = _budgeted(page.add_columns(_stored_bytes(backend, j)).order_by(*order))
         found = page.c.found
     else:
         page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
@@ -139,7 +139,7 @@ def _stored_bytes(backend: CheckpointsBackend, j: Any) -> Any:
             + values + pending).label("weight")
 
 
-def _budgeted(backend: CheckpointsBackend, ordered: Any) -> Any:
+def _budgeted(ordered: Any) -> Any:
     """The page of ``ordered`` (newest first, with each row's ``weight``) up to ``lim`` rows, and
     of those the ones that weigh at most ``budget`` bytes with the rows before them (the first row
     always stays); ``found``: how many rows the page had before that cut (more than it keeps: a

@@ -189,12 +189,12 @@ class ChunkReader:
     The chunks are read in one snapshot transaction, on a connection of its own, for at most
     ``snapshot_seconds``: a replace or delete meanwhile does not change what is sent. A download
     still running then lets the snapshot (and its connection) go, on time even while its client
-    is slow to take a chunk already read, and reads each further chunk
-    in a short read of its own: a version's chunks never change under its blob id, so such a
-    read returns the same bytes, or none once the version was replaced or deleted (the download
-    is then cut off: ``VersionGone``). A slow client so holds back neither PostgreSQL's VACUUM
-    nor SQLite's WAL checkpoints for longer than that, nor a pooled connection while it reads.
-    The snapshot also goes as soon as the range's last chunk is read, before it is sent.
+    is slow to take a chunk already read, and reads each further chunk in a short read of its
+    own: a version's chunks never change under its blob id, so such a read returns the same
+    bytes, or none once the version was replaced or deleted (the download is then cut off:
+    ``VersionGone``). A slow client so holds back neither PostgreSQL's VACUUM nor SQLite's WAL
+    checkpoints for longer than that, nor a pooled connection while it reads. The snapshot also
+    goes as soon as the range's last chunk is read, before that chunk is sent.
     """
 
     in_memory = False
