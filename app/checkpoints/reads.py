@@ -93,7 +93,7 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
         )
     j = backend.json_text
     if shape.budget:
-        page = _budgeted(page.add_columns(_stored_bytes(backend, j)).order_by(*order))
+        page = _budgeted(page.add_columns(_stored_bytes(backend)).order_by(*order))
         found = page.c.found
     else:
         page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
@@ -120,7 +120,7 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     return union_all(rows, values, pending)
 
 
-def _stored_bytes(backend: CheckpointsBackend, j: Any) -> Any:
+def _stored_bytes(backend: CheckpointsBackend) -> Any:
     """What a checkpoint row of the page weighs: its bytes and JSON, the values of its channel
     versions and its pending writes (their lengths only: no value is read for it)."""
     v = backend.versions_of(cp)
@@ -135,6 +135,7 @@ def _stored_bytes(backend: CheckpointsBackend, j: Any) -> Any:
         writes.c.thread_pk == cp.c.thread_pk, writes.c.checkpoint_ns == cp.c.checkpoint_ns,
         writes.c.checkpoint_id == cp.c.checkpoint_id,
     ).scalar_subquery()
+    j = backend.json_text
     return (func.length(cp.c.checkpoint) + func.length(j(cp.c.metadata)) + func.length(j(cp.c.channel_versions))
             + values + pending).label("weight")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
@@ -209,7 +208,7 @@ class ChunkReader:
         self.row = row
         self._slot = slot
         self._reads = reads
-        self._snapshot_until = time.monotonic() + snapshot_seconds
+        self._expired = False  # the snapshot's time is up (``_on_time``)
         self._reading = False
         # On time even while the client is slow to take a chunk already read (the next check
         # would come only when the next chunk is read: up to a whole chunk's send time later).
@@ -235,7 +234,7 @@ class ChunkReader:
             yield data if lo == 0 and hi == len(data) else data[lo:hi]
 
     async def _chunk(self, seq: int) -> bytes:
-        if self._conn is not None and time.monotonic() >= self._snapshot_until:
+        if self._expired:
             await self._let_snapshot_go()
         if self._conn is not None:
             self._reading = True
@@ -255,6 +254,7 @@ class ChunkReader:
     def _on_time(self) -> None:
         """The snapshot's time is up: let it go now unless a chunk is being read from it (that
         read's caller lets it go before the next one)."""
+        self._expired = True
         if self._conn is not None and not self._reading:
             self._letting_go = asyncio.get_running_loop().create_task(self._let_snapshot_go())
 
