@@ -71,3 +71,16 @@ async def _resume(url: str, namespace: str, key: str, thread_id: str, answer: st
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(_resume(*sys.argv[1:6]))))
+
+
+class Grown(TypedDict, total=False):
+    blobs: Annotated[list[str], operator.add]
+
+
+def growing_graph(checkpointer: Any, size: int):  # noqa: ANN201
+    """One node that adds ``size`` characters to the state each run."""
+    g = StateGraph(Grown)
+    g.add_node("grow", lambda state: {"blobs": ["x" * size]})
+    g.add_edge(START, "grow")
+    g.add_edge("grow", END)
+    return g.compile(checkpointer=checkpointer)

@@ -12,9 +12,11 @@ import sys
 import pytest
 from langgraph.types import Command
 
-from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
-from tests.checkpoint_graphs import graph_with_subgraph, interrupting_graph
-from tests.conftest import ROOT, Server
+from pathlib import Path
+
+from storage_gateway_client import Conflict, GatewayCheckpointSaver, GatewayClient, InvalidRequest
+from tests.checkpoint_graphs import graph_with_subgraph, growing_graph, interrupting_graph
+from tests.conftest import ROOT, Backend, Server, start_server, stop_server
 
 
 async def test_interrupt_then_resume_from_another_process(
@@ -116,3 +118,43 @@ async def test_two_namespaces_with_the_same_thread_ids_never_meet(
         await saver_b.adelete_for_runs([*runs, "run-1"])
         assert [t.checkpoint["id"] async for t in saver_a.alist(config)] == ids_a
         assert isinstance(saver_a, GatewayCheckpointSaver)
+
+
+async def test_a_graph_whose_state_outgrows_the_limits(
+    gw: GatewayClient, server: Server, backend: Backend, namespace: str, api_key: str | None, tmp_path: Path,
+    client_transport: str,
+) -> None:
+    """A graph whose state grows by 100 KB a run, on a gateway that keeps a checkpoint with its
+    values under 250 KB: the third run's checkpoint is refused (``InvalidRequest``, a 413) and the
+    thread stays at the last one stored. State grown further through a gateway with the default
+    limits is a ``Conflict`` (409) to read through the small one (its reads answer 400 KB), never
+    a tuple built whole."""
+    tight = start_server(
+        backend, tmp_path / "tight.log", **({"GATEWAY_AUTH__ADMIN_KEY": api_key} if api_key else {}),
+        GATEWAY_CHECKPOINTS__MAX_CHECKPOINT_BYTES="250000", GATEWAY_CHECKPOINTS__MAX_PENDING_BYTES="150000",
+        GATEWAY_CHECKPOINTS__MAX_PAGE_BYTES="400000",
+    )
+    config = {"configurable": {"thread_id": "growing"}}
+    try:
+        async with GatewayClient(tight.url, namespace=namespace, api_key=api_key, transport=client_transport) as small:
+            graph = growing_graph(small.checkpointer(), 100_000)
+            for _ in range(2):
+                await graph.ainvoke({"blobs": []}, config)
+            with pytest.raises(InvalidRequest) as refused:
+                await graph.ainvoke({"blobs": []}, config)
+            assert refused.value.status_code == 413 and "max_checkpoint_bytes" in str(refused.value)
+            # the newest checkpoint stored is where the third run began its step (two blobs) with
+            # the node's pending write: the run's last checkpoint, which would hold three, was not
+            stored = await small.checkpointer().aget_tuple(config)
+            assert stored is not None and stored.metadata["source"] == "loop"
+            assert len(stored.checkpoint["channel_values"]["blobs"]) == 2 and len(stored.pending_writes or []) == 1
+
+            roomy = growing_graph(gw.checkpointer(), 100_000)
+            for _ in range(2):
+                await roomy.ainvoke({"blobs": []}, config)
+            assert len((await roomy.aget_state(config)).values["blobs"]) == 4
+            with pytest.raises(Conflict) as heavy:
+                await graph.aget_state(config)
+            assert heavy.value.status_code == 409 and "max_page_bytes" in str(heavy.value)
+    finally:
+        stop_server(tight)

@@ -4,6 +4,7 @@ over the limits (413), malformed names, bytes, filters and cursors (422), missin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -148,11 +149,12 @@ async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server,
     first always comes), and its ``next_cursor`` goes on: every checkpoint comes once, in order.
     Before, a page was ``limit`` checkpoints whatever they held: up to 1,000 of 8 MB each, with
     their values and writes, built whole in the gateway's memory for one request."""
-    budget = 10_000
+    budget = 14_000
     settings = Settings(
         databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
         auth={"mode": "disabled"}, auto_migrate=False,
-        checkpoints={"max_blob_bytes": 4096, "max_page_bytes": budget},
+        checkpoints={"max_blob_bytes": 4096, "max_page_bytes": budget, "max_checkpoint_bytes": 8000,
+                     "max_pending_bytes": 6000},
     )
     app = create_app(settings)
     put, search = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/search"
@@ -180,8 +182,8 @@ async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server,
                 cursor = page["next_cursor"]
                 if not cursor:
                     break
-            # newest first: c08 c07 | c06 (9 KB with its writes) | c05 c04 (7 KB with its value) | c03 c02 c01 | c00
-            assert pages == [["c08", "c07"], ["c06"], ["c05"], ["c04"], ["c03", "c02", "c01"], ["c00"]], pages
+            # newest first: c08 c07 | c06 (9 KB with its writes) c05 | c04 (7 KB with its value) c03 c02 | c01 c00
+            assert pages == [["c08", "c07"], ["c06", "c05"], ["c04", "c03", "c02"], ["c01", "c00"]], pages
             heavy = (await http.post(search, json={"thread_id": "b", "checkpoint_id": "c06"})).json()["items"]
             assert len(heavy[0]["pending_writes"]) == 2
             # A page under the budget is as before: full pages have a cursor, the last none.
@@ -223,3 +225,131 @@ async def test_a_page_budget_beyond_32_bits_is_taken(backend: Backend, server: S
             r = await http.post(f"/v1/{namespace}/checkpoints/search", json={"thread_id": "huge", "limit": 2})
             assert r.status_code == 200, r.text
             assert [p["checkpoint_id"] for p in r.json()["items"]] == ["c3", "c2"] and r.json()["next_cursor"]
+
+
+@contextlib.asynccontextmanager
+async def gateway(backend: Backend, tmp_path: Path, **checkpoints: int) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process on the test databases with these ``checkpoints`` settings."""
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False, checkpoints=checkpoints,
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            yield http
+
+
+def typed(n: int, fill: bytes = b"x") -> dict:
+    return {"type": "bytes", "data": base64.b64encode(fill * n).decode()}
+
+
+async def test_a_checkpoint_may_weigh_at_most_max_checkpoint_bytes(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """A put is a 413 when the checkpoint with its metadata, versions and the channel values they
+    reference (stored before, or brought by the put) would weigh more than
+    ``checkpoints.max_checkpoint_bytes``, and stores nothing: not the checkpoint, not its new
+    values, not the thread. Before, a checkpoint could reference any number of stored values,
+    each up to ``max_blob_bytes``, and a read built them all in memory."""
+    put = f"/v1/{namespace}/checkpoints/put"
+    limits = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 6000, "max_pending_bytes": 6000, "max_page_bytes": 12000}
+    async with gateway(backend, tmp_path, **limits) as http:
+        # 4 KB brought by the put: 1 KB + 4 KB + JSON fits
+        c1 = checkpoint(thread_id="w", checkpoint_id="c1", checkpoint=typed(1000),
+                        channel_versions={"a": "1"}, blobs=[{"channel": "a", "version": "1", **typed(4000)}])
+        assert (await http.post(put, json=c1)).status_code == 200
+        # c2 brings 3 KB of b and references the stored 4 KB of a: over
+        c2 = checkpoint(thread_id="w", checkpoint_id="c2", checkpoint=typed(100), channel_versions={"a": "1", "b": "1"},
+                        blobs=[{"channel": "b", "version": "1", **typed(3000)}])
+        assert_problem(await http.post(put, json=c2), 413, "max_checkpoint_bytes")
+        # nothing of it was stored: c2 is missing, and b's value at version 1 too (a checkpoint
+        # referencing it alone would weigh 3 KB more if it were, and would carry it)
+        assert_problem(await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "w", "checkpoint_id": "c2"}), 404)
+        c3 = checkpoint(thread_id="w", checkpoint_id="c3", checkpoint=typed(2990), channel_versions={"b": "1"})
+        assert (await http.post(put, json=c3)).status_code == 200
+        got = (await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "w"})).json()
+        assert got["checkpoint_id"] == "c3" and got["values"] == {}
+        # a value brought twice at a version already stored counts once, as stored
+        again = c1 | {"checkpoint_id": "c4"}
+        assert (await http.post(put, json=again)).status_code == 200
+        # a new thread is not even registered by a refused put
+        big = checkpoint(thread_id="new", checkpoint_id="c1", checkpoint=typed(4000), metadata={"k": "v" * 2100})
+        assert_problem(await http.post(put, json=big), 413, "max_checkpoint_bytes")
+        found = (await http.post(f"/v1/{namespace}/checkpoints/search", json={"thread_id": "new"})).json()
+        assert found["items"] == []
+        assert (await http.delete(f"/v1/{namespace}/checkpoints/threads", params={"thread_id": "new"})).json() == {"deleted": 0}
+
+
+async def test_the_pending_writes_of_a_checkpoint_may_weigh_at_most_max_pending_bytes(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """Pending writes add up over every ``put_writes`` of a checkpoint; one that would make them
+    weigh more than ``checkpoints.max_pending_bytes`` is a 413 and stores none of its writes.
+    Writes sent again (a retry) or replaced (special writes) count once. Before, any number of
+    tasks could each add writes of up to ``max_blob_bytes`` to one checkpoint."""
+    put, writes = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/writes"
+    limits = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 6000, "max_pending_bytes": 6000, "max_page_bytes": 12000}
+
+    def task(task_id: str, *sizes: int, idx: int = 0, fill: bytes = b"x") -> dict:
+        return {"thread_id": "p", "checkpoint_id": "c1", "task_id": task_id,
+                "writes": [{"idx": idx + i, "channel": "w", **typed(n, fill)} for i, n in enumerate(sizes)]}
+
+    async with gateway(backend, tmp_path, **limits) as http:
+        assert (await http.post(put, json=checkpoint(thread_id="p", checkpoint_id="c1"))).status_code == 200
+        assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204
+        assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204  # a retry: kept once
+        assert (await http.post(writes, json=task("b", 2500))).status_code == 204  # 5,500
+        assert_problem(await http.post(writes, json=task("c", 400, 200)), 413, "max_pending_bytes")  # 6,100
+        # special writes replace: 400 -> 500 -> 300 at the same idx stays within 6,000
+        for n in (400, 500, 300):
+            assert (await http.post(writes, json=task("d", n, idx=-1))).status_code == 204, n
+        assert_problem(await http.post(writes, json=task("d", 700, idx=-1)), 413, "max_pending_bytes")  # 6,200
+        got = (await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "p"})).json()
+        stored = sorted((w["task_id"], w["idx"], len(base64.b64decode(w["data"]))) for w in got["pending_writes"])
+        assert stored == [("a", 0, 2000), ("a", 1, 1000), ("b", 0, 2500), ("d", -1, 300)]
+        # writes of another checkpoint have their own budget
+        other = task("a", 4000) | {"checkpoint_id": "c0"}
+        assert (await http.post(writes, json=other)).status_code == 204
+
+
+async def test_a_checkpoint_heavier_than_a_read_is_refused_not_loaded(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """A checkpoint stored under larger limits than the gateway now has (or by writes sent at the
+    same moment, each checked against what was stored before it) weighs more than
+    ``checkpoints.max_page_bytes``: a read of it is a 409 naming the setting, and its values and
+    writes are not loaded. A search page ends before it; the page that would start with it is the
+    409. Before, a single tuple had no bound: ``get`` built it whole in memory."""
+    put, writes = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/writes"
+    roomy = {"max_blob_bytes": 8000, "max_checkpoint_bytes": 20000, "max_pending_bytes": 20000, "max_page_bytes": 40000}
+    async with gateway(backend, tmp_path, **roomy) as http:
+        for cid in ("c1", "c2", "c3"):
+            body = checkpoint(thread_id="h", checkpoint_id=cid, checkpoint=typed(100))
+            if cid == "c2":  # 2 x 8 KB of values, 8 KB of writes
+                body |= {"channel_versions": {"a": "1", "b": "1"},
+                         "blobs": [{"channel": c, "version": "1", **typed(8000)} for c in "ab"]}
+            assert (await http.post(put, json=body)).status_code == 200
+        w = {"thread_id": "h", "checkpoint_id": "c2", "task_id": "t", "writes": [{"idx": 0, "channel": "w", **typed(8000)}]}
+        assert (await http.post(writes, json=w)).status_code == 204
+    tight = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 5000, "max_pending_bytes": 5000, "max_page_bytes": 10000}
+    async with gateway(backend, tmp_path, **tight) as http:
+        tuple_ = f"/v1/{namespace}/checkpoints/tuple"
+        r = await http.get(tuple_, params={"thread_id": "h", "checkpoint_id": "c2"})
+        assert_problem(r, 409, "max_page_bytes")
+        assert r.json()["code"] == "checkpoint_too_large"
+        assert (await http.get(tuple_, params={"thread_id": "h", "checkpoint_id": "c1"})).status_code == 200
+        assert (await http.get(tuple_, params={"thread_id": "h"})).json()["checkpoint_id"] == "c3"
+        search = f"/v1/{namespace}/checkpoints/search"
+        first = (await http.post(search, json={"thread_id": "h", "limit": 10})).json()
+        assert [p["checkpoint_id"] for p in first["items"]] == ["c3"] and first["next_cursor"]
+        assert_problem(await http.post(search, json={"thread_id": "h", "cursor": first["next_cursor"]}), 409, "max_page_bytes")
+        # the thread can still be pruned to what a read answers
+        assert (await http.post(f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": ["h"]})).json() == {"deleted": 2}
+
+
+def test_every_checkpoint_written_fits_a_read() -> None:
+    """A setting that would let a write store a checkpoint no read answers stops start-up."""
+    with pytest.raises(ValueError, match="max_page_bytes"):
+        Settings(checkpoints={"max_checkpoint_bytes": 20, "max_pending_bytes": 20, "max_page_bytes": 39})
+    assert Settings(checkpoints={"max_checkpoint_bytes": 20, "max_pending_bytes": 20, "max_page_bytes": 40})

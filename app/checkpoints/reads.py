@@ -5,6 +5,11 @@ versions and their pending writes, as one ``UNION ALL`` of rows tagged by ``kind
 statement means one round trip, and on PostgreSQL no BEGIN/COMMIT (``app.core.db.statements``):
 a read answers from one snapshot either way. Statements are built once per shape (which of the
 optional conditions a request has) and reused.
+
+Every read is weighed in the same statement (``stored_bytes``): a page ends before the checkpoint
+that would make it weigh more than its byte budget, and a first checkpoint heavier than the budget
+comes without its values and writes and is refused (``TooHeavy``), so no read loads more than the
+budget into the gateway's memory whatever is stored.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, cast, func, literal, null, or_, select, tuple_, union_all
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, cast, func, literal, null, or_, select, tuple_, union_all
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_blobs as blobs
@@ -21,8 +26,10 @@ from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.errors import Conflict
 
 CHECKPOINT, VALUE, WRITE = 0, 1, 2
+TOO_HEAVY = -1  # ``idx`` of a checkpoint row answered without its values and writes
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,6 @@ class Shape:
     before: bool
     filter_keys: int  # entries of the metadata filter (0: none)
     cursor: bool
-    budget: bool = False  # the page ends at ``budget`` stored bytes (``_budgeted``)
 
 
 @dataclass
@@ -92,37 +98,34 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
                      bindparam("a_cns", type_=cp.c.checkpoint_ns.type))
         )
     j = backend.json_text
-    if shape.budget:
-        page = _budgeted(page.add_columns(_stored_bytes(backend)).order_by(*order))
-        found = page.c.found
-    else:
-        page = page.order_by(*order).limit(bindparam("lim", type_=Integer)).cte("page")
-        found = cast(null(), Integer)
+    budget = bindparam("budget", type_=BigInteger)
+    page = _budgeted(page.add_columns(stored_bytes(backend)).order_by(*order), budget)
+    within = page.c.upto <= budget  # false only for a first checkpoint heavier than the budget
     key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
     rows = select(
         literal(CHECKPOINT, Integer).label("kind"), *key, page.c.thread_id.label("a"),
         cast(page.c.parent_checkpoint_id, Text).label("b"), cast(page.c.type, Text).label("c"),
         page.c.checkpoint.label("data"), j(page.c.channel_versions).label("d"), j(page.c.metadata).label("e"),
-        found.label("idx"),
+        case((within, page.c.found), else_=TOO_HEAVY).label("idx"),
     )
     found, value = backend.values_of(page)
     values = select(
         literal(VALUE, Integer), *key, cast(value.c.channel, Text), _text(), cast(value.c.type, Text),
         value.c.blob, _text(), _text(), cast(null(), Integer),
-    ).select_from(found)
+    ).select_from(found).where(within)
     pending = select(
         literal(WRITE, Integer), *key, cast(writes.c.task_id, Text), cast(writes.c.channel, Text),
         cast(writes.c.type, Text), writes.c.blob, writes.c.task_path, _text(), writes.c.idx,
     ).select_from(page.join(writes, and_(
         writes.c.thread_pk == page.c.thread_pk, writes.c.checkpoint_ns == page.c.checkpoint_ns,
         writes.c.checkpoint_id == page.c.checkpoint_id,
-    )))
+    ))).where(within)
     return union_all(rows, values, pending)
 
 
-def _stored_bytes(backend: CheckpointsBackend) -> Any:
-    """What a checkpoint row of the page weighs: its bytes and JSON, the values of its channel
-    versions and its pending writes (their lengths only: no value is read for it)."""
+def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
+    """What a row of ``checkpoints`` weighs without its pending writes: its bytes and JSON and the
+    values of its channel versions (their lengths only: no value is read for it)."""
     v = backend.versions_of(cp)
     # one primary-key lookup per version, as ``values_of`` reads them: a join let PostgreSQL hash
     # every value the thread ever stored for each checkpoint of the page
@@ -131,29 +134,49 @@ def _stored_bytes(backend: CheckpointsBackend) -> Any:
         blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
     ).correlate(cp, v).limit(1).scalar_subquery()
     values = select(func.coalesce(func.sum(one), 0)).select_from(v).scalar_subquery()
-    pending = select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
+    j = backend.json_text
+    return func.length(cp.c.checkpoint) + func.length(j(cp.c.metadata)) + func.length(j(cp.c.channel_versions)) + values
+
+
+def pending_bytes() -> Any:
+    """What the pending writes of a row of ``checkpoints`` weigh (their lengths)."""
+    return select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
         writes.c.thread_pk == cp.c.thread_pk, writes.c.checkpoint_ns == cp.c.checkpoint_ns,
         writes.c.checkpoint_id == cp.c.checkpoint_id,
     ).scalar_subquery()
-    j = backend.json_text
-    return (func.length(cp.c.checkpoint) + func.length(j(cp.c.metadata)) + func.length(j(cp.c.channel_versions))
-            + values + pending).label("weight")
 
 
-def _budgeted(ordered: Any) -> Any:
+def stored_bytes(backend: CheckpointsBackend) -> Any:
+    """What a read of a row of ``checkpoints`` answers, in stored bytes: the row's
+    ``checkpoint_bytes`` and ``pending_bytes``."""
+    return (checkpoint_bytes(backend) + pending_bytes()).label("weight")
+
+
+def _budgeted(ordered: Any, budget: Any) -> Any:
     """The page of ``ordered`` (newest first, with each row's ``weight``) up to ``lim`` rows, and
     of those the ones that weigh at most ``budget`` bytes with the rows before them (the first row
-    always stays); ``found``: how many rows the page had before that cut (more than it keeps: a
-    next page follows)."""
+    always stays, its weight in ``upto``); ``found``: how many rows the page had before that cut
+    (more than it keeps: a next page follows)."""
     first = ordered.limit(bindparam("lim", type_=Integer)).cte("page_all")
     newest_first = [first.c.checkpoint_id.desc(), first.c.thread_pk.desc(), first.c.checkpoint_ns.desc()]
     weighed = select(
         first, func.sum(first.c.weight).over(order_by=newest_first, rows=(None, 0)).label("upto"),
         func.row_number().over(order_by=newest_first).label("nth"), func.count().over().label("found"),
     ).cte("page_weighed")
-    return select(weighed).where(
-        or_(weighed.c.upto <= bindparam("budget", type_=BigInteger), weighed.c.nth == 1)
-    ).cte("page")
+    return select(weighed).where(or_(weighed.c.upto <= budget, weighed.c.nth == 1)).cte("page")
+
+
+class TooHeavy(Conflict):
+    """A checkpoint weighs more than a read may answer: stored before the limits were lowered, or
+    by pending writes sent at the same time (each is checked against what is stored before it)."""
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, budget: int) -> None:
+        super().__init__(
+            f"checkpoint {checkpoint_id!r} of thread {thread_id!r} (checkpoint_ns {checkpoint_ns!r}) weighs more than "
+            f"a read answers (checkpoints.max_page_bytes: {budget} stored bytes with its channel values and pending "
+            "writes); delete it, or raise the setting",
+            code="checkpoint_too_large",
+        )
 
 
 class CheckpointReader:
@@ -164,14 +187,13 @@ class CheckpointReader:
     async def page(
         self, conn: StatementConnection, ns: str, *, thread_id: str | None, checkpoint_ns: str | None,
         checkpoint_id: str | None = None, before: str | None = None, filter: Mapping[str, Any] | None = None,
-        after_key: tuple[str, int, str] | None = None, limit: int, budget: int | None = None,
+        after_key: tuple[str, int, str] | None = None, limit: int, budget: int,
     ) -> tuple[list[PageRow], bool]:
         """Checkpoints of namespace ``ns`` newest first (``checkpoint_id``, then thread and
-        checkpoint_ns, descending); ``after_key`` continues after that position. With ``budget``
-        (and ``limit`` over 1), the page ends before the checkpoint that would make it weigh more
-        than that many stored bytes (values and pending writes included; the first checkpoint
-        always comes); True with the rows: it was cut so, and more may follow."""
-        budgeted = budget is not None and limit > 1
+        checkpoint_ns, descending); ``after_key`` continues after that position. The page ends
+        before the checkpoint that would make it weigh more than ``budget`` stored bytes (values
+        and pending writes included); True with the rows: it was cut so, and more may follow. A
+        first checkpoint heavier than ``budget`` is refused (``TooHeavy``)."""
         params: dict[str, Any] = {"ns": ns, "lim": limit, "tid": thread_id, "cns": checkpoint_ns,
                                   "cid": checkpoint_id, "before": before, "budget": budget}
         if filter:
@@ -179,14 +201,16 @@ class CheckpointReader:
         if after_key is not None:
             params["a_cid"], params["a_pk"], params["a_cns"] = after_key
         shape = Shape(thread_id is not None, checkpoint_ns is not None, checkpoint_id is not None, before is not None,
-                      len(filter or {}), after_key is not None, budgeted)
+                      len(filter or {}), after_key is not None)
         pages: dict[tuple[int, str, str], PageRow] = {}
         values, pending = [], []
         found = 0
         for kind, pk, cns, cid, a, b, c, data, d, e, idx in await self._shapes(shape).all(conn, params):
             if kind == CHECKPOINT:
+                if idx == TOO_HEAVY:
+                    raise TooHeavy(a, cns, cid, budget)
                 pages[(pk, cns, cid)] = PageRow(pk, a, cns, cid, b, c, bytes(data), d, e, [], [])
-                found = max(found, idx or 0)
+                found = max(found, idx)
             elif kind == VALUE:
                 values.append(((pk, cns, cid), (a, c, bytes(data))))
             else:

@@ -30,7 +30,7 @@ from app.checkpoints.schemas import (
     WritesCreate,
 )
 from app.core.dependencies import CheckpointsConnection, CheckpointsPgReadStatement, CheckpointsPgStatement, NamespacePath
-from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
@@ -44,6 +44,7 @@ JSON = "application/json"
 _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
 _KEY_TEXT = {"pattern": KEY_PATTERN}  # checked by _valid, as the body models check the same fields
 _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
+_READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 
 
 @router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
@@ -53,7 +54,9 @@ async def put_checkpoint(
     namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
-    their version are kept once. Storing the same id again replaces the checkpoint."""
+    their version are kept once. Storing the same id again replaces the checkpoint. 413 when the
+    checkpoint with its metadata, versions and the values they reference would weigh more than
+    `checkpoints.max_checkpoint_bytes`."""
     return Response(orjson.dumps(await service.put(conn, namespace, body)), media_type=JSON)
 
 
@@ -63,14 +66,15 @@ async def put_checkpoint(
 async def put_writes(
     namespace: NamespacePath, body: WritesCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
 ) -> Response:
-    """Store one task's writes against a checkpoint (`aput_writes`)."""
+    """Store one task's writes against a checkpoint (`aput_writes`). 413 when the checkpoint's
+    pending writes would weigh more than `checkpoints.max_pending_bytes`."""
     await service.put_writes(conn, namespace, body)
     return Response(status_code=204)
 
 
 @router.get(
     "/tuple", summary="Get a checkpoint", response_model=CheckpointTupleRead,
-    responses=problem_responses(InvalidInput, NotFound, ServiceUnavailable),
+    responses=problem_responses(InvalidInput, NotFound, Conflict, ServiceUnavailable),
 )
 async def get_tuple(
     namespace: NamespacePath,
@@ -80,14 +84,15 @@ async def get_tuple(
     checkpoint_ns: Annotated[str, Query(max_length=1024, json_schema_extra=_KEY_TEXT, description="`\"\"` for the root graph.")] = "",
     checkpoint_id: Annotated[str | None, Query(max_length=128, json_schema_extra=_KEY_TEXT, description="Omit: the newest.")] = None,
 ) -> Response:
-    """A checkpoint with its channel values and pending writes (`aget_tuple`); 404 when there is none."""
+    """A checkpoint with its channel values and pending writes (`aget_tuple`); 404 when there is
+    none, 409 when it weighs more than a read answers (`checkpoints.max_page_bytes`)."""
     thread_id = _valid("thread", "thread_id", thread_id)
     checkpoint_ns = _valid("ns", "checkpoint_ns", checkpoint_ns)
     checkpoint_id = _valid("id", "checkpoint_id", checkpoint_id) if checkpoint_id else None
     return Response(await service.get(conn, namespace, thread_id, checkpoint_ns, checkpoint_id), media_type=JSON)
 
 
-@router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_ERRORS)
+@router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_READ_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @served_by_fastapi("a request body model")
 async def search_checkpoints(
@@ -96,7 +101,8 @@ async def search_checkpoints(
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`. A page
     also ends before the checkpoint that would make it hold more than `checkpoints.max_page_bytes`
-    (with values and pending writes; at least one checkpoint): follow `next_cursor` until it is null."""
+    (with values and pending writes): follow `next_cursor` until it is null. A first checkpoint
+    heavier than that alone is a 409."""
     return Response(await service.search(conn, namespace, body), media_type=JSON)
 
 

@@ -57,6 +57,11 @@ class CheckpointsService:
             message = f"must be at most {self.settings.max_blob_bytes} bytes (got {len(data)})"
             raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": field.split("."), "msg": message}])
 
+    @staticmethod
+    def _too_heavy(field: str, what: str, setting: str, limit: int) -> None:
+        message = f"{what}, more than checkpoints.{setting} ({limit})"
+        raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
+
     def _json(self, field: str, value: Any, limit: int) -> str:
         try:
             text = dumps_text(value)
@@ -78,11 +83,15 @@ class CheckpointsService:
             self._check_bytes(f"blobs.{i}.data", blob.data)
         metadata = self._json("metadata", body.metadata, self.settings.max_metadata_bytes)
         versions = self._json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
-        await self.writer.put(
+        limit = self.settings.max_checkpoint_bytes
+        weight = await self.writer.put(
             conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.parent_checkpoint_id,
             body.checkpoint.type, body.checkpoint.data, versions, metadata, body.metadata,
-            [(b.channel, b.version, b.type, b.data) for b in body.blobs],
+            [(b.channel, b.version, b.type, b.data) for b in body.blobs], limit,
         )
+        if weight > limit:  # nothing was stored (PostgreSQL), or the transaction rolls back (SQLite)
+            self._too_heavy("checkpoint", f"with its metadata, channel versions and the channel values they reference, "
+                            f"the checkpoint would weigh {weight} stored bytes", "max_checkpoint_bytes", limit)
         return {"thread_id": body.thread_id, "checkpoint_ns": body.checkpoint_ns, "checkpoint_id": body.checkpoint_id}
 
     async def put_writes(self, conn: StatementConnection, ns: str, body: WritesCreate) -> None:
@@ -92,12 +101,16 @@ class CheckpointsService:
         if not body.writes:
             return
         rows = {w.idx: (w.idx, w.channel, w.type, w.data) for w in body.writes}  # one per idx: the last
-        await self.writer.put_writes(
+        limit = self.settings.max_pending_bytes
+        weight = await self.writer.put_writes(
             conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.task_id,
             body.task_path, list(rows.values()),
             # LangGraph's rule: special writes (negative idx) replace, regular ones are kept once
-            replace=all(w.idx < 0 for w in body.writes),
+            replace=all(w.idx < 0 for w in body.writes), max_bytes=limit,
         )
+        if weight > limit:
+            self._too_heavy("writes", f"the pending writes of checkpoint {body.checkpoint_id!r} would weigh {weight} "
+                            "stored bytes", "max_pending_bytes", limit)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -121,7 +134,8 @@ class CheckpointsService:
     async def get(self, conn: StatementConnection, ns: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> bytes:
         """The checkpoint (the newest of the thread and checkpoint_ns without an id) as JSON, or 404."""
         rows, _ = await self.reader.page(
-            conn, ns, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, limit=1
+            conn, ns, thread_id=thread_id, checkpoint_ns=checkpoint_ns, checkpoint_id=checkpoint_id, limit=1,
+            budget=self.settings.max_page_bytes,
         )
         if not rows:
             what = f"checkpoint {checkpoint_id!r}" if checkpoint_id else "no checkpoint"

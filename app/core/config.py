@@ -224,16 +224,35 @@ class CheckpointsSettings(_Strict):
         default=8 * 1024 * 1024, ge=1, description="Largest checkpoint, channel value or pending write (typed bytes)."
     )
     max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
+    max_checkpoint_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1,
+        description="Most stored bytes of one checkpoint with its metadata, channel versions and the channel values "
+        "it references (a put that would make more is a 413 and stores nothing).",
+    )
+    max_pending_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1,
+        description="Most stored bytes of the pending writes of one checkpoint (a put of writes that would make "
+        "more is a 413 and stores nothing).",
+    )
     max_page_bytes: int = Field(
         default=32 * 1024 * 1024, ge=1,
-        description="A search (list) page ends before the checkpoint that would make its checkpoints, with their "
-        "channel values and pending writes, weigh more than this many stored bytes (a page has at least one "
-        "checkpoint; `next_cursor` goes on).",
+        description="A read answers at most this many stored bytes: a search (list) page ends before the checkpoint "
+        "that would make its checkpoints, with their channel values and pending writes, weigh more (`next_cursor` "
+        "goes on). At least `max_checkpoint_bytes` + `max_pending_bytes`, so every checkpoint written can be read.",
     )
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
     )
     sweep_batch: int = Field(default=100, ge=1, description="Most threads one retention statement batch handles.")
+
+    @model_validator(mode="after")
+    def _a_checkpoint_fits_a_page(self) -> CheckpointsSettings:
+        if self.max_checkpoint_bytes + self.max_pending_bytes > self.max_page_bytes:
+            raise ValueError(
+                "max_page_bytes must be at least max_checkpoint_bytes + max_pending_bytes (a checkpoint written "
+                "could not be read)"
+            )
+        return self
 
 
 class S3Settings(_Strict):
