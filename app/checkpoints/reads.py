@@ -40,6 +40,7 @@ class Shape:
     before: bool
     filter_keys: int  # entries of the metadata filter (0: none)
     cursor: bool
+    single: bool = False  # a page of one (``limit`` 1: a get)
 
 
 @dataclass
@@ -99,14 +100,19 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
         )
     j = backend.json_text
     budget = bindparam("budget", type_=BigInteger)
-    page = _budgeted(page.add_columns(stored_bytes(backend)).order_by(*order), budget)
-    within = page.c.upto <= budget  # false only for a first checkpoint heavier than the budget
+    weighed = page.add_columns(stored_bytes(backend)).order_by(*order)
+    if shape.single:  # one checkpoint: its weight alone decides (no running sum to cut at)
+        page = weighed.limit(1).cte("page")
+        within, found = page.c.weight <= budget, literal(1, Integer)
+    else:
+        page = _budgeted(weighed, budget)
+        within, found = page.c.upto <= budget, page.c.found  # false only for a heavy first checkpoint
     key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
     rows = select(
         literal(CHECKPOINT, Integer).label("kind"), *key, page.c.thread_id.label("a"),
         cast(page.c.parent_checkpoint_id, Text).label("b"), cast(page.c.type, Text).label("c"),
         page.c.checkpoint.label("data"), j(page.c.channel_versions).label("d"), j(page.c.metadata).label("e"),
-        case((within, page.c.found), else_=TOO_HEAVY).label("idx"),
+        case((within, found), else_=TOO_HEAVY).label("idx"),
     )
     found, value = backend.values_of(page)
     values = select(
@@ -201,7 +207,7 @@ class CheckpointReader:
         if after_key is not None:
             params["a_cid"], params["a_pk"], params["a_cns"] = after_key
         shape = Shape(thread_id is not None, checkpoint_ns is not None, checkpoint_id is not None, before is not None,
-                      len(filter or {}), after_key is not None)
+                      len(filter or {}), after_key is not None, limit == 1)
         pages: dict[tuple[int, str, str], PageRow] = {}
         values, pending = [], []
         found = 0
