@@ -149,12 +149,12 @@ async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server,
     first always comes), and its ``next_cursor`` goes on: every checkpoint comes once, in order.
     Before, a page was ``limit`` checkpoints whatever they held: up to 1,000 of 8 MB each, with
     their values and writes, built whole in the gateway's memory for one request."""
-    budget = 14_000
+    budget = 15_000
     settings = Settings(
         databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
         auth={"mode": "disabled"}, auto_migrate=False,
         checkpoints={"max_blob_bytes": 4096, "max_page_bytes": budget, "max_checkpoint_bytes": 8000,
-                     "max_pending_bytes": 6000},
+                     "max_pending_bytes": 7000},
     )
     app = create_app(settings)
     put, search = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/search"
@@ -182,7 +182,8 @@ async def test_a_page_stops_at_its_byte_budget(backend: Backend, server: Server,
                 cursor = page["next_cursor"]
                 if not cursor:
                     break
-            # newest first: c08 c07 | c06 (9 KB with its writes) c05 | c04 (7 KB with its value) c03 c02 | c01 c00
+            # each ~3.3 KB (3 KB and 256 for its row), c06 9.8 KB with its writes, c04 7.5 KB with its value;
+            # newest first: c08 c07 | c06 c05 | c04 c03 c02 | c01 c00
             assert pages == [["c08", "c07"], ["c06", "c05"], ["c04", "c03", "c02"], ["c01", "c00"]], pages
             heavy = (await http.post(search, json={"thread_id": "b", "checkpoint_id": "c06"})).json()["items"]
             assert len(heavy[0]["pending_writes"]) == 2
@@ -289,7 +290,7 @@ async def test_the_pending_writes_of_a_checkpoint_may_weigh_at_most_max_pending_
     Writes sent again (a retry) or replaced (special writes) count once. Before, any number of
     tasks could each add writes of up to ``max_blob_bytes`` to one checkpoint."""
     put, writes = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/writes"
-    limits = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 6000, "max_pending_bytes": 6000, "max_page_bytes": 12000}
+    limits = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 6000, "max_pending_bytes": 8000, "max_page_bytes": 14000}
 
     def task(task_id: str, *sizes: int, idx: int = 0, fill: bytes = b"x") -> dict:
         return {"thread_id": "p", "checkpoint_id": "c1", "task_id": task_id,
@@ -297,14 +298,15 @@ async def test_the_pending_writes_of_a_checkpoint_may_weigh_at_most_max_pending_
 
     async with gateway(backend, tmp_path, **limits) as http:
         assert (await http.post(put, json=checkpoint(thread_id="p", checkpoint_id="c1"))).status_code == 200
-        assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204
+        # a write weighs its bytes, its task id, channel, type and path, and 256 for its row
+        assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204  # 3,526
         assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204  # a retry: kept once
-        assert (await http.post(writes, json=task("b", 2500))).status_code == 204  # 5,500
-        assert_problem(await http.post(writes, json=task("c", 400, 200)), 413, "max_pending_bytes")  # 6,100
-        # special writes replace: 400 -> 500 -> 300 at the same idx stays within 6,000
+        assert (await http.post(writes, json=task("b", 2500))).status_code == 204  # 6,289
+        assert_problem(await http.post(writes, json=task("c", 1200, 600)), 413, "max_pending_bytes")  # 8,601
+        # special writes replace: 400 -> 500 -> 300 at the same idx stays within 8,000
         for n in (400, 500, 300):
             assert (await http.post(writes, json=task("d", n, idx=-1))).status_code == 204, n
-        assert_problem(await http.post(writes, json=task("d", 700, idx=-1)), 413, "max_pending_bytes")  # 6,200
+        assert_problem(await http.post(writes, json=task("d", 1500, idx=-1)), 413, "max_pending_bytes")  # 8,045
         got = (await http.get(f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "p"})).json()
         stored = sorted((w["task_id"], w["idx"], len(base64.b64decode(w["data"]))) for w in got["pending_writes"])
         assert stored == [("a", 0, 2000), ("a", 1, 1000), ("b", 0, 2500), ("d", -1, 300)]
@@ -353,3 +355,45 @@ def test_every_checkpoint_written_fits_a_read() -> None:
     with pytest.raises(ValueError, match="max_page_bytes"):
         Settings(checkpoints={"max_checkpoint_bytes": 20, "max_pending_bytes": 20, "max_page_bytes": 39})
     assert Settings(checkpoints={"max_checkpoint_bytes": 20, "max_pending_bytes": 20, "max_page_bytes": 40})
+    # write limits left unset fit a smaller page (a deployment that lowered only the page starts as before)
+    fitted = Settings(checkpoints={"max_page_bytes": 10_000}).checkpoints
+    assert (fitted.max_checkpoint_bytes, fitted.max_pending_bytes) == (5_000, 5_000)
+    with pytest.raises(ValueError, match="max_page_bytes"):  # a limit set explicitly is kept as set
+        Settings(checkpoints={"max_page_bytes": 10_000, "max_checkpoint_bytes": 8_000})
+
+
+async def test_what_a_write_accepts_a_read_answers(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """Found in review: three ways a write was accepted that a read then refused, or answered far
+    beyond the budget. JSON was weighed as sent, where PostgreSQL stores ``1e300`` as 301 digits;
+    values a put brought that its own versions do not reference were stored unweighed (and weigh
+    on the checkpoint that references them); a pending write weighed its bytes only, so a
+    checkpoint of empty writes with long ids answered 3 MB under a 12 KB budget."""
+    put, writes = f"/v1/{namespace}/checkpoints/put", f"/v1/{namespace}/checkpoints/writes"
+    tuple_ = f"/v1/{namespace}/checkpoints/tuple"
+    limits = {"max_blob_bytes": 4000, "max_checkpoint_bytes": 6000, "max_pending_bytes": 6000, "max_page_bytes": 12000}
+    async with gateway(backend, tmp_path, **limits) as http:
+        huge = checkpoint(thread_id="j", checkpoint_id="c1", metadata={f"k{i}": 1e300 for i in range(45)})
+        r = await http.post(put, json=huge)
+        assert r.status_code in (200, 413), r.text  # 413 on PostgreSQL (13 KB stored), 200 on SQLite (~0.5 KB)
+        if r.status_code == 200:
+            assert (await http.get(tuple_, params={"thread_id": "j", "checkpoint_id": "c1"})).status_code == 200
+
+        ahead = checkpoint(thread_id="u", checkpoint_id="c1", channel_versions={c: "1" for c in "abcd"})
+        assert (await http.post(put, json=ahead)).status_code == 200
+        unreferenced = checkpoint(thread_id="u", checkpoint_id="c2", blobs=[
+            {"channel": c, "version": "1", **typed(4000)} for c in "abcd"
+        ])
+        assert_problem(await http.post(put, json=unreferenced), 413, "max_checkpoint_bytes")
+        assert (await http.get(tuple_, params={"thread_id": "u", "checkpoint_id": "c1"})).json()["values"] == {}
+
+        ids = {"task_id": "t" * 1000, "task_path": "p" * 1000}
+        many = {"thread_id": "u", "checkpoint_id": "c1", **ids,
+                "writes": [{"idx": i, "channel": "c" * 1000, "type": "bytes", "data": ""} for i in range(100)]}
+        assert_problem(await http.post(writes, json=many), 413, "max_pending_bytes")
+        one = many | {"writes": many["writes"][:1]}  # 3,261 bytes: two would pass 6,000
+        assert (await http.post(writes, json=one)).status_code == 204
+        assert_problem(await http.post(writes, json=one | {"task_id": "s" * 1000}), 413, "max_pending_bytes")
+        r = await http.get(tuple_, params={"thread_id": "u", "checkpoint_id": "c1"})
+        assert r.status_code == 200 and len(r.json()["pending_writes"]) == 1 and len(r.content) < 12000

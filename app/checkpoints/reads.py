@@ -18,18 +18,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, cast, func, literal, null, or_, select, tuple_, union_all
+from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, cast, func, literal, null, select, tuple_, union_all
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_blobs as blobs
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
+from app.core.db.pages import budgeted
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.errors import Conflict
 
 CHECKPOINT, VALUE, WRITE = 0, 1, 2
-TOO_HEAVY = -1  # ``idx`` of a checkpoint row answered without its values and writes
+_NEWEST_FIRST = (("checkpoint_id", True), ("thread_pk", True), ("checkpoint_ns", True))
+# ``idx`` of a checkpoint row: in the page; the page's first, heavier than the budget alone
+# (answered without its bytes, values and writes); the one after the page's last (the same)
+KEPT, TOO_HEAVY, CUT = 1, -1, 0
 
 
 @dataclass(frozen=True)
@@ -103,16 +107,19 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     weighed = page.add_columns(stored_bytes(backend)).order_by(*order)
     if shape.single:  # one checkpoint: its weight alone decides (no running sum to cut at)
         page = weighed.limit(1).cte("page")
-        within, found = page.c.weight <= budget, literal(1, Integer)
+        within = page.c.weight <= budget
+        mark = case((within, KEPT), else_=TOO_HEAVY)
     else:
-        page = _budgeted(weighed, budget)
-        within, found = page.c.upto <= budget, page.c.found  # false only for a heavy first checkpoint
+        page = budgeted(weighed.limit(bindparam("lim", type_=Integer)), _NEWEST_FIRST, budget, first_always=False).cte("page")
+        within = page.c.within == 1
+        mark = case((within, KEPT), (page.c.upto == page.c.weight, TOO_HEAVY), else_=CUT)
     key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
     rows = select(
         literal(CHECKPOINT, Integer).label("kind"), *key, page.c.thread_id.label("a"),
         cast(page.c.parent_checkpoint_id, Text).label("b"), cast(page.c.type, Text).label("c"),
-        page.c.checkpoint.label("data"), j(page.c.channel_versions).label("d"), j(page.c.metadata).label("e"),
-        case((within, found), else_=TOO_HEAVY).label("idx"),
+        case((within, page.c.checkpoint), else_=None).label("data"),
+        case((within, j(page.c.channel_versions)), else_=None).label("d"),
+        case((within, j(page.c.metadata)), else_=None).label("e"), mark.label("idx"),
     )
     found, value = backend.values_of(page)
     values = select(
@@ -129,26 +136,42 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     return union_all(rows, values, pending)
 
 
+ROW_BYTES = 256  # what a row costs beyond its lengths (the tuples and objects a read makes of it)
+
+
+def value_weight(channel: Any, type_: Any, blob: Any) -> Any:
+    """What a stored channel value weighs in a read (SQL or Python values alike)."""
+    return blob + channel + type_ + ROW_BYTES
+
+
+def write_weight(task_id: Any, channel: Any, type_: Any, blob: Any, task_path: Any) -> Any:
+    """What a stored pending write weighs in a read (SQL or Python values alike)."""
+    return blob + task_id + channel + type_ + task_path + ROW_BYTES
+
+
 def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
-    """What a row of ``checkpoints`` weighs without its pending writes: its bytes and JSON and the
-    values of its channel versions (their lengths only: no value is read for it)."""
+    """What a row of ``checkpoints`` weighs without its pending writes: its bytes and JSON as
+    stored and the values of its channel versions (their lengths only: no value is read for it)."""
     v = backend.versions_of(cp)
+    n = func.octet_length
     # one primary-key lookup per version, as ``values_of`` reads them: a join let PostgreSQL hash
     # every value the thread ever stored for each checkpoint of the page
-    one = select(func.length(blobs.c.blob)).where(
+    one = select(value_weight(n(blobs.c.channel), n(blobs.c.type), n(blobs.c.blob))).where(
         blobs.c.thread_pk == cp.c.thread_pk, blobs.c.checkpoint_ns == cp.c.checkpoint_ns,
         blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
     ).correlate(cp, v).limit(1).scalar_subquery()
     values = select(func.coalesce(func.sum(one), 0)).select_from(v).scalar_subquery()
     j = backend.json_text
-    return func.length(cp.c.checkpoint) + func.length(j(cp.c.metadata)) + func.length(j(cp.c.channel_versions)) + values
+    return n(cp.c.checkpoint) + n(j(cp.c.metadata)) + n(j(cp.c.channel_versions)) + ROW_BYTES + values
 
 
-def pending_bytes() -> Any:
-    """What the pending writes of a row of ``checkpoints`` weigh (their lengths)."""
-    return select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
-        writes.c.thread_pk == cp.c.thread_pk, writes.c.checkpoint_ns == cp.c.checkpoint_ns,
-        writes.c.checkpoint_id == cp.c.checkpoint_id,
+def pending_bytes(of: Any = cp) -> Any:
+    """What the pending writes of a checkpoint weigh: of a row of ``checkpoints``, or of the
+    checkpoint ``of`` names (``thread_pk``, ``checkpoint_ns``, ``checkpoint_id``)."""
+    n = func.octet_length
+    w = writes.c
+    return select(func.coalesce(func.sum(write_weight(n(w.task_id), n(w.channel), n(w.type), n(w.blob), n(w.task_path))), 0)).where(
+        w.thread_pk == of.c.thread_pk, w.checkpoint_ns == of.c.checkpoint_ns, w.checkpoint_id == of.c.checkpoint_id,
     ).scalar_subquery()
 
 
@@ -158,23 +181,10 @@ def stored_bytes(backend: CheckpointsBackend) -> Any:
     return (checkpoint_bytes(backend) + pending_bytes()).label("weight")
 
 
-def _budgeted(ordered: Any, budget: Any) -> Any:
-    """The page of ``ordered`` (newest first, with each row's ``weight``) up to ``lim`` rows, and
-    of those the ones that weigh at most ``budget`` bytes with the rows before them (the first row
-    always stays, its weight in ``upto``); ``found``: how many rows the page had before that cut
-    (more than it keeps: a next page follows)."""
-    first = ordered.limit(bindparam("lim", type_=Integer)).cte("page_all")
-    newest_first = [first.c.checkpoint_id.desc(), first.c.thread_pk.desc(), first.c.checkpoint_ns.desc()]
-    weighed = select(
-        first, func.sum(first.c.weight).over(order_by=newest_first, rows=(None, 0)).label("upto"),
-        func.row_number().over(order_by=newest_first).label("nth"), func.count().over().label("found"),
-    ).cte("page_weighed")
-    return select(weighed).where(or_(weighed.c.upto <= budget, weighed.c.nth == 1)).cte("page")
-
-
 class TooHeavy(Conflict):
-    """A checkpoint weighs more than a read may answer: stored before the limits were lowered, or
-    by pending writes sent at the same time (each is checked against what is stored before it)."""
+    """A checkpoint weighs more than a read may answer: stored before the limits were lowered,
+    referencing versions whose values later puts stored, or by pending writes sent at the same
+    time (each is checked against what was stored before it)."""
 
     def __init__(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, budget: int) -> None:
         super().__init__(
@@ -210,13 +220,15 @@ class CheckpointReader:
                       len(filter or {}), after_key is not None, limit == 1)
         pages: dict[tuple[int, str, str], PageRow] = {}
         values, pending = [], []
-        found = 0
+        cut = False
         for kind, pk, cns, cid, a, b, c, data, d, e, idx in await self._shapes(shape).all(conn, params):
             if kind == CHECKPOINT:
                 if idx == TOO_HEAVY:
                     raise TooHeavy(a, cns, cid, budget)
-                pages[(pk, cns, cid)] = PageRow(pk, a, cns, cid, b, c, bytes(data), d, e, [], [])
-                found = max(found, idx)
+                if idx == CUT:
+                    cut = True
+                else:
+                    pages[(pk, cns, cid)] = PageRow(pk, a, cns, cid, b, c, bytes(data), d, e, [], [])
             elif kind == VALUE:
                 values.append(((pk, cns, cid), (a, c, bytes(data))))
             else:
@@ -228,6 +240,6 @@ class CheckpointReader:
         out = sorted(pages.values(), key=lambda r: (r.checkpoint_id, r.thread_pk, r.checkpoint_ns), reverse=True)
         for row in out:
             row.writes.sort(key=lambda w: (w[4], w[0], w[5]))  # (task_path, task_id, idx)
-        return out, found > len(out)
+        return out, cut
 
 

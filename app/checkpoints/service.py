@@ -84,10 +84,12 @@ class CheckpointsService:
         metadata = self._json("metadata", body.metadata, self.settings.max_metadata_bytes)
         versions = self._json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
         limit = self.settings.max_checkpoint_bytes
+        values: dict[tuple[str, str], tuple[str, str, str, bytes]] = {}
+        for b in body.blobs:  # one per version, the first: as the insert keeps it
+            values.setdefault((b.channel, b.version), (b.channel, b.version, b.type, b.data))
         weight = await self.writer.put(
             conn, ns, body.thread_id, time.time(), body.checkpoint_ns, body.checkpoint_id, body.parent_checkpoint_id,
-            body.checkpoint.type, body.checkpoint.data, versions, metadata, body.metadata,
-            [(b.channel, b.version, b.type, b.data) for b in body.blobs], limit,
+            body.checkpoint.type, body.checkpoint.data, versions, metadata, body.metadata, list(values.values()), limit,
         )
         if weight > limit:  # nothing was stored (PostgreSQL), or the transaction rolls back (SQLite)
             self._too_heavy("checkpoint", f"with its metadata, channel versions and the channel values they reference, "

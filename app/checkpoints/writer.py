@@ -22,14 +22,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, Integer, LargeBinary, Text, bindparam, func, select, text
+import orjson
+
+from sqlalchemy import BigInteger, Integer, LargeBinary, Text, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.elements import BindParameter
 
 from app.checkpoints.backend import CheckpointsBackend
-from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
-from app.checkpoints.reads import checkpoint_bytes
+from app.checkpoints.reads import ROW_BYTES, checkpoint_bytes, pending_bytes, value_weight, write_weight
 from app.checkpoints.repository import CheckpointsRepository
 from app.core.db.statements import FixedStatement, StatementConnection
 
@@ -64,18 +65,23 @@ t AS (
     RETURNING pk
 )"""
 
-# What the checkpoint will weigh: its own bytes and JSON (``own``), and for each of its channel
-# versions the value stored at it, else the one the request brings (``lens``), as a read finds them.
+# What the checkpoint will weigh as a read weighs it (``app.checkpoints.reads``): its bytes
+# (``own``), its JSON as PostgreSQL stores it, the values its versions reference that are stored
+# and not brought, and every value brought (``brought``, whether referenced or not: all are stored).
 _PUT = "WITH" + _THREAD + """
 w AS (
-    SELECT :own + COALESCE(sum(COALESCE(
-        (SELECT length(b.blob) FROM checkpoint_blobs b
-         WHERE b.thread_pk = (SELECT pk FROM tp) AND b.checkpoint_ns = :cns AND b.channel = v.key
-           AND b.version = v.value LIMIT 1),
-        (SELECT x.len FROM unnest(:channels, :versions, :lens) AS x(channel, version, len)
-         WHERE x.channel = v.key AND x.version = v.value LIMIT 1)
-    )), 0) AS weight
-    FROM jsonb_each_text(CAST(:versions_json AS JSONB)) AS v
+    SELECT :own + octet_length(CAST(CAST(:metadata AS JSONB) AS TEXT))
+        + octet_length(CAST(CAST(:versions_json AS JSONB) AS TEXT)) + :brought + COALESCE((
+            SELECT sum((
+                SELECT octet_length(b.blob) + octet_length(b.channel) + octet_length(b.type) + :row
+                FROM checkpoint_blobs b
+                WHERE b.thread_pk = (SELECT pk FROM tp) AND b.checkpoint_ns = :cns AND b.channel = v.key
+                  AND b.version = v.value LIMIT 1
+            ))
+            FROM jsonb_each_text(CAST(:versions_json AS JSONB)) AS v
+            WHERE NOT EXISTS (SELECT FROM unnest(:channels, :versions) AS x(channel, version)
+                              WHERE x.channel = v.key AND x.version = v.value)
+        ), 0) AS weight
 ),""" + _TOUCH + """, vals AS (
     INSERT INTO checkpoint_blobs (thread_pk, checkpoint_ns, channel, version, type, blob)
     SELECT t.pk, :cns, x.channel, x.version, x.type, x.blob
@@ -92,12 +98,17 @@ w AS (
 SELECT weight FROM w
 """
 
+_STORED_WRITE = (
+    "octet_length(o.blob) + octet_length(o.task_id) + octet_length(o.channel) + octet_length(o.type)"
+    " + octet_length(o.task_path) + :row"
+)
+
 # What the checkpoint's pending writes will weigh: the other tasks' and indexes' as stored, and
-# each written (task, idx) with its new bytes (``lens``) if they replace, else as stored if it is.
+# each written (task, idx) with its new weight (``lens``) if they replace, else as stored if it is.
 _WRITES = "WITH" + _THREAD + """
 w AS (
     SELECT COALESCE((
-        SELECT sum(length(o.blob)) FROM checkpoint_writes o
+        SELECT sum(""" + _STORED_WRITE + """) FROM checkpoint_writes o
         WHERE o.thread_pk = (SELECT pk FROM tp) AND o.checkpoint_ns = :cns AND o.checkpoint_id = :cid
           AND NOT (o.task_id = :task_id AND o.idx = ANY(:idxs))
     ), 0) + COALESCE((
@@ -115,17 +126,22 @@ SELECT weight FROM w
 """
 
 
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
 def _statement(sql: str) -> Any:
     typed: list[BindParameter[Any]] = [
         bindparam("ns", type_=Text), bindparam("tid", type_=Text), bindparam("cns", type_=Text),
         bindparam("channels", type_=ARRAY(Text)), bindparam("types", type_=ARRAY(Text)),
-        bindparam("blobs", type_=ARRAY(LargeBinary)), bindparam("lens", type_=ARRAY(BigInteger)),
-        bindparam("max", type_=BigInteger),
+        bindparam("blobs", type_=ARRAY(LargeBinary)),
+        bindparam("max", type_=BigInteger), bindparam("row", type_=BigInteger),
     ]
     if ":versions," in sql:
-        typed += [bindparam("versions", type_=ARRAY(Text)), bindparam("own", type_=BigInteger)]
-    if ":idxs" in sql:
-        typed.append(bindparam("idxs", type_=ARRAY(Integer)))
+        typed += [bindparam("versions", type_=ARRAY(Text)), bindparam("own", type_=BigInteger),
+                  bindparam("brought", type_=BigInteger)]
+    else:
+        typed += [bindparam("idxs", type_=ARRAY(Integer)), bindparam("lens", type_=ARRAY(BigInteger))]
     return text(sql).bindparams(*typed).columns(weight=BigInteger)
 
 
@@ -145,9 +161,10 @@ class PostgresWriter:
         row = await self._put.first(conn, {
             "ns": ns, "tid": thread_id, "now": now, "cns": checkpoint_ns, "cid": checkpoint_id, "parent": parent,
             "type": type_, "data": data, "versions_json": versions_json, "metadata": metadata_json,
-            "own": len(data) + len(versions_json) + len(metadata_json), "max": max_bytes,
+            "own": len(data) + ROW_BYTES, "max": max_bytes, "row": ROW_BYTES,
+            "brought": sum(value_weight(_utf8(c), _utf8(t), len(d)) for c, _, t, d in values),
             "channels": [v[0] for v in values], "versions": [v[1] for v in values],
-            "types": [v[2] for v in values], "blobs": [v[3] for v in values], "lens": [len(v[3]) for v in values],
+            "types": [v[2] for v in values], "blobs": [v[3] for v in values],
         })
         assert row is not None  # ``w`` is one row
         return int(row[0])
@@ -160,8 +177,8 @@ class PostgresWriter:
         row = await stmt.first(conn, {
             "ns": ns, "tid": thread_id, "now": now, "cns": checkpoint_ns, "cid": checkpoint_id, "task_id": task_id,
             "task_path": task_path, "idxs": [r[0] for r in rows], "channels": [r[1] for r in rows],
-            "types": [r[2] for r in rows], "blobs": [r[3] for r in rows], "lens": [len(r[3]) for r in rows],
-            "max": max_bytes,
+            "types": [r[2] for r in rows], "blobs": [r[3] for r in rows], "max": max_bytes, "row": ROW_BYTES,
+            "lens": [write_weight(_utf8(task_id), _utf8(r[1]), _utf8(r[2]), len(r[3]), _utf8(task_path)) for r in rows],
         })
         assert row is not None
         return int(row[0])
@@ -175,10 +192,9 @@ class SqliteWriter:
         self._repo = repository
         self._backend = backend
         self._checkpoint_weight = select(checkpoint_bytes(backend)).where(*_KEY)
-        self._pending_weight = select(func.coalesce(func.sum(func.length(writes.c.blob)), 0)).where(
-            writes.c.thread_pk == bindparam("pk"), writes.c.checkpoint_ns == bindparam("cns"),
-            writes.c.checkpoint_id == bindparam("cid"),
-        )
+        key = select(bindparam("pk").label("thread_pk"), bindparam("cns").label("checkpoint_ns"),
+                     bindparam("cid").label("checkpoint_id")).subquery("key")
+        self._pending_weight = select(pending_bytes(key))
 
     async def put(
         self, conn: StatementConnection, ns: str, thread_id: str, now: float, checkpoint_ns: str, checkpoint_id: str,
@@ -191,7 +207,11 @@ class SqliteWriter:
         )
         await self._backend.write_terms(conn, pk, checkpoint_ns, checkpoint_id, metadata)  # type: ignore[arg-type]
         key = {"pk": pk, "cns": checkpoint_ns, "cid": checkpoint_id}
-        return int((await conn.execute(self._checkpoint_weight, key)).scalar_one())  # type: ignore[union-attr]
+        stored = int((await conn.execute(self._checkpoint_weight, key)).scalar_one())  # type: ignore[union-attr]
+        # values brought that no version of the checkpoint references are stored too: counted as PostgreSQL does
+        referenced = {(k, v if isinstance(v, str) else str(v)) for k, v in orjson.loads(versions_json).items()}
+        unreferenced: int = sum(value_weight(_utf8(c), _utf8(t), len(d)) for c, v, t, d in values if (c, v) not in referenced)
+        return stored + unreferenced
 
     async def put_writes(
         self, conn: StatementConnection, ns: str, thread_id: str, now: float, checkpoint_ns: str, checkpoint_id: str,

@@ -124,6 +124,11 @@ class LimitsSettings(_Strict):
     max_file_bytes: int = Field(default=1024**3, ge=1, description="Largest file upload.")
     file_chunk_bytes: int = Field(default=1024 * 1024, ge=4096, description="Size of stored file chunks.")
     max_page_size: int = Field(default=1000, ge=1, description="Largest `limit` on a list.")
+    max_page_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1, le=2**61,
+        description="A list of records, kv entries or points ends before the item that would make the values "
+        "(payloads) it answers weigh more than this many bytes (at least one item; `next_cursor` goes on).",
+    )
     default_page_size: int = Field(default=100, ge=1, description="`limit` of a list when none is given.")
     max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")
     max_vector_dimensions: int = Field(default=16000, ge=1, description="Largest vector_size of a collection.")
@@ -225,20 +230,21 @@ class CheckpointsSettings(_Strict):
     )
     max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
     max_checkpoint_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1,
+        default=16 * 1024 * 1024, ge=1, le=2**60,
         description="Most stored bytes of one checkpoint with its metadata, channel versions and the channel values "
         "it references (a put that would make more is a 413 and stores nothing).",
     )
     max_pending_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1,
+        default=16 * 1024 * 1024, ge=1, le=2**60,
         description="Most stored bytes of the pending writes of one checkpoint (a put of writes that would make "
         "more is a 413 and stores nothing).",
     )
     max_page_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=1,
+        default=32 * 1024 * 1024, ge=2, le=2**61,
         description="A read answers at most this many stored bytes: a search (list) page ends before the checkpoint "
         "that would make its checkpoints, with their channel values and pending writes, weigh more (`next_cursor` "
-        "goes on). At least `max_checkpoint_bytes` + `max_pending_bytes`, so every checkpoint written can be read.",
+        "goes on). At least `max_checkpoint_bytes` + `max_pending_bytes` (which, left unset, are at most half of it each), "
+        "so that every checkpoint written can be read.",
     )
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
@@ -247,6 +253,10 @@ class CheckpointsSettings(_Strict):
 
     @model_validator(mode="after")
     def _a_checkpoint_fits_a_page(self) -> CheckpointsSettings:
+        # write limits left at their defaults fit a smaller page: half of it each
+        for name in ("max_checkpoint_bytes", "max_pending_bytes"):
+            if name not in self.model_fields_set:
+                setattr(self, name, min(getattr(self, name), max(1, self.max_page_bytes // 2)))
         if self.max_checkpoint_bytes + self.max_pending_bytes > self.max_page_bytes:
             raise ValueError(
                 "max_page_bytes must be at least max_checkpoint_bytes + max_pending_bytes (a checkpoint written "

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
+from sqlalchemy import BigInteger, BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.db.pages import budgeted
 from app.core.db.scoping import in_scope
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.db.upsert import InsertBuilder
@@ -34,6 +35,7 @@ from app.kv.models import kv_entries as t
 _NS: BindParameter[str] = bindparam("ns")
 _C: BindParameter[str] = bindparam("c")
 _K: BindParameter[str] = bindparam("k")
+_BUDGET: BindParameter[int] = bindparam("budget", type_=BigInteger)
 _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
@@ -83,7 +85,12 @@ def _list(prefix: bool, after: bool, with_values: bool) -> Any:
         stmt = stmt.where(t.c.key >= p, func.substr(t.c.key, 1, bindparam("plen", type_=Integer)) == p)
     if after:
         stmt = stmt.where(t.c.key > bindparam("after", type_=t.c.key.type))
-    return stmt.order_by(t.c.key).limit(bindparam("lim", type_=Integer))
+    stmt = stmt.order_by(t.c.key).limit(bindparam("lim", type_=Integer))
+    if not with_values:
+        return stmt
+    # (key, value, version, weight, upto, within): a last row not within was cut (its value NULL)
+    weighed = stmt.add_columns(func.octet_length(t.c.value).label("weight"))
+    return budgeted(weighed, [("key", False)], _BUDGET, heavy=["value"], first_always=True)
 
 
 @dataclass(frozen=True)
@@ -138,12 +145,18 @@ class KvRepository:
 
     async def list(
         self, conn: StatementConnection, ns: str, c: str, now: datetime, *,
-        prefix: str | None, after: str | None, limit: int, with_values: bool = True,
-    ) -> list[StoredEntry]:
+        prefix: str | None, after: str | None, limit: int, with_values: bool = True, budget: int,
+    ) -> tuple[list[StoredEntry], bool]:
+        """Live entries in key order after ``after``: up to ``limit``, and with their values only as
+        many as weigh at most ``budget`` bytes together (at least one); True with them: the page
+        was cut at the budget, and more follow."""
         params = {"ns": ns, "c": c, "now": now, "lim": limit, "prefix": prefix,
                   "plen": len(prefix) if prefix else 0, "after": after}
-        rows = await self._list(bool(prefix), after is not None, with_values).all(conn, params)
-        return [StoredEntry(r[0], r[1] if with_values else "", r[2]) for r in rows]
+        rows = await self._list(bool(prefix), after is not None, with_values).all(conn, {**params, "budget": budget})
+        cut = with_values and bool(rows) and not rows[-1][-1]
+        if cut:
+            rows = rows[:-1]
+        return [StoredEntry(r[0], r[1] if with_values else "", r[2]) for r in rows], cut
 
     # --- writes --------------------------------------------------------------------------
 

@@ -114,10 +114,11 @@ class KvService:
             after = position["k"]
             if position["p"] != prefix:
                 raise invalid_cursor("is not a cursor returned by this list (prefix differs)")
-        rows = await self.repo.list(
-            conn, ns, c, _utcnow(), prefix=prefix, after=after, limit=limit + 1, with_values=not keys_only
+        rows, cut = await self.repo.list(
+            conn, ns, c, _utcnow(), prefix=prefix, after=after, limit=limit + 1, with_values=not keys_only,
+            budget=self.limits.max_page_bytes,
         )
-        more = len(rows) > limit
+        more = cut or len(rows) > limit  # cut at the byte budget, or more than asked
         rows = rows[:limit]
         if keys_only:
             items = [f'{{"key":{json_string(r.key)},"etag":"\\"{r.version}\\""}}' for r in rows]

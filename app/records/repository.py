@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, BindParameter, bindparam, delete, select
+from sqlalchemy import BigInteger, BindParameter, Integer, bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.db.pages import budgeted
 from app.core.db.scoping import in_scope
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.db.upsert import InsertBuilder
@@ -32,7 +33,10 @@ def _page(descending: bool, after: bool, before: bool) -> Any:
         stmt = stmt.where(t.c.key > bindparam("after", type_=t.c.key.type))
     if before:
         stmt = stmt.where(t.c.key < bindparam("before", type_=t.c.key.type))
-    return stmt.order_by(t.c.key.desc() if descending else t.c.key.asc()).limit(bindparam("lim"))
+    stmt = stmt.order_by(t.c.key.desc() if descending else t.c.key.asc()).limit(bindparam("lim", type_=Integer))
+    # (key, value, weight, upto, within): a last row not within was cut (its value NULL)
+    weighed = stmt.add_columns(func.octet_length(t.c.value).label("weight"))
+    return budgeted(weighed, [("key", descending)], bindparam("budget", type_=BigInteger), heavy=["value"], first_always=True)
 
 
 def _trim(before: bool, keep_last: bool) -> Any:
@@ -87,12 +91,16 @@ class RecordsRepository:
 
     async def page(
         self, conn: StatementConnection, ns: str, c: str, *, descending: bool, limit: int,
-        after: str | None, before: str | None,
-    ) -> list[tuple[str, str]]:
-        """Up to ``limit`` records strictly between ``after`` and ``before``, in key order."""
+        after: str | None, before: str | None, budget: int,
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """Records strictly between ``after`` and ``before`` in key order: up to ``limit``, and only
+        as many as weigh at most ``budget`` bytes together (at least one); True with them: the page
+        was cut at the budget, and more follow."""
         stmt = self._page(descending, after is not None, before is not None)
-        rows = await stmt.all(conn, {"ns": ns, "c": c, "lim": limit, "after": after, "before": before})
-        return [(r[0], r[1]) for r in rows]
+        params = {"ns": ns, "c": c, "lim": limit, "after": after, "before": before, "budget": budget}
+        rows = await stmt.all(conn, params)
+        cut = bool(rows) and not rows[-1][-1]
+        return [(r[0], r[1]) for r in (rows[:-1] if cut else rows)], cut
 
     async def trim(
         self, conn: StatementConnection, ns: str, c: str, *, before: str | None, keep_last: int | None

@@ -85,10 +85,11 @@ class RecordsService:
             else:
                 before = last if before is None else min(before, last)
         order = order or SortOrder.asc
-        rows = await self.repo.page(
-            conn, ns, c, descending=order is SortOrder.desc, limit=limit + 1, after=after, before=before
+        rows, cut = await self.repo.page(
+            conn, ns, c, descending=order is SortOrder.desc, limit=limit + 1, after=after, before=before,
+            budget=self.limits.max_page_bytes,
         )
-        more = len(rows) > limit
+        more = cut or len(rows) > limit  # cut at the byte budget, or more than asked
         rows = rows[:limit]
         next_cursor = encode_cursor({"k": rows[-1][0], "o": order.value}) if more and rows else None
         items = ",".join(_record_json(k, v) for k, v in rows)
