@@ -21,7 +21,11 @@ class KvPage(BaseModel):
     """A page of entries sorted by key (UTF-8 byte order)."""
 
     items: list[KvEntryRead]
-    next_cursor: str | None = Field(default=None, description="Pass as `cursor` for the next page.")
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page (a page may hold fewer than `limit` entries and still have one: "
+        "it also ends at `limits.max_page_bytes` of values).",
+    )
 
 
 # The PUT body is the value itself (any JSON), documented here because the route reads it raw.

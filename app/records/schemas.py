@@ -29,7 +29,11 @@ class RecordPage(BaseModel):
     """A page of records in key order (UTF-8 byte order)."""
 
     items: list[RecordRead]
-    next_cursor: str | None = Field(default=None, description="Pass as `cursor` for the next page.")
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page (a page may hold fewer than `limit` records and still have one: "
+        "it also ends at `limits.max_page_bytes` of values).",
+    )
 
 
 class RecordCreate(BaseModel):
