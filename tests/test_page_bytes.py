@@ -1,4 +1,4 @@
-"""A list of kv entries or records ends at a byte budget (``limits.max_page_bytes``) as well as at
+"""A list of kv entries, records or points ends at a byte budget (``limits.max_page_bytes``) as well as at
 its ``limit``, and its ``next_cursor`` goes on: every item comes once, in order. Before, a page
 was ``limit`` items whatever they held: up to 1,000 values of up to ``limits.max_value_bytes``
 (1 MiB) each, fetched whole and built whole in the gateway's memory for one request, so a few
@@ -95,6 +95,11 @@ async def test_the_client_follows_pages_cut_at_the_byte_budget(
             assert largest == [(f"k{i}", value(i)) for i in (9, 8, 7, 6, 5)]
             page, cursor = await gw.kv.list("c", limit=100)
             assert [e.key for e in page] == ["k0", "k1", "k2"] and cursor
+            await gw.vectors.setup_collection("v", 2)
+            await gw.vectors.insert_vectors("v", [{"id": f"p{i}", "embedding": [1.0, float(i)], "t": value(i)} for i in range(10)])
+            points = [p async for p in gw.vectors.iter_points("v", page_size=100)]
+            assert [(p["id"], p["payload"]["t"]) for p in points] == [(f"p{i}", value(i)) for i in range(10)]
+            assert len((await gw.vectors.list_points("v", None, 100))["items"]) == 3  # 3 x (3 KB + 265): a fourth passes 10,000
     finally:
         stop_server(srv)
 
@@ -117,3 +122,33 @@ async def test_a_page_budget_beyond_32_bits_is_taken(
                 r = await http.get(f"/v1/{namespace}/{cap}/big", params={"limit": 2})
                 assert r.status_code == 200, r.text
                 assert [item["key"] for item in r.json()["items"]] == ["k0", "k1"] and r.json()["next_cursor"]
+
+
+async def test_a_points_list_ends_at_its_byte_budget(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """``points/list`` ends at ``limits.max_page_bytes`` too: payloads as JSON, 256 bytes a point
+    and 16 a dimension with vectors. Before, a list took up to 1,000 payloads of up to 1 MiB."""
+    async with gateway(backend, tmp_path) as http:
+        base = f"/v1/{namespace}/vectors/v"
+        assert (await http.put(base, json={"vector_size": 2})).is_success
+        sizes = [3000, 3000, 3000, 6000, 500, 9500]  # ~265 more each with their row: 3 | 2 | 1 a page
+        points = [{"id": f"p{i}", "vector": [1.0, float(i)], "payload": {"t": "x" * n}} for i, n in enumerate(sizes)]
+        r = await http.post(f"{base}/points", json={"points": points})
+        assert r.is_success, r.text
+
+        async def pages(**body: object) -> list[list[str]]:
+            out, cursor = [], None
+            while True:
+                r = await http.post(f"{base}/points/list", json={"limit": 100, **body} | ({"cursor": cursor} if cursor else {}))
+                assert r.status_code == 200, r.text
+                out.append([p["id"] for p in r.json()["items"]])
+                if r.json()["items"]:
+                    assert all(len(p["payload"]["t"]) == sizes[int(p["id"][1:])] for p in r.json()["items"])
+                cursor = r.json()["next_cursor"]
+                if not cursor:
+                    return out
+
+        assert await pages() == [["p0", "p1", "p2"], ["p3", "p4"], ["p5"]]
+        assert await pages(with_vectors=True) == [["p0", "p1", "p2"], ["p3", "p4"], ["p5"]]
+        assert await pages(limit=2) == [["p0", "p1"], ["p2", "p3"], ["p4"], ["p5"]]  # p4 + p5 pass the budget

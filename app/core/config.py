@@ -126,8 +126,8 @@ class LimitsSettings(_Strict):
     max_page_size: int = Field(default=1000, ge=1, description="Largest `limit` on a list.")
     max_page_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1, le=2**61,
-        description="A list of records or kv entries ends before the item that would make the values it answers "
-        "weigh more than this many bytes (at least one item; `next_cursor` goes on).",
+        description="A list of records, kv entries or points ends before the item that would make the values "
+        "(payloads and vectors) it answers weigh more than this many bytes (at least one item; `next_cursor` goes on).",
     )
     default_page_size: int = Field(default=100, ge=1, description="`limit` of a list when none is given.")
     max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")

@@ -141,6 +141,9 @@ class RegistryCache:
 
 EXACT_PLANS = ("exact_scan", "filter_first")
 
+# What a listed point weighs beyond its payload's JSON, and a dimension of its vector as JSON.
+LIST_ROW_BYTES, LIST_FLOAT_BYTES = 256, 16
+
 
 class VectorIndex(ABC):
     """Storage and search of one backend: the shared steps here, the backend's SQL in its
@@ -354,22 +357,41 @@ class VectorIndex(ABC):
         after: str | None,
         limit: int,
         with_vectors: bool,
-    ) -> builtins.list[PointOut]:
+        budget: int,
+    ) -> tuple[builtins.list[PointOut], bool]:
+        """Points in id order after ``after``: up to ``limit``, and only as many as weigh at most
+        ``budget`` bytes together (at least one: their payload's JSON, ``LIST_ROW_BYTES``, and
+        ``LIST_FLOAT_BYTES`` a dimension with their vectors); True with them: the page was cut
+        at the budget, and more follow. As ``app.core.db.pages`` cuts a page: one running sum,
+        and the row after the cut comes without its payload and vector."""
         sql = SqlBuilder()
         where = self._where(flt, sql, coll)
         if after is not None:
             where += " AND id > :after"
             sql.params["after"] = after
-        sql.params["limit"] = limit
+        sql.params |= {"limit": limit, "budget": budget,
+                       "row": LIST_ROW_BYTES + (LIST_FLOAT_BYTES * coll.vector_size if with_vectors else 0)}
         vec = ", embedding" if with_vectors else ""
-        rows = await session.execute(
+        page = f"SELECT id, {self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
+        weighed = (
+            f"SELECT page.*, octet_length(p) + :row AS weight, sum(octet_length(p) + :row) OVER "
+            f"(ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS upto FROM ({page}) AS page"
+        )
+        within = "(upto <= :budget OR upto = weight)"
+        vec = f", CASE WHEN {within} THEN embedding END" if with_vectors else ""
+        rows = (await session.execute(
             text(
-                f"SELECT id, {self.payload_column}{vec} FROM {coll.data_table} "
-                f"WHERE {where} ORDER BY id LIMIT :limit"
+                f"SELECT id, CASE WHEN {within} THEN p END{vec}, CASE WHEN {within} THEN 1 ELSE 0 END "
+                f"FROM ({weighed}) AS w WHERE upto - weight <= :budget ORDER BY id"
             ),
             sql.params,
-        )
-        return [PointOut(r[0], self._payload_out(r[1]), self._vector_out(r[2]) if with_vectors else None) for r in rows]
+        )).all()
+        cut = bool(rows) and not rows[-1][-1]
+        points = [
+            PointOut(r[0], self._payload_out(r[1]), self._vector_out(r[2]) if with_vectors else None)
+            for r in (rows[:-1] if cut else rows)
+        ]
+        return points, cut
 
     async def search(
         self,

@@ -223,7 +223,11 @@ class PointRead(BaseModel):
 
 class PointPage(BaseModel):
     items: list[PointRead]
-    next_cursor: str | None = None
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page (a page may hold fewer than `limit` points and still have one: "
+        "it also ends at `limits.max_page_bytes` of payloads and vectors).",
+    )
 
 
 class SearchRequest(_Body):

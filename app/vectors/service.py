@@ -521,9 +521,13 @@ class VectorService:
         flt = self._filter(body.filters)
         after = decode_cursor(body.cursor, "after")["after"] if body.cursor else None
         info = await self.get(conn, namespace, collection)
-        points = await self.index.list(conn, info, flt, after, limit + 1, body.with_vectors)
-        items = [self._point_read(p, body.vector_format) for p in points[:limit]]
-        next_cursor = encode_cursor({"after": points[limit - 1].id}) if len(points) > limit else None
+        points, cut = await self.index.list(
+            conn, info, flt, after, limit + 1, body.with_vectors, budget=limits.max_page_bytes
+        )
+        more = cut or len(points) > limit  # cut at the byte budget, or more than asked
+        points = points[:limit]
+        items = [self._point_read(p, body.vector_format) for p in points]
+        next_cursor = encode_cursor({"after": points[-1].id}) if more and points else None
         return {"items": items, "next_cursor": next_cursor}
 
     # --- search ------------------------------------------------------------------------------------
