@@ -262,3 +262,45 @@ async def test_a_checkpoint_written_while_its_idle_thread_is_swept_is_kept(gatew
         tuple_ = await gw._transport.request("GET", f"/v1/{namespace}/checkpoints/tuple", params={"thread_id": "idle"})
         assert tuple_.status_code == 200 and tuple_.json()["checkpoint_id"] == "c2", tuple_.text
         assert await gateway.rows(checkpoints, namespace, "idle") == 1
+
+
+async def test_a_prune_without_delta_channels_reads_no_checkpoint_out(
+    gateway: Gateway, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keep-latest of a thread without delta channels deletes in the database: no checkpoint's
+    versions or metadata are read into the gateway. Before, every prune and every sweep's trim
+    read each checkpoint's channel_versions and whole metadata (up to 64 KiB each) into memory:
+    a thread of 100,000 checkpoints with large metadata took gigabytes, in a background sweep."""
+    from app.checkpoints.models import checkpoints
+    from app.checkpoints.repository import CheckpointsRepository
+
+    async with gateway.client(namespace) as gw:
+        big = {"source": "loop", "notes": "n" * 60_000}
+        for ns in ("", "sub"):
+            put = {"thread_id": "wide", "checkpoint_ns": ns, "checkpoint_id": "z", "parent_checkpoint_id": "c199", "metadata": big,
+                   "checkpoint": {"type": "bytes", "data": "AA=="}}
+            assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
+        engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
+        async with engine.begin() as conn:
+            t = checkpoint_threads
+            mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "wide").scalar_subquery()
+            for row in (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().all():
+                await conn.execute(insert(checkpoints), [
+                    {**row, "checkpoint_id": f"c{i:03}", "parent_checkpoint_id": f"c{i - 1:03}" if i else None}
+                    for i in range(200)
+                ])
+
+        async def no_lineage(*args: object) -> None:
+            raise AssertionError("a prune without delta channels read the thread's lineage")
+        monkeypatch.setattr(CheckpointsRepository, "lineage", no_lineage)
+        answer = await gw._transport.request(
+            "POST", f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": ["wide"], "strategy": "keep_latest"}
+        )
+        assert answer.status_code == 200 and answer.json()["deleted"] == 400, answer.text
+        for ns in ("", "sub"):
+            r = await gw._transport.request(
+                "POST", f"/v1/{namespace}/checkpoints/search", json={"thread_id": "wide", "checkpoint_ns": ns}
+            )
+            kept = r.json()["items"]
+            assert [c["checkpoint_id"] for c in kept] == ["z"]  # the newest of each checkpoint_ns
+            assert kept[0]["parent_checkpoint_id"] is None  # its parent went: it is a chain root now

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, select, true
+from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, literal, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
@@ -59,6 +59,9 @@ class CheckpointsBackend(Protocol):
     def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
         """A JSON column read back as its text."""
 
+    def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
+        """The JSON text of a JSON object column's top-level member ``key`` (NULL without one)."""
+
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         """Conditions on ``table`` (the checkpoints table) that a filter of ``keys`` entries holds."""
 
@@ -91,6 +94,9 @@ class PostgresBackend:
 
     def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
         return cast(column, Text)
+
+    def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
+        return cast(column.op("->")(literal(key, Text)), Text)
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         return [table.c.metadata.op("@>")(self.json_param("mfilter"))] if keys else []
@@ -128,6 +134,11 @@ class SqliteBackend:
 
     def json_text(self, column: ColumnElement[Any]) -> ColumnElement[str]:
         return column
+
+    def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
+        # json_extract answers an object or array as its JSON text, a string as the bare string:
+        # json() of ->'s answer is JSON text whatever the member holds
+        return func.json(column.op("->")(literal(key, Text)))
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         return [

@@ -22,6 +22,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    exists,
     func,
     literal,
     select,
@@ -46,6 +47,7 @@ _PK = bindparam("pk", type_=Integer)
 _CNS = bindparam("cns", type_=Text)
 _CHILD_TABLES = (writes, terms, cp, blobs)
 DELETE_CHUNK = 1000  # checkpoint keys a DELETE names (3 parameters each)
+DELTA_COUNTERS = "counters_since_delta_snapshot"  # the metadata member a DeltaChannel's updates are counted in
 
 CheckpointKey = tuple[int, str, str]  # (thread_pk, checkpoint_ns, checkpoint_id)
 
@@ -149,15 +151,43 @@ class CheckpointsRepository:
 
     # --- reads ---------------------------------------------------------------------------
 
+    async def has_delta_channels(self, conn: AsyncConnection, pk: int) -> bool:
+        """Whether a checkpoint of the thread counts updates of a ``DeltaChannel`` (its metadata
+        has ``counters_since_delta_snapshot``): only then does pruning need the lineage."""
+        counters = self.backend.json_member_text(cp.c.metadata, DELTA_COUNTERS)
+        stmt = select(exists().where(cp.c.thread_pk == _PK, counters.is_not(None)))
+        return bool((await conn.execute(stmt, {"pk": pk})).scalar())
+
+    async def delete_all_but_newest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
+        """All but the newest ``keep`` checkpoints of each checkpoint_ns of the thread, with their
+        pending writes and metadata terms, in the database (nothing of them is read out); how
+        many checkpoints went."""
+        ranked = select(
+            cp.c.checkpoint_ns, cp.c.checkpoint_id,
+            func.row_number().over(partition_by=cp.c.checkpoint_ns, order_by=cp.c.checkpoint_id.desc()).label("nth"),
+        ).where(cp.c.thread_pk == _PK).subquery("ranked")
+        doomed = select(ranked.c.checkpoint_ns, ranked.c.checkpoint_id).where(ranked.c.nth > bindparam("keep", type_=Integer))
+        deleted = 0
+        for table in (writes, terms, cp):
+            stmt = delete(table).where(
+                table.c.thread_pk == _PK, tuple_(table.c.checkpoint_ns, table.c.checkpoint_id).in_(doomed)
+            )
+            result = await conn.execute(stmt, {"pk": pk, "keep": keep})
+            if table is cp:
+                deleted = result.rowcount or 0
+        return deleted
+
     async def lineage(self, conn: AsyncConnection, pk: int) -> list[Lineage]:
-        """Every checkpoint of the thread, newest first per checkpoint_ns."""
+        """Every checkpoint of the thread, newest first per checkpoint_ns (of its metadata, only
+        the delta counters are read)."""
         j = self.backend.json_text
         stmt = select(
-            cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, j(cp.c.channel_versions), j(cp.c.metadata)
+            cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, j(cp.c.channel_versions),
+            self.backend.json_member_text(cp.c.metadata, DELTA_COUNTERS),
         ).where(cp.c.thread_pk == _PK).order_by(cp.c.checkpoint_ns, cp.c.checkpoint_id.desc())
         out = []
-        for ns, cid, parent, versions, metadata in (await conn.execute(stmt, {"pk": pk})).all():
-            counters = orjson.loads(metadata).get("counters_since_delta_snapshot")
+        for ns, cid, parent, versions, counters_json in (await conn.execute(stmt, {"pk": pk})).all():
+            counters = orjson.loads(counters_json) if counters_json is not None else None
             out.append(Lineage(
                 ns, cid, parent, orjson.loads(versions),
                 frozenset(counters) if isinstance(counters, dict) else frozenset(),
@@ -206,16 +236,18 @@ class CheckpointsRepository:
                     deleted += result.rowcount or 0
         return deleted
 
-    async def orphan_parents(self, conn: AsyncConnection, pk: int, ns: str) -> None:
-        """Forget parents that are no longer stored (a kept checkpoint becomes a chain root)."""
+    async def orphan_parents(self, conn: AsyncConnection, pk: int, ns: str | None) -> None:
+        """Forget parents that are no longer stored (a kept checkpoint becomes a chain root), in
+        checkpoint_ns ``ns`` (None: every one of the thread)."""
         parent = cp.alias("parent")
         gone = ~select(parent.c.checkpoint_id).where(
             parent.c.thread_pk == cp.c.thread_pk, parent.c.checkpoint_ns == cp.c.checkpoint_ns,
             parent.c.checkpoint_id == cp.c.parent_checkpoint_id,
         ).exists()
-        stmt = update(cp).where(
-            cp.c.thread_pk == _PK, cp.c.checkpoint_ns == _CNS, cp.c.parent_checkpoint_id.is_not(None), gone
-        ).values(parent_checkpoint_id=None)
+        stmt = update(cp).where(cp.c.thread_pk == _PK, cp.c.parent_checkpoint_id.is_not(None), gone)
+        if ns is not None:
+            stmt = stmt.where(cp.c.checkpoint_ns == _CNS)
+        stmt = stmt.values(parent_checkpoint_id=None)
         await conn.execute(stmt, {"pk": pk, "cns": ns})
 
     async def collect_blobs(self, conn: AsyncConnection, pk: int) -> int:

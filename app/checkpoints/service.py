@@ -217,7 +217,15 @@ class CheckpointsService:
 
     async def keep_latest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
         """Delete all but the newest ``keep`` checkpoints per checkpoint_ns of thread ``pk`` (and
-        the ancestors delta channels need: ``app.checkpoints.lineage``), with what only they used."""
+        the ancestors delta channels need: ``app.checkpoints.lineage``), with what only they used.
+        Without delta channels this is done in the database, whatever the thread's length; only a
+        thread with them has its lineage read (ids, versions and delta counters a checkpoint)."""
+        if not await self.repo.has_delta_channels(conn, pk):
+            deleted = await self.repo.delete_all_but_newest(conn, pk, keep)
+            if deleted:
+                await self.repo.orphan_parents(conn, pk, None)
+                await self.repo.collect_blobs(conn, pk)
+            return deleted
         lineage = await self.repo.lineage(conn, pk)
         by_ns: dict[str, list[Any]] = defaultdict(list)
         for row in lineage:
