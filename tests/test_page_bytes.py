@@ -152,3 +152,57 @@ async def test_a_points_list_ends_at_its_byte_budget(
         assert await pages() == [["p0", "p1", "p2"], ["p3", "p4"], ["p5"]]
         assert await pages(with_vectors=True) == [["p0", "p1", "p2"], ["p3", "p4"], ["p5"]]
         assert await pages(limit=2) == [["p0", "p1"], ["p2", "p3"], ["p4"], ["p5"]]  # p4 + p5 pass the budget
+
+
+async def test_items_heavier_than_the_budget_come_one_a_page(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """Found in review: when the first item of a page weighed more than the budget alone (a
+    budget below ``max_value_bytes``, values stored under larger limits, a point with its vector),
+    the list answered it with no ``next_cursor``: every item after it was never listed."""
+    settings = Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+        auth={"mode": "disabled"}, auto_migrate=False,
+        limits={"max_value_bytes": 12_000, "max_page_bytes": 1000, "max_body_bytes": 64 * 1024},
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            for i in range(3):
+                assert (await http.put(f"/v1/{namespace}/kv/h/k{i}", json=value(i))).is_success
+                assert (await http.put(f"/v1/{namespace}/records/h/k{i}", json=value(i))).is_success
+            one_each = [["k0"], ["k1"], ["k2"]]
+            assert await pages(http, f"/v1/{namespace}/kv/h", limit=100) == one_each
+            assert await pages(http, f"/v1/{namespace}/records/h", limit=100) == one_each
+            assert await pages(http, f"/v1/{namespace}/records/h", limit=100, order="desc") == one_each[::-1]
+            base = f"/v1/{namespace}/vectors/h"
+            assert (await http.put(base, json={"vector_size": 2})).is_success
+            points = [{"id": f"p{i}", "vector": [1.0, float(i)], "payload": {"t": "x" * 900}} for i in range(3)]
+            assert (await http.post(f"{base}/points", json={"points": points})).is_success
+            got, cursor, one_each_point = [], None, [["p0"], ["p1"], ["p2"]]
+            while True:  # each point weighs 256 + its ~910-byte payload: more than 1,000 alone
+                r = await http.post(f"{base}/points/list", json={"limit": 100, "with_vectors": True} | ({"cursor": cursor} if cursor else {}))
+                got.append([p["id"] for p in r.json()["items"]])
+                if not (cursor := r.json()["next_cursor"]):
+                    break
+            assert got == one_each_point
+
+
+def test_byte_length_before_sqlite_3_43(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite before 3.43 has no ``octet_length``: a Debian bookworm Python (SQLite 3.40, whose
+    ``sqlite3`` loads extensions, so the gateway takes it) answered every list with a 500. The
+    fallback, run on this interpreter's own SQLite, counts bytes as ``octet_length`` does."""
+    import sqlite3
+
+    from sqlalchemy import column, select, text
+    from sqlalchemy.dialects import sqlite
+
+    import app.core.db.pages as pages_module
+
+    monkeypatch.setattr(pages_module, "SQLITE_OCTET_LENGTH", False)
+    stmt = select(pages_module.byte_length(column("v"))).select_from(text("(SELECT 'héllo €' AS v)"))
+    sql = str(stmt.compile(dialect=sqlite.dialect()))
+    assert "octet_length" not in sql
+    assert sqlite3.connect(":memory:").execute(sql).fetchone() == (len("héllo €".encode()),)
+    assert pages_module.byte_length_sql("payload", "sqlite") == "length(CAST(payload AS BLOB))"
+    assert pages_module.byte_length_sql("payload", "postgresql") == "octet_length(payload)"

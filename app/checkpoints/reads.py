@@ -25,7 +25,7 @@ from app.checkpoints.models import checkpoint_blobs as blobs
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
-from app.core.db.pages import budgeted
+from app.core.db.pages import budgeted, byte_length
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.errors import Conflict
 
@@ -69,10 +69,7 @@ def _text(value: Any = None) -> Any:
 
 
 def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
-    columns = [
-        cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, cp.c.type,
-        cp.c.checkpoint, cp.c.channel_versions, cp.c.metadata,
-    ]
+    columns = [cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id]  # the rest is joined back on the kept keys
     if shape.thread:
         # the thread's pk as a constant of the statement: its checkpoints come in primary-key
         # order (newest first is a backward index scan that stops at the limit)
@@ -106,11 +103,19 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     budget = bindparam("budget", type_=BigInteger)
     weighed = page.add_columns(stored_bytes(backend)).order_by(*order)
     if shape.single:  # one checkpoint: its weight alone decides (no running sum to cut at)
-        page = weighed.limit(1).cte("page")
+        kept = weighed.limit(1).cte("page_keys")
+    else:
+        kept = budgeted(weighed.limit(bindparam("lim", type_=Integer)), _NEWEST_FIRST, budget, first_always=False).cte("page_keys")
+    page = select(
+        kept, cp.c.parent_checkpoint_id, cp.c.type, cp.c.checkpoint, cp.c.channel_versions, cp.c.metadata,
+    ).select_from(kept.join(cp, and_(
+        cp.c.thread_pk == kept.c.thread_pk, cp.c.checkpoint_ns == kept.c.checkpoint_ns,
+        cp.c.checkpoint_id == kept.c.checkpoint_id,
+    ))).cte("page")
+    if shape.single:
         within = page.c.weight <= budget
         mark = case((within, KEPT), else_=TOO_HEAVY)
     else:
-        page = budgeted(weighed.limit(bindparam("lim", type_=Integer)), _NEWEST_FIRST, budget, first_always=False).cte("page")
         within = page.c.within == 1
         mark = case((within, KEPT), (page.c.upto == page.c.weight, TOO_HEAVY), else_=CUT)
     key = (page.c.thread_pk, page.c.checkpoint_ns, page.c.checkpoint_id)
@@ -153,7 +158,7 @@ def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
     """What a row of ``checkpoints`` weighs without its pending writes: its bytes and JSON as
     stored and the values of its channel versions (their lengths only: no value is read for it)."""
     v = backend.versions_of(cp)
-    n = func.octet_length
+    n = byte_length
     # one primary-key lookup per version, as ``values_of`` reads them: a join let PostgreSQL hash
     # every value the thread ever stored for each checkpoint of the page
     one = select(value_weight(n(blobs.c.channel), n(blobs.c.type), n(blobs.c.blob))).where(
@@ -168,7 +173,7 @@ def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
 def pending_bytes(of: Any = cp) -> Any:
     """What the pending writes of a checkpoint weigh: of a row of ``checkpoints``, or of the
     checkpoint ``of`` names (``thread_pk``, ``checkpoint_ns``, ``checkpoint_id``)."""
-    n = func.octet_length
+    n = byte_length
     w = writes.c
     return select(func.coalesce(func.sum(write_weight(n(w.task_id), n(w.channel), n(w.type), n(w.blob), n(w.task_path))), 0)).where(
         w.thread_pk == of.c.thread_pk, w.checkpoint_ns == of.c.checkpoint_ns, w.checkpoint_id == of.c.checkpoint_id,

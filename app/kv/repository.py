@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import BigInteger, BindParameter, Integer, and_, bindparam, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.db.pages import budgeted
+from app.core.db.pages import budgeted, byte_length
 from app.core.db.scoping import in_scope
 from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.db.upsert import InsertBuilder
@@ -79,7 +79,8 @@ def _replace_if(versions: int | None, not_versions: int) -> Any:
 
 
 def _list(prefix: bool, after: bool, with_values: bool) -> Any:
-    stmt = select(t.c.key, t.c.value if with_values else t.c.version, t.c.version).where(in_scope(t, _NS, _C), _live())
+    columns = [t.c.key, t.c.version, byte_length(t.c.value).label("weight")] if with_values else [t.c.key, t.c.version, t.c.version]
+    stmt = select(*columns).where(in_scope(t, _NS, _C), _live())
     if prefix:
         p = bindparam("prefix", type_=t.c.key.type)
         stmt = stmt.where(t.c.key >= p, func.substr(t.c.key, 1, bindparam("plen", type_=Integer)) == p)
@@ -88,9 +89,13 @@ def _list(prefix: bool, after: bool, with_values: bool) -> Any:
     stmt = stmt.order_by(t.c.key).limit(bindparam("lim", type_=Integer))
     if not with_values:
         return stmt
-    # (key, value, version, weight, upto, within): a last row not within was cut (its value NULL)
-    weighed = stmt.add_columns(func.octet_length(t.c.value).label("weight"))
-    return budgeted(weighed, [("key", False)], _BUDGET, heavy=["value"], first_always=True)
+    # the values of the kept keys, read by primary key: a last row not within was cut (no value)
+    # (a correlated lookup, not a join: a join's plan depends on the parameters, and PostgreSQL
+    # planned it again on every call, or hashed the whole collection in a generic plan)
+    page = budgeted(stmt, [("key", False)], _BUDGET, first_always=True).subquery("page")
+    kept = t.alias("kept")
+    value = select(kept.c.value).where(in_scope(kept, _NS, _C), kept.c.key == page.c.key).scalar_subquery()
+    return select(page.c.key, case((page.c.within == 1, value), else_=None), page.c.version, page.c.within).order_by(page.c.key)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.db.pages import byte_length_sql
 from app.vectors.filters import FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.recall import Calibration
@@ -141,8 +142,8 @@ class RegistryCache:
 
 EXACT_PLANS = ("exact_scan", "filter_first")
 
-# What a listed point weighs beyond its payload's JSON, and a dimension of its vector as JSON.
-LIST_ROW_BYTES, LIST_FLOAT_BYTES = 256, 16
+# What a listed point weighs beyond its payload's JSON.
+LIST_ROW_BYTES = 256
 
 
 class VectorIndex(ABC):
@@ -154,6 +155,7 @@ class VectorIndex(ABC):
     """
 
     name: ClassVar[str]
+    dialect: ClassVar[str]  # SQLAlchemy's name of the database's dialect
     filter_sql: ClassVar[type[FilterSql]]
     payload_column: ClassVar[str]
 
@@ -358,31 +360,34 @@ class VectorIndex(ABC):
         limit: int,
         with_vectors: bool,
         budget: int,
+        dimension_bytes: int = 0,
     ) -> tuple[builtins.list[PointOut], bool]:
         """Points in id order after ``after``: up to ``limit``, and only as many as weigh at most
         ``budget`` bytes together (at least one: their payload's JSON, ``LIST_ROW_BYTES``, and
-        ``LIST_FLOAT_BYTES`` a dimension with their vectors); True with them: the page was cut
-        at the budget, and more follow. As ``app.core.db.pages`` cuts a page: one running sum,
-        and the row after the cut comes without its payload and vector."""
+        ``dimension_bytes`` a dimension with their vectors); True with them: the page was cut at
+        the budget, and more follow. The page is cut as ``app.core.db.pages.budgeted`` cuts one:
+        a running sum over the ids and weights, then payloads (and vectors) read for the kept ids."""
         sql = SqlBuilder()
         where = self._where(flt, sql, coll)
         if after is not None:
             where += " AND id > :after"
             sql.params["after"] = after
         sql.params |= {"limit": limit, "budget": budget,
-                       "row": LIST_ROW_BYTES + (LIST_FLOAT_BYTES * coll.vector_size if with_vectors else 0)}
-        vec = ", embedding" if with_vectors else ""
-        page = f"SELECT id, {self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
-        weighed = (
-            f"SELECT page.*, octet_length(p) + :row AS weight, sum(octet_length(p) + :row) OVER "
-            f"(ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS upto FROM ({page}) AS page"
-        )
-        within = "(upto <= :budget OR upto = weight)"
-        vec = f", CASE WHEN {within} THEN embedding END" if with_vectors else ""
+                       "row": LIST_ROW_BYTES + (dimension_bytes * coll.vector_size if with_vectors else 0)}
+        weight = f"{byte_length_sql(self.payload_column, self.dialect)} + :row"
+        page = f"SELECT id, {weight} AS weight FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
+        window = "OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+        weighed = f"SELECT id, weight, sum(weight) {window} AS upto, row_number() {window} AS nth FROM ({page}) AS page"
+        within = "(k.upto <= :budget OR k.nth = 1)"
+
+        def kept(column: str) -> str:  # a correlated lookup of a kept point (a join's plan depends on the parameters)
+            return f"CASE WHEN {within} THEN (SELECT {column} FROM {coll.data_table} AS d WHERE d.id = k.id) END"
+        vec = f", {kept('d.embedding')}" if with_vectors else ""
+        payload = self.payload_column.replace("payload", "d.payload")
         rows = (await session.execute(
             text(
-                f"SELECT id, CASE WHEN {within} THEN p END{vec}, CASE WHEN {within} THEN 1 ELSE 0 END "
-                f"FROM ({weighed}) AS w WHERE upto - weight <= :budget ORDER BY id"
+                f"SELECT k.id, {kept(payload)}{vec}, CASE WHEN {within} THEN 1 ELSE 0 END FROM ({weighed}) AS k "
+                f"WHERE k.nth <= 2 OR k.upto - k.weight <= :budget ORDER BY k.id"
             ),
             sql.params,
         )).all()

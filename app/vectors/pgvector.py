@@ -324,6 +324,7 @@ class PgVectorIndex(VectorIndex):
     """``VectorIndex`` on PostgreSQL with pgvector."""
 
     name = "pgvector"
+    dialect = "postgresql"
     filter_sql = PgFilter
     payload_column = "CAST(payload AS text)"
 

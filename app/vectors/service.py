@@ -522,7 +522,9 @@ class VectorService:
         after = decode_cursor(body.cursor, "after")["after"] if body.cursor else None
         info = await self.get(conn, namespace, collection)
         points, cut = await self.index.list(
-            conn, info, flt, after, limit + 1, body.with_vectors, budget=limits.max_page_bytes
+            conn, info, flt, after, limit + 1, body.with_vectors, budget=limits.max_page_bytes,
+            # a float as JSON text is up to ~24 characters, and 32 bytes as a Python float in a list
+            dimension_bytes=32 if body.vector_format == "json" else 8,
         )
         more = cut or len(points) > limit  # cut at the byte budget, or more than asked
         points = points[:limit]

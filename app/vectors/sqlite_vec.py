@@ -106,6 +106,7 @@ class SqliteVecIndex(VectorIndex):
     """``VectorIndex`` on SQLite with sqlite-vec (exact search)."""
 
     name = "sqlite-vec"
+    dialect = "sqlite"
     filter_sql = SqliteFilter
     payload_column = "payload"
 

@@ -2,11 +2,11 @@
 
 A list answers up to ``limit`` items, and an item may be large (a kv value or record of up to
 ``limits.max_value_bytes``, a checkpoint with its values): a page of a thousand such items would be
-fetched whole by the driver and built whole in the gateway's memory. ``budgeted`` keeps, of an
-ordered and limited page, the rows that with the rows before them weigh at most a budget, and the
-next row with its heavy columns NULL, which says that the page was cut there. The weights are
-lengths the database knows without reading the values out, and one window (a running sum) over
-the page's rows, already in its order, does the rest.
+fetched whole by the driver and built whole in the gateway's memory. ``budgeted`` takes the page's
+keys with what each item weighs (a length the database knows without reading the value out,
+``byte_length``), keeps the rows that with the rows before them weigh at most a budget, and the
+next row marked as cut (``within`` 0), which says that more follow; the caller joins its table
+back on the kept keys for the heavy columns. One window over the page's small rows does it.
 """
 
 from __future__ import annotations
@@ -15,29 +15,60 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import case, func, or_, select
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import BigInteger
+
+from app.core.db.sqlite import SQLITE
+
+# octet_length() came in SQLite 3.43: before it, the bytes of a text are its length as a blob
+# (a Debian bookworm Python has SQLite 3.40, and its sqlite3 module loads extensions).
+SQLITE_OCTET_LENGTH = SQLITE.sqlite_version_info >= (3, 43, 0)
 
 
-def budgeted(
-    ordered: Any, order: Sequence[tuple[str, bool]], budget: ColumnElement[Any], *,
-    heavy: Sequence[str] = (), first_always: bool,
-) -> Any:
-    """The rows of ``ordered`` (a SELECT with its ORDER BY and LIMIT and a ``weight`` column, no
-    row weighing nothing) up to the first whose running sum of ``weight`` in ``order`` (column
-    name, descending) passes ``budget``: ``within`` is 1 for the others (and for the first
-    row whatever it weighs if ``first_always``), and that row comes with its ``heavy`` columns
-    NULL. ``upto`` is the running sum."""
+class byte_length(FunctionElement[int]):
+    """The length in bytes of a text or binary value."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "byte_length"
+
+
+@compiles(byte_length)
+def _byte_length(element: byte_length, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"octet_length({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(byte_length, "sqlite")
+def _byte_length_sqlite(element: byte_length, compiler: SQLCompiler, **kw: Any) -> str:
+    return byte_length_sql(compiler.process(element.clauses, **kw), "sqlite")
+
+
+def byte_length_sql(expr: str, dialect: str) -> str:
+    """``byte_length`` of the SQL expression ``expr``, as text SQL of ``dialect``."""
+    if dialect == "sqlite" and not SQLITE_OCTET_LENGTH:
+        return f"length(CAST({expr} AS BLOB))"
+    return f"octet_length({expr})"
+
+
+def budgeted(ordered: Any, order: Sequence[tuple[str, bool]], budget: ColumnElement[Any], *, first_always: bool) -> Any:
+    """The rows of ``ordered`` (a SELECT of keys and a ``weight`` column, no row weighing nothing,
+    with its ORDER BY and LIMIT) up to the first whose running sum of ``weight`` in ``order``
+    (column name, descending) passes ``budget``, with ``within`` 1 for the others (and for the
+    first row whatever it weighs if ``first_always``) and 0 for that one; ``upto`` is the
+    running sum."""
     first = ordered.cte("page_all")
     keys = [first.c[name].desc() if desc else first.c[name] for name, desc in order]
-    upto = func.sum(first.c.weight).over(order_by=keys, rows=(None, 0))
-    weighed = select(first, upto.label("upto")).cte("page_weighed")
-    within: ColumnElement[bool] = weighed.c.upto <= budget
+    weighed = select(
+        first, func.sum(first.c.weight).over(order_by=keys, rows=(None, 0)).label("upto"),
+        func.row_number().over(order_by=keys).label("nth"),
+    ).cte("page_weighed")
+    w = weighed.c
+    within = w.upto <= budget
+    kept = or_(w.nth == 1, w.upto - w.weight <= budget)  # the row before it was within...
     if first_always:
-        within = or_(within, weighed.c.upto == weighed.c.weight)  # nothing before it
-    columns = [case((within, c), else_=None).label(c.name) if c.name in heavy else c for c in weighed.c]
-    kept = [weighed.c[name].desc() if desc else weighed.c[name] for name, desc in order]
-    return (
-        select(*columns, case((within, 1), else_=0).label("within"))  # an integer: a driver value on SQLite too
-        .where(weighed.c.upto - weighed.c.weight <= budget)  # the rows before it are within
-        .order_by(*kept)
-    )
+        within = or_(within, w.nth == 1)
+        kept = or_(kept, w.nth == 2)  # ...or was the first
+    return select(*[c for c in w if c.name != "nth"], case((within, 1), else_=0).label("within")).where(kept)
