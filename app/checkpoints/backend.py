@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, literal, select, true
+from sqlalchemy import Text, and_, bindparam, case, cast, delete, exists, func, insert, literal, select, true
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
@@ -60,7 +60,8 @@ class CheckpointsBackend(Protocol):
         """A JSON column read back as its text."""
 
     def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
-        """The JSON text of a JSON object column's top-level member ``key`` (NULL without one)."""
+        """The JSON text of a JSON object column's top-level member ``key`` (NULL without one; on
+        SQLite also NULL unless it is an object)."""
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         """Conditions on ``table`` (the checkpoints table) that a filter of ``keys`` entries holds."""
@@ -136,9 +137,10 @@ class SqliteBackend:
         return column
 
     def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
-        # json_extract answers an object or array as its JSON text, a string as the bare string:
-        # json() of ->'s answer is JSON text whatever the member holds
-        return func.json(column.op("->")(literal(key, Text)))
+        # json_extract answers an object as its JSON text (a string it answers bare, so only an
+        # object is taken: what the callers look for). Not ->, which needs SQLite 3.38.
+        path = literal(f'$."{key}"', Text)
+        return case((func.json_type(column, path) == "object", func.json_extract(column, path)), else_=None)
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         return [
