@@ -5,8 +5,9 @@ A list answers up to ``limit`` items, and an item may be large (a kv value or re
 fetched whole by the driver and built whole in the gateway's memory. ``budgeted`` takes the page's
 keys with what each item weighs (a length the database knows without reading the value out,
 ``byte_length``), keeps the rows that with the rows before them weigh at most a budget, and the
-next row marked as cut (``within`` 0), which says that more follow; the caller joins its table
-back on the kept keys for the heavy columns. One window over the page's small rows does it.
+next row marked as cut (``within`` 0), which says that more follow; the caller reads the heavy
+columns of the kept keys only (a correlated primary-key lookup each). One window over the page's
+small rows does it.
 """
 
 from __future__ import annotations
