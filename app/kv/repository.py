@@ -79,7 +79,7 @@ def _replace_if(versions: int | None, not_versions: int) -> Any:
 
 
 def _list(prefix: bool, after: bool, with_values: bool) -> Any:
-    columns = [t.c.key, t.c.version, byte_length(t.c.value).label("weight")] if with_values else [t.c.key, t.c.version, t.c.version]
+    columns = [t.c.key, t.c.value, t.c.version, byte_length(t.c.value).label("weight")] if with_values else [t.c.key, t.c.version, t.c.version]
     stmt = select(*columns).where(in_scope(t, _NS, _C), _live())
     if prefix:
         p = bindparam("prefix", type_=t.c.key.type)
@@ -89,13 +89,8 @@ def _list(prefix: bool, after: bool, with_values: bool) -> Any:
     stmt = stmt.order_by(t.c.key).limit(bindparam("lim", type_=Integer))
     if not with_values:
         return stmt
-    # the values of the kept keys, read by primary key: a last row not within was cut (no value)
-    # (a correlated lookup, not a join: a join's plan depends on the parameters, and PostgreSQL
-    # planned it again on every call, or hashed the whole collection in a generic plan)
-    page = budgeted(stmt, [("key", False)], _BUDGET, first_always=True).subquery("page")
-    kept = t.alias("kept")
-    value = select(kept.c.value).where(in_scope(kept, _NS, _C), kept.c.key == page.c.key).scalar_subquery()
-    return select(page.c.key, case((page.c.within == 1, value), else_=None), page.c.version, page.c.within).order_by(page.c.key)
+    # (key, value, version, weight, upto, within): a last row not within was cut (its value NULL)
+    return budgeted(stmt, [("key", False)], _BUDGET, first_always=True, heavy=["value"])
 
 
 @dataclass(frozen=True)

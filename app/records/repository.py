@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, BindParameter, Integer, bindparam, case, delete, select
+from sqlalchemy import BigInteger, BindParameter, Integer, bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.pages import budgeted, byte_length
@@ -28,21 +28,14 @@ _PK = [t.c.namespace, t.c.collection, t.c.key]
 
 
 def _page(descending: bool, after: bool, before: bool) -> Any:
-    stmt = select(t.c.key, byte_length(t.c.value).label("weight")).where(in_scope(t, _NS, _C))
+    stmt = select(t.c.key, t.c.value, byte_length(t.c.value).label("weight")).where(in_scope(t, _NS, _C))
     if after:
         stmt = stmt.where(t.c.key > bindparam("after", type_=t.c.key.type))
     if before:
         stmt = stmt.where(t.c.key < bindparam("before", type_=t.c.key.type))
     stmt = stmt.order_by(t.c.key.desc() if descending else t.c.key.asc()).limit(bindparam("lim", type_=Integer))
-    # the values of the kept keys, read by primary key: a last row not within was cut (no value)
-    # (a correlated lookup, not a join: a join's plan depends on the parameters, and PostgreSQL
-    # planned it again on every call, or hashed the whole collection in a generic plan)
-    page = budgeted(stmt, [("key", descending)], bindparam("budget", type_=BigInteger), first_always=True).subquery("page")
-    kept = t.alias("kept")
-    value = select(kept.c.value).where(in_scope(kept, _NS, _C), kept.c.key == page.c.key).scalar_subquery()
-    return select(page.c.key, case((page.c.within == 1, value), else_=None), page.c.within).order_by(
-        page.c.key.desc() if descending else page.c.key.asc()
-    )
+    # (key, value, weight, upto, within): a last row not within was cut (its value NULL)
+    return budgeted(stmt, [("key", descending)], bindparam("budget", type_=BigInteger), first_always=True, heavy=["value"])
 
 
 def _trim(before: bool, keep_last: bool) -> Any:

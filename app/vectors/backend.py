@@ -366,7 +366,7 @@ class VectorIndex(ABC):
         ``budget`` bytes together (at least one: their payload's JSON, ``LIST_ROW_BYTES``, and
         ``dimension_bytes`` a dimension with their vectors); True with them: the page was cut at
         the budget, and more follow. The page is cut as ``app.core.db.pages.budgeted`` cuts one:
-        a running sum over the ids and weights, then payloads (and vectors) read for the kept ids."""
+        a running sum, and the row after the cut comes without its payload and vector."""
         sql = SqlBuilder()
         where = self._where(flt, sql, coll)
         if after is not None:
@@ -374,20 +374,17 @@ class VectorIndex(ABC):
             sql.params["after"] = after
         sql.params |= {"limit": limit, "budget": budget,
                        "row": LIST_ROW_BYTES + (dimension_bytes * coll.vector_size if with_vectors else 0)}
-        weight = f"{byte_length_sql(self.payload_column, self.dialect)} + :row"
-        page = f"SELECT id, {weight} AS weight FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
+        vec = ", embedding" if with_vectors else ""
+        weight = f"{byte_length_sql('p', self.dialect)} + :row"
+        page = f"SELECT id, {self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
         window = "OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-        weighed = f"SELECT id, weight, sum(weight) {window} AS upto, row_number() {window} AS nth FROM ({page}) AS page"
-        within = "(k.upto <= :budget OR k.nth = 1)"
-
-        def kept(column: str) -> str:  # a correlated lookup of a kept point (a join's plan depends on the parameters)
-            return f"CASE WHEN {within} THEN (SELECT {column} FROM {coll.data_table} AS d WHERE d.id = k.id) END"
-        vec = f", {kept('d.embedding')}" if with_vectors else ""
-        payload = self.payload_column.replace("payload", "d.payload")
+        weighed = f"SELECT page.*, {weight} AS weight, sum({weight}) {window} AS upto, row_number() {window} AS nth FROM ({page}) AS page"
+        within = "(upto <= :budget OR nth = 1)"
+        vec = f", CASE WHEN {within} THEN embedding END" if with_vectors else ""
         rows = (await session.execute(
             text(
-                f"SELECT k.id, {kept(payload)}{vec}, CASE WHEN {within} THEN 1 ELSE 0 END FROM ({weighed}) AS k "
-                f"WHERE k.nth <= 2 OR k.upto - k.weight <= :budget ORDER BY k.id"
+                f"SELECT id, CASE WHEN {within} THEN p END{vec}, CASE WHEN {within} THEN 1 ELSE 0 END "
+                f"FROM ({weighed}) AS w WHERE nth <= 2 OR upto - weight <= :budget ORDER BY id"
             ),
             sql.params,
         )).all()

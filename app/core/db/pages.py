@@ -5,9 +5,11 @@ A list answers up to ``limit`` items, and an item may be large (a kv value or re
 fetched whole by the driver and built whole in the gateway's memory. ``budgeted`` takes the page's
 keys with what each item weighs (a length the database knows without reading the value out,
 ``byte_length``), keeps the rows that with the rows before them weigh at most a budget, and the
-next row marked as cut (``within`` 0), which says that more follow; the caller reads the heavy
-columns of the kept keys only (a correlated primary-key lookup each). One window over the page's
-small rows does it.
+next row marked as cut (``within`` 0, its heavy columns NULL), which says that more follow. One
+window over the page does it. Values ride through the window (SQLite reads them as it did before
+the budget; PostgreSQL carries TOAST pointers): looking each kept one up by key afterwards cost
+the embedded default's 50-record list a third of its throughput (docs/benchmarks.md), and a
+checkpoint page, whose rows are wider, joins its table back instead (``app.checkpoints.reads``).
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ def byte_length_sql(expr: str, dialect: str) -> str:
     return f"octet_length({expr})"
 
 
-def budgeted(ordered: Any, order: Sequence[tuple[str, bool]], budget: ColumnElement[Any], *, first_always: bool) -> Any:
-    """The rows of ``ordered`` (a SELECT of keys and a ``weight`` column, no row weighing nothing,
-    with its ORDER BY and LIMIT) up to the first whose running sum of ``weight`` in ``order``
-    (column name, descending) passes ``budget``, with ``within`` 1 for the others (and for the
-    first row whatever it weighs if ``first_always``) and 0 for that one; ``upto`` is the
-    running sum."""
+def budgeted(
+    ordered: Any, order: Sequence[tuple[str, bool]], budget: ColumnElement[Any], *, first_always: bool,
+    heavy: Sequence[str] = (),
+) -> Any:
+    """The rows of ``ordered`` (a SELECT with a ``weight`` column, no row weighing nothing, and
+    its ORDER BY and LIMIT) up to the first whose running sum of ``weight`` in ``order`` (column
+    name, descending) passes ``budget``, with ``within`` 1 for the others (and for the first row
+    whatever it weighs if ``first_always``) and 0 for that one, whose ``heavy`` columns are NULL;
+    ``upto`` is the running sum."""
     first = ordered.cte("page_all")
     keys = [first.c[name].desc() if desc else first.c[name] for name, desc in order]
     weighed = select(
@@ -72,4 +77,5 @@ def budgeted(ordered: Any, order: Sequence[tuple[str, bool]], budget: ColumnElem
     if first_always:
         within = or_(within, w.nth == 1)
         kept = or_(kept, w.nth == 2)  # ...or was the first
-    return select(*[c for c in w if c.name != "nth"], case((within, 1), else_=0).label("within")).where(kept)
+    columns = [case((within, c), else_=None).label(c.name) if c.name in heavy else c for c in w if c.name != "nth"]
+    return select(*columns, case((within, 1), else_=0).label("within")).where(kept)
