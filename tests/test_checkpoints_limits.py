@@ -303,6 +303,11 @@ async def test_the_pending_writes_of_a_checkpoint_may_weigh_at_most_max_pending_
         assert (await http.post(writes, json=task("a", 2000, 1000))).status_code == 204  # a retry: kept once
         assert (await http.post(writes, json=task("b", 2500))).status_code == 204  # 6,289
         assert_problem(await http.post(writes, json=task("c", 1200, 600)), 413, "max_pending_bytes")  # 8,601
+        # a retried write counts as stored, ids and row included: a's idx 0 again (2,263) with a
+        # new idx 2 (1,863) makes 8,152 (PostgreSQL counted the retried one by its bytes: 7,889)
+        retry = task("a", 2000, 1600)
+        retry["writes"][1]["idx"] = 2
+        assert_problem(await http.post(writes, json=retry), 413, "max_pending_bytes")
         # special writes replace: 400 -> 500 -> 300 at the same idx stays within 8,000
         for n in (400, 500, 300):
             assert (await http.post(writes, json=task("d", n, idx=-1))).status_code == 204, n

@@ -54,7 +54,8 @@ class CheckpointWriter(Protocol):
         ``max_bytes``; that weight."""
 
 
-# The thread's pk if it has one; every CTE after ``w`` (the weight) is gated on it.
+# The thread's pk if it has one (what is stored is looked up by it); every CTE after ``w`` (the
+# weight) is gated on the weight.
 _THREAD = """
 tp AS (SELECT pk FROM checkpoint_threads WHERE namespace = :ns AND thread_id = :tid),"""
 
@@ -148,7 +149,7 @@ def _statement(sql: str) -> Any:
 class PostgresWriter:
     def __init__(self, fixed: type[FixedStatement]) -> None:
         self._put = fixed(_statement(_PUT))
-        self._insert_writes = fixed(_statement(_WRITES.format(kept="COALESCE(length(o.blob), x.len)", conflict="NOTHING")))
+        self._insert_writes = fixed(_statement(_WRITES.format(kept=f"COALESCE({_STORED_WRITE}, x.len)", conflict="NOTHING")))
         self._replace_writes = fixed(_statement(_WRITES.format(
             kept="x.len", conflict="UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob",
         )))
