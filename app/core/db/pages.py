@@ -64,7 +64,7 @@ def budgeted(
     its ORDER BY and LIMIT) up to the first whose running sum of ``weight`` in ``order`` (column
     name, descending) passes ``budget``, with ``within`` 1 for the others (and for the first row
     whatever it weighs if ``first_always``) and 0 for that one, whose ``heavy`` columns are NULL;
-    ``upto`` is the running sum."""
+    ``upto`` is the running sum. In ``order``: a window's output order is no promise of SQL's."""
     first = ordered.cte("page_all")
     keys = [first.c[name].desc() if desc else first.c[name] for name, desc in order]
     weighed = select(
@@ -78,4 +78,5 @@ def budgeted(
         within = or_(within, w.nth == 1)
         kept = or_(kept, w.nth == 2)  # ...or was the first
     columns = [case((within, c), else_=None).label(c.name) if c.name in heavy else c for c in w if c.name != "nth"]
-    return select(*columns, case((within, 1), else_=0).label("within")).where(kept)
+    in_order = [w[name].desc() if desc else w[name] for name, desc in order]
+    return select(*columns, case((within, 1), else_=0).label("within")).where(kept).order_by(*in_order)
