@@ -7,6 +7,8 @@ concurrent lists of a namespace's own large values could take the process's memo
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from app.core.config import Settings
 from app.main import create_app
 from storage_gateway_client import GatewayClient, SortOrder
 from tests.conftest import Backend, Server, start_server, stop_server
+from app.vectors.encoding import written_out_growth
+from tests.test_vectors_index import pg_connect, wait_until_indexed
 
 BUDGET = 10_000
 SIZES = [3000, 3000, 3000, 3000, 9000, 500, 500, 9500, 3000, 3000]  # value i: a string of SIZES[i] - 2 characters
@@ -206,3 +210,107 @@ def test_byte_length_before_sqlite_3_43(monkeypatch: pytest.MonkeyPatch) -> None
     assert sqlite3.connect(":memory:").execute(sql).fetchone() == (len("héllo €".encode()),)
     assert pages_module.byte_length_sql("payload", "sqlite") == "length(CAST(payload AS BLOB))"
     assert pages_module.byte_length_sql("payload", "postgresql") == "octet_length(payload)"
+
+
+async def test_a_search_answer_carries_its_budget_of_payloads(
+    server: Server, backend: Backend, namespace: str, tmp_path: Path, api_key: str | None, client_transport: str,
+) -> None:
+    """A search answers every hit, nearest first, but the payloads of only as many as weigh
+    ``limits.max_page_bytes`` together (their JSON and 256 bytes a hit); the hits past it come
+    with ``payload_omitted``, and the client reads those points. Before, an answer took up to
+    1,000 payloads of up to 1 MiB each into the gateway's memory (a hybrid search: its pool of up
+    to 1,000, and the text ranking's points besides). Through a gateway process; on PostgreSQL
+    through the HNSW graph (the session's gateway builds it: 1,012 points)."""
+    srv = start_server(
+        backend, tmp_path / "search.log", **({"GATEWAY_AUTH__ADMIN_KEY": api_key} if api_key else {}),
+        GATEWAY_LIMITS__MAX_VALUE_BYTES="12000", GATEWAY_LIMITS__MAX_PAGE_BYTES=str(BUDGET),
+    )
+    try:
+        async with GatewayClient(srv.url, namespace, api_key, transport=client_transport) as gw:
+            await gw.vectors.setup_collection("s", 2, text_field="t")
+            # p<i> at angle i degrees from the query: nearest first p0, p1, ...; ~3,270 bytes with its row each
+            items = [
+                {"id": f"p{i}", "embedding": [math.cos(math.radians(i)), math.sin(math.radians(i))], "t": f"word{i} " + "x" * 3000}
+                for i in range(12)
+            ]
+            far = [  # between 90 and 180 degrees away
+                {"id": f"f{j}", "embedding": [math.cos(math.radians(90 + j * 0.09)), math.sin(math.radians(90 + j * 0.09))], "t": "far"}
+                for j in range(1000)
+            ]
+            await gw.vectors.insert_vectors("s", items + far)
+            await wait_until_indexed(gw, server, "s")
+            raw = await srv_search(srv, namespace, api_key, {"vector": [1.0, 0.0], "limit": 10, "explain": True})
+            assert raw["plan"]["kind"] == ("hnsw" if backend.is_postgres else "exact_scan")
+            assert [h["id"] for h in raw["results"]] == [f"p{i}" for i in range(10)]
+            assert [h.get("payload_omitted", False) for h in raw["results"]] == [False] * 3 + [True] * 7
+            assert [h["payload"] for h in raw["results"][3:]] == [None] * 7
+            assert [h["payload"]["t"] for h in raw["results"][:3]] == [items[i]["t"] for i in range(3)]
+            # the client reads the payloads left out
+            hits = await gw.vectors.search("s", [1.0, 0.0], 10)
+            assert [(h["id"], h["payload"]["t"]) for h in hits] == [(f"p{i}", items[i]["t"]) for i in range(10)]
+            assert not any("payload_omitted" in h for h in hits)
+            # hybrid: the vector ranking's pool and the text ranking's other points carry half the budget each
+            raw = await srv_search(srv, namespace, api_key, {"vector": [1.0, 0.0], "query": "word11 word10 word9", "limit": 12})
+            got = raw["results"]
+            assert sorted(h["id"] for h in got) == sorted(f"p{i}" for i in range(12))
+            carried = [h for h in got if not h.get("payload_omitted")]
+            assert 0 < len(carried) < 12 and sum(len(json.dumps(h["payload"])) + 256 for h in carried) <= BUDGET // 2
+            hits = await gw.vectors.search("s", [1.0, 0.0], 12, query="word11 word10 word9")
+            assert [h["id"] for h in hits] == [h["id"] for h in got]
+            assert all(h["payload"]["t"] == items[int(h["id"][1:])]["t"] for h in hits)
+    finally:
+        stop_server(srv)
+
+
+async def srv_search(srv: Server, namespace: str, api_key: str | None, body: dict) -> dict:
+    async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}) as http:
+        r = await http.post(f"/v1/{namespace}/vectors/s/search", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+# Floats whose JSON is shorter than what PostgreSQL's jsonb answers for them, and some that are not.
+WRITTEN = [1e300, 1e-300, 1.5e-07, 1e16, 1.2345e16, 1e-05, 12345.678, -3.4e20, 5e-324, 1.7976931348623157e308,
+           -2.5e-100, 0.0001, 123456789012345.6, 0.0, -0.0, 7e22]
+
+
+async def test_a_payload_fits_its_limit_with_its_numbers_written_out(
+    backend: Backend, server: Server, namespace: str, tmp_path: Path
+) -> None:
+    """PostgreSQL keeps a payload as jsonb, whose numbers are decimals written out in full: a
+    payload of 1 MiB of ``1e300``s read back as 43 MiB there, on a get (a list or a search
+    weighs what it reads, but one point is one point). A payload must now fit
+    ``limits.max_value_bytes`` written out too, on both backends alike."""
+    async with gateway(backend, tmp_path) as http:  # max_value_bytes 12,000
+        base = f"/v1/{namespace}/vectors/w"
+        assert (await http.put(base, json={"vector_size": 2})).is_success
+        fits = {"a": [1e300] * 39}  # 39 x 301 = 11,739 written out
+        passes = {"a": [1e300] * 40}  # 240 bytes as sent, 12,040 written out
+        words = {"t": "1e+300 " * 1500}  # 10,500 bytes of a string that only looks like numbers
+        r = await http.post(f"{base}/points", json={"points": [{"id": "f", "vector": [1, 0], "payload": fits}]})
+        assert r.status_code == 200, r.text
+        r = await http.post(f"{base}/points", json={"points": [{"id": "t", "vector": [1, 0], "payload": words}]})
+        assert r.status_code == 200, r.text
+        r = await http.post(f"{base}/points", json={"points": [{"id": "p", "vector": [1, 0], "payload": passes}]})
+        assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json", r.text
+        assert "points.0.payload" in r.json()["detail"] and "written out" in r.json()["detail"]
+        r = await http.patch(f"{base}/points/f", json={"payload": passes})
+        assert r.status_code == 422 and "payload" in r.json()["detail"], r.text
+        r = await http.post(f"{base}/points", json={"points": [{"id": "s", "vector": [1, 0], "payload": {"a": [1e-300] * 40}}]})
+        assert r.status_code == 422, r.text
+        assert (await http.get(base)).json()["count"] == 2
+        got = await http.get(f"{base}/points/f")
+        assert got.status_code == 200 and len(got.content) < 12_000 + 200, len(got.content)
+
+
+@pytest.mark.postgres_only  # the rule is Python's, on both backends; PostgreSQL's jsonb is what it follows
+async def test_numbers_written_out_are_what_postgresql_answers(backend: Backend, server: Server) -> None:
+    conn = await pg_connect(backend)
+    try:
+        for f in WRITTEN:
+            text = json.dumps([f], separators=(",", ":"))
+            stored = await conn.fetchval("SELECT octet_length(CAST(CAST($1 AS jsonb) AS text))", text)
+            assert len(text) + written_out_growth(text, [f]) >= stored, (f, text, stored)
+            assert len(text) + written_out_growth(text, [f]) <= stored + 1, (f, text, stored)  # -0.0 answers 0
+    finally:
+        await conn.close()

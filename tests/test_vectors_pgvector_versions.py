@@ -16,7 +16,7 @@ from storage_gateway_client import GatewayClient, NotFound
 
 from app.vectors.backend import CollectionInfo
 from app.vectors.filters import parse_filter
-from app.vectors.pgvector import WALK_ONLY, _Positional, compile_filter, decode_vector, encode_vector, graph_statement
+from app.vectors.pgvector import WALK_ONLY, PgVectorIndex, _Positional, compile_filter, decode_vector, encode_vector, graph_statement
 from app.vectors.planner import ITERATIVE_SCAN_MAX
 from tests.conftest import ADMIN_KEY, VECTOR_BACKENDS, Backend, Server, start_server, stop_server
 from tests.test_vectors_index import (  # noqa: F401
@@ -39,7 +39,7 @@ async def walks_the_graph(conn: asyncpg.Connection, coll: CollectionInfo, q: np.
     its settings) as a scan of the HNSW index, rather than a sort of every match."""
     sql = _Positional(2)
     where = compile_filter(parse_filter(flt) if flt else None, sql, {})
-    stmt = graph_statement(coll, where, 10, 0)
+    stmt = PgVectorIndex.budgeted_hits(graph_statement(coll, where, 10, 0), 10**6)  # as the gateway sends it
     async with conn.transaction():
         await conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
         await conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {ITERATIVE_SCAN_MAX}")

@@ -24,7 +24,7 @@ from app.vectors.estimate import KeywordStats
 from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text
 from app.vectors.payload_index import PayloadIndex
-from app.vectors.pgvector import _Positional, compile_filter, decode_vector, encode_vector, subgraph_statement
+from app.vectors.pgvector import PgVectorIndex, _Positional, compile_filter, decode_vector, encode_vector, subgraph_statement
 from app.vectors import recall
 from app.vectors.planner import EF_SEARCH_MAX, Subgraph, choose, ef_for
 from app.vectors.subgraphs import index_name, is_subgraph_name, position_of, sql_literal, wanted
@@ -125,7 +125,7 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
             for value, name in names.items():
                 sql = _Positional(2)
                 where = compile_filter(parse_filter({"team": value}), sql, {"team": "keyword", "n": "integer"})
-                stmt = subgraph_statement(coll, "team", escape_text(value), where, 10, 10)
+                stmt = PgVectorIndex.budgeted_hits(subgraph_statement(coll, "team", escape_text(value), where, 10, 10), 10**6)
                 plan = "\n".join(r[0] for r in await conn.fetch(
                     f"EXPLAIN {stmt}", encode_vector(array("f", queries[0].tolist())), *sql.args
                 ))

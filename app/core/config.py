@@ -120,14 +120,18 @@ class LimitsSettings(_Strict):
     """Sizes and counts that bound every request."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="Largest JSON request body.")
-    max_value_bytes: int = Field(default=1024 * 1024, ge=1, description="Largest kv value or record value.")
+    max_value_bytes: int = Field(
+        default=1024 * 1024, ge=1,
+        description="Largest kv value, record value or point payload (a payload with its numbers written out in full too).",
+    )
     max_file_bytes: int = Field(default=1024**3, ge=1, description="Largest file upload.")
     file_chunk_bytes: int = Field(default=1024 * 1024, ge=4096, description="Size of stored file chunks.")
     max_page_size: int = Field(default=1000, ge=1, description="Largest `limit` on a list.")
     max_page_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1, le=2**61,
         description="A list of records, kv entries or points ends before the item that would make the values "
-        "(payloads and vectors) it answers weigh more than this many bytes (at least one item; `next_cursor` goes on).",
+        "(payloads and vectors) it answers weigh more than this many bytes (at least one item; `next_cursor` goes on). "
+        "A vector search answers every hit, and the payloads of the nearest up to this many bytes (`payload_omitted` past it).",
     )
     default_page_size: int = Field(default=100, ge=1, description="`limit` of a list when none is given.")
     max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")

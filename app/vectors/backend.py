@@ -88,11 +88,12 @@ class PointOut:
 
 @dataclass
 class Hit:
-    """A search candidate: raw distance (lower is nearer; ``-ip`` for inner product)."""
+    """A search candidate: raw distance (lower is nearer; ``-ip`` for inner product), and its
+    payload as JSON text, None past the answer's byte budget (``budgeted_hits``)."""
 
     id: str
     distance: float
-    payload_json: str
+    payload_json: str | None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,6 +107,7 @@ class Search:
     flt: Node | None
     ef_search: int | None
     sql: SqlBuilder  # the filter's parameters (``_search_builder``)
+    budget: int  # bytes of payloads the hits may carry (``budgeted_hits``)
     where: str = ""  # the filter as SQL
     narrowed: bool = False  # an index narrows the rows the filter keeps
 
@@ -142,7 +144,7 @@ class RegistryCache:
 
 EXACT_PLANS = ("exact_scan", "filter_first")
 
-# What a listed point weighs beyond its payload's JSON.
+# What a listed point, or a search's hit, weighs beyond its payload's JSON.
 LIST_ROW_BYTES = 256
 
 
@@ -282,8 +284,23 @@ class VectorIndex(ABC):
         return self.filter_sql(sql, coll.declared).compile(flt)
 
     def _hits(self, rows: Iterable[Any]) -> builtins.list[Hit]:
-        """Rows of (id, payload, distance) as hits."""
-        return [Hit(r[0], float(r[2]), self._payload_out(r[1])) for r in rows]
+        """Rows of (id, payload or NULL, distance) as hits."""
+        return [Hit(r[0], float(r[2]), None if r[1] is None else self._payload_out(r[1])) for r in rows]
+
+    @classmethod
+    def budgeted_hits(cls, stmt: str, budget: int) -> str:
+        """``stmt``'s rows (``id``, ``p``: the payload as JSON text, ``d``: the distance; at most a
+        search's ``limit``), nearest first, with ``p`` NULL from the first row whose running sum
+        of payload bytes (and ``LIST_ROW_BYTES`` a row) passes ``budget``: an answer's hits are
+        all there, its payloads stop at the budget. A list cuts its page the same way
+        (``app.core.db.pages.budgeted``); a top-k answer has no cursor to go on with, so its
+        hits stay and only their payloads are left out (the client reads those points)."""
+        weight = f"{byte_length_sql('p', cls.dialect)} + {LIST_ROW_BYTES}"
+        upto = f"sum({weight}) OVER (ORDER BY d, id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+        return (
+            f"SELECT id, CASE WHEN upto <= {int(budget)} THEN p END AS p, d "
+            f"FROM (SELECT h.id, h.p, h.d, {upto} AS upto FROM ({stmt}) AS h) AS w ORDER BY d, id"
+        )
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
         sql = SqlBuilder()
@@ -403,14 +420,16 @@ class VectorIndex(ABC):
         limit: int,
         flt: Node | None,
         ef_search: int | None,
+        budget: int,
     ) -> tuple[builtins.list[Hit], Plan]:
-        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first, and the
-        plan that found them (``ef_search`` None: chosen by the planner); ``MissingTable`` when
-        the collection's table no longer exists.
+        """The ``min(limit, matches)`` nearest points that match ``flt``, nearest first, with
+        ``budget`` bytes of their payloads (``budgeted_hits``), and the plan that found them
+        (``ef_search`` None: chosen by the planner); ``MissingTable`` when the collection's table
+        no longer exists.
 
         A graph search that returns fewer than ``limit`` points is redone exactly (``fallback``).
         """
-        search = Search(coll, self._query_params(vector), int(limit), flt, ef_search, self._search_builder())
+        search = Search(coll, self._query_params(vector), int(limit), flt, ef_search, self._search_builder(), int(budget))
         async with self._search_connection(session) as conn:
             filter_sql = self.filter_sql(search.sql, coll.declared)
             search.where = filter_sql.compile(flt)
@@ -439,17 +458,18 @@ class VectorIndex(ABC):
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str], budget: int
     ) -> builtins.list[Hit]:
-        """The distance of each stored point in ``ids`` to ``vector``."""
+        """The distance of each stored point in ``ids`` to ``vector``, nearest first, with ``budget``
+        bytes of their payloads (``budgeted_hits``)."""
         if not ids:
             return []
         among, listed = self._ids_in(ids)
         rows = await session.execute(
-            text(
-                f"SELECT id, {self.payload_column}, {self._distance_expr(coll)} FROM {coll.data_table} "
-                f"WHERE {among}"
-            ),
+            text(self.budgeted_hits(
+                f"SELECT id, {self.payload_column} AS p, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
+                f"WHERE {among}", budget,
+            )),
             {**self._query_params(vector), "ids": listed},
         )
         return self._hits(rows)

@@ -693,17 +693,13 @@ class PgVectorIndex(VectorIndex):
         if plan.kind == "hnsw_subgraph":
             stmt = self._subgraph_statement(search, plan)
             if stmt is not None:
-                return self._hits(await conn.fetch(stmt, search.q["q"], *_args(search.sql)))
+                return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
         candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
         if plan.kind == "hnsw_iterative":
             async with self._walk_only(conn):
-                return await self._indexed(
-                    conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), 0
-                )
-        return await self._indexed(
-            conn, search.coll, search.q["q"], search.limit, search.where, _args(search.sql), candidates
-        )
+                return await self._indexed(conn, search, 0)
+        return await self._indexed(conn, search, candidates)
 
     def _subgraph_statement(self, search: Search, plan: Plan) -> str | None:
         """The search of ``plan``'s payload subgraph: the subgraph's predicate spelled as its
@@ -790,19 +786,21 @@ class PgVectorIndex(VectorIndex):
         self._kw_cache[coll.id] = (now + SELECTIVITY_TTL, found)
         return found
 
-    async def _indexed(
-        self, conn: Any, coll: CollectionInfo, q: bytes, limit: int, where: str, args: builtins.list[Any], candidates: int
-    ) -> builtins.list[Hit]:
-        return self._hits(await conn.fetch(graph_statement(coll, where, limit, candidates), q, *args))
+    async def _indexed(self, conn: Any, search: Search, candidates: int) -> builtins.list[Hit]:
+        stmt = graph_statement(search.coll, search.where, search.limit, candidates)
+        return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
 
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
         # indexes still narrow the rows of a filter; only the k answers' payloads become text.
         coll = search.coll
         rows = await conn.fetch(
-            f"SELECT id, CAST(p AS text), d FROM (SELECT id, payload AS p, "
-            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
-            f"ORDER BY d, id LIMIT {search.limit}",
+            self.budgeted_hits(
+                f"SELECT id, CAST(p AS text) AS p, d FROM (SELECT id, payload AS p, "
+                f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
+                f"ORDER BY d, id LIMIT {search.limit}",
+                search.budget,
+            ),
             search.q["q"],
             *_args(search.sql),
         )
@@ -820,17 +818,17 @@ def graph_statement(coll: CollectionInfo, where: str, limit: int, candidates: in
     order = _graph_order(coll)
     if candidates:
         return (
-            f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+            f"SELECT id, CAST(payload AS text) AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
             f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
         )
     if coll.index.get("kind") == "hnsw_halfvec":
         # The index orders by half precision; re-rank the candidates by the exact distance.
         return (
-            f"SELECT * FROM (SELECT id, CAST(payload AS text), (embedding {op} $1) AS d "
+            f"SELECT * FROM (SELECT id, CAST(payload AS text) AS p, (embedding {op} $1) AS d "
             f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
         )
     return (
-        f"SELECT id, CAST(payload AS text), (embedding {op} $1) AS d FROM {t} "
+        f"SELECT id, CAST(payload AS text) AS p, (embedding {op} $1) AS d FROM {t} "
         f"WHERE {where} ORDER BY {order} LIMIT {limit}"
     )
 
@@ -859,7 +857,7 @@ def subgraph_statement(coll: CollectionInfo, field: str, stored_value: str, wher
     op = _OPERATOR[coll.distance]
     order = _graph_order(coll)
     return (
-        f"SELECT id, CAST(payload AS text), d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+        f"SELECT id, CAST(payload AS text) AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
         f"FROM {coll.data_table} WHERE {subgraph_predicate(field, stored_value)} ORDER BY {order} "
         f"LIMIT {int(take)}) c WHERE {where} ORDER BY d, id LIMIT {int(limit)}"
     )

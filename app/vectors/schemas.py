@@ -255,7 +255,15 @@ class SearchHit(BaseModel):
     id: str
     score: float = Field(description="Higher is better: 1-cosine distance, inner product, or -L2 (RRF when hybrid).")
     distance: float = Field(description="The raw distance (-inner product for ip).")
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: dict[str, Any] | None = Field(
+        default_factory=dict,
+        description="null with `payload_omitted` for the hits past `limits.max_page_bytes` of payloads (nearest first).",
+    )
+    payload_omitted: bool = Field(
+        default=False,
+        description="The payload was left out: the answer's payloads reached `limits.max_page_bytes`. Read the point "
+        "for it (the Python client does).",
+    )
 
 
 class SearchPlan(BaseModel):

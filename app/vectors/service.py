@@ -311,8 +311,12 @@ class VectorService:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:  # the gate refuses these first (app.core.jsonvalue)
             raise InvalidInput(*(find_invalid(payload, where) or (where, LONE_SURROGATE))) from None
-        if size > self.settings.limits.max_value_bytes:
-            raise InvalidInput(where, f"must be at most {self.settings.limits.max_value_bytes} bytes of JSON")
+        limit = self.settings.limits.max_value_bytes
+        if size > limit:
+            raise InvalidInput(where, f"must be at most {limit} bytes of JSON")
+        if size + encoding.written_out_growth(text, payload) > limit:
+            raise InvalidInput(where, f"must be at most {limit} bytes of JSON with its numbers written out in full "
+                               "(1e+300 is 301 digits)")
         return text
 
     def _point(self, info: CollectionInfo, pid: str | None, vec: array[float], payload: dict[str, Any] | None, where: str) -> PointIn:
@@ -555,6 +559,7 @@ class VectorService:
     async def _search(
         self, conn: AsyncConnection, info: CollectionInfo, body: SearchRequest, flt: Node | None
     ) -> dict[str, Any]:
+        limits = self.settings.limits
         nonzero = info.distance == "cosine"
         if (body.vector is None) == (body.vector_b64 is None):
             raise InvalidInput("vector", "give exactly one of vector or vector_b64")
@@ -566,7 +571,7 @@ class VectorService:
         words = _WORD.findall(body.query or "")[:MAX_QUERY_WORDS] if info.text_field else []
         threshold = body.score_threshold
         if not words:
-            hits, plan = await self.index.search(conn, info, query_vec, body.limit, flt, ef)
+            hits, plan = await self.index.search(conn, info, query_vec, body.limit, flt, ef, limits.max_page_bytes)
             results = []
             for h in hits:
                 score = _score(info.distance, h.distance)
@@ -581,6 +586,8 @@ class VectorService:
         return {"results": results}
 
     def _hit(self, h: Hit, score: float) -> dict[str, Any]:
+        if h.payload_json is None:  # past the answer's byte budget
+            return {"id": h.id, "score": score, "distance": h.distance, "payload": None, "payload_omitted": True}
         return {"id": h.id, "score": score, "distance": h.distance, "payload": encoding.raw_json(h.payload_json)}
 
     async def _hybrid(
@@ -594,9 +601,13 @@ class VectorService:
         ef: int | None,
         threshold: float | None,
     ) -> tuple[list[dict[str, Any]], Plan]:
-        """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking."""
-        pool = min(self.settings.limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
-        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef)
+        """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking. The
+        vector ranking's pool and the text ranking's points not in it each carry half the byte
+        budget of payloads: an answer's hits are among them."""
+        limits = self.settings.limits
+        pool = min(limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
+        half = limits.max_page_bytes // 2
+        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef, half)
         text_ids = await self.index.text_search(conn, info, words, pool, flt)
         by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
         fused: dict[str, float] = {}
@@ -605,7 +616,7 @@ class VectorService:
         for rank, pid in enumerate(text_ids):
             fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank + 1)
         missing = [pid for pid in text_ids if pid not in by_id]
-        for h in await self.index.distances(conn, info, vector, missing):
+        for h in await self.index.distances(conn, info, vector, missing, half):
             by_id[h.id] = h
         ranked = sorted(fused, key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
         out = []

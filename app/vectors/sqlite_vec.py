@@ -251,10 +251,11 @@ class SqliteVecIndex(VectorIndex):
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         coll = search.coll
         rows = await conn.execute(
-            text(
-                f"SELECT id, payload, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
-                f"WHERE {search.where} ORDER BY d, id LIMIT :limit"
-            ),
+            text(self.budgeted_hits(
+                f"SELECT id, payload AS p, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
+                f"WHERE {search.where} ORDER BY d, id LIMIT :limit",
+                search.budget,
+            )),
             {**search.sql.params, **search.q, "limit": search.limit},
         )
         return self._hits(rows)

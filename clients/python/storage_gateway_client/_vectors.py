@@ -232,7 +232,11 @@ class VectorsAPI(Resource):
         explain: bool = True,
     ) -> dict[str, Any]:
         """The whole answer ``{results, plan}``: ``plan`` says how the gateway searched
-        (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``)."""
+        (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``).
+
+        An answer carries at most the gateway's ``limits.max_page_bytes`` of payloads; the hits
+        past it come with ``payload_omitted``, and their payloads are read here point by point
+        (a hit whose point was deleted in between is left out)."""
         body: dict[str, Any] = {"limit": limit}
         packed = pack_vector(vector)
         if packed is not None:
@@ -253,7 +257,20 @@ class VectorsAPI(Resource):
             "POST", self._path(collection, "search"), json=body, idempotent=True
         )
         explained: dict[str, Any] = response.json()
+        if any(hit.get("payload_omitted") for hit in explained["results"]):
+            explained["results"] = await self._with_payloads(collection, explained["results"])
         return explained
+
+    async def _with_payloads(self, collection: str, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for hit in hits:
+            if hit.pop("payload_omitted", False):
+                point = await self.get_point(collection, hit["id"], with_vector=False)
+                if point is None:
+                    continue
+                hit["payload"] = point.get("payload") or {}
+            out.append(hit)
+        return out
 
     async def get_point(self, collection: str, point_id: str, *, with_vector: bool = True) -> dict[str, Any] | None:
         """``{id, payload, vector}``, or None when the point does not exist (``NotFound`` for a
