@@ -10,7 +10,7 @@ a stored blob is never interleaved with the statement collecting unreferenced bl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,9 @@ import orjson
 from sqlalchemy import (
     BindParameter,
     Integer,
+    Table,
     Text,
+    and_,
     bindparam,
     cast,
     delete,
@@ -31,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import ColumnElement
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_blobs as blobs
@@ -167,15 +170,10 @@ class CheckpointsRepository:
             func.row_number().over(partition_by=cp.c.checkpoint_ns, order_by=cp.c.checkpoint_id.desc()).label("nth"),
         ).where(cp.c.thread_pk == _PK).subquery("ranked")
         doomed = select(ranked.c.checkpoint_ns, ranked.c.checkpoint_id).where(ranked.c.nth > bindparam("keep", type_=Integer))
-        deleted = 0
-        for table in (writes, terms, cp):
-            stmt = delete(table).where(
-                table.c.thread_pk == _PK, tuple_(table.c.checkpoint_ns, table.c.checkpoint_id).in_(doomed)
-            )
-            result = await conn.execute(stmt, {"pk": pk, "keep": keep})
-            if table is cp:
-                deleted = result.rowcount or 0
-        return deleted
+        return await _delete_of_checkpoints(
+            conn, lambda t: and_(t.c.thread_pk == _PK, tuple_(t.c.checkpoint_ns, t.c.checkpoint_id).in_(doomed)),
+            {"pk": pk, "keep": keep},
+        )
 
     async def lineage(self, conn: AsyncConnection, pk: int) -> list[Lineage]:
         """Every checkpoint of the thread, newest first per checkpoint_ns (of its metadata, only
@@ -224,16 +222,11 @@ class CheckpointsRepository:
         # Three parameters a key: a statement holds DELETE_CHUNK keys, far below asyncpg's 32,767
         # parameters (a prune of 11,000 checkpoints was refused whole, and retried in vain).
         for start in range(0, len(keys), DELETE_CHUNK):
-            chunk = list(keys[start : start + DELETE_CHUNK])
-            for table in (writes, terms, cp):
-                stmt = delete(table).where(
-                    tuple_(table.c.thread_pk, table.c.checkpoint_ns, table.c.checkpoint_id).in_(
-                        bindparam("keys", expanding=True)
-                    )
-                )
-                result = await conn.execute(stmt, {"keys": chunk})
-                if table is cp:
-                    deleted += result.rowcount or 0
+            deleted += await _delete_of_checkpoints(
+                conn,
+                lambda t: tuple_(t.c.thread_pk, t.c.checkpoint_ns, t.c.checkpoint_id).in_(bindparam("keys", expanding=True)),
+                {"keys": list(keys[start : start + DELETE_CHUNK])},
+            )
         return deleted
 
     async def orphan_parents(self, conn: AsyncConnection, pk: int, ns: str | None) -> None:
@@ -369,3 +362,17 @@ class CheckpointsRepository:
         if pks:
             stmt = update(threads).where(threads.c.pk.in_(bindparam("pks", expanding=True))).values(pruned_at=bindparam("now"))
             await conn.execute(stmt, {"pks": list(pks), "now": now})
+
+
+async def _delete_of_checkpoints(
+    conn: AsyncConnection, which: Callable[[Table], ColumnElement[bool]], params: dict[str, Any]
+) -> int:
+    """Delete the checkpoints ``which`` selects (a condition on a table's thread_pk,
+    checkpoint_ns and checkpoint_id) with their pending writes and metadata terms, those first;
+    how many checkpoints went."""
+    deleted = 0
+    for table in (writes, terms, cp):
+        result = await conn.execute(delete(table).where(which(table)), params)
+        if table is cp:
+            deleted = result.rowcount or 0
+    return deleted

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, bindparam, column, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.db.pages import byte_length_sql
+from app.core.db.pages import budgeted, byte_length_sql
 from app.vectors.filters import FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.recall import Calibration
@@ -392,22 +392,15 @@ class VectorIndex(ABC):
         sql.params |= {"limit": limit, "budget": budget,
                        "row": LIST_ROW_BYTES + (dimension_bytes * coll.vector_size if with_vectors else 0)}
         vec = ", embedding" if with_vectors else ""
-        weight = f"{byte_length_sql('p', self.dialect)} + :row"
-        page = f"SELECT id, {self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
-        window = "OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-        weighed = f"SELECT page.*, {weight} AS weight, sum({weight}) {window} AS upto, row_number() {window} AS nth FROM ({page}) AS page"
-        within = "(upto <= :budget OR nth = 1)"
-        vec = f", CASE WHEN {within} THEN embedding END" if with_vectors else ""
-        rows = (await session.execute(
-            text(
-                f"SELECT id, CASE WHEN {within} THEN p END{vec}, CASE WHEN {within} THEN 1 ELSE 0 END "
-                f"FROM ({weighed}) AS w WHERE nth <= 2 OR upto - weight <= :budget ORDER BY id"
-            ),
-            sql.params,
-        )).all()
-        cut = bool(rows) and not rows[-1][-1]
+        page = text(
+            f"SELECT id, p{vec}, {byte_length_sql('p', self.dialect)} + :row AS weight FROM (SELECT id, "
+            f"{self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit) AS page"
+        ).columns(*(column(name) for name in ("id", "p", *(["embedding"] if with_vectors else []), "weight")))
+        stmt = budgeted(page, [("id", False)], bindparam("budget", type_=BigInteger), first_always=True, heavy=["p", "embedding"])
+        rows = (await session.execute(stmt, sql.params)).mappings().all()
+        cut = bool(rows) and not rows[-1]["within"]
         points = [
-            PointOut(r[0], self._payload_out(r[1]), self._vector_out(r[2]) if with_vectors else None)
+            PointOut(r["id"], self._payload_out(r["p"]), self._vector_out(r["embedding"]) if with_vectors else None)
             for r in (rows[:-1] if cut else rows)
         ]
         return points, cut
