@@ -249,15 +249,31 @@ async def test_a_search_answer_carries_its_budget_of_payloads(
             hits = await gw.vectors.search("s", [1.0, 0.0], 10)
             assert [(h["id"], h["payload"]["t"]) for h in hits] == [(f"p{i}", items[i]["t"]) for i in range(10)]
             assert not any("payload_omitted" in h for h in hits)
-            # hybrid: the vector ranking's pool and the text ranking's other points carry half the budget each
-            raw = await srv_search(srv, namespace, api_key, {"vector": [1.0, 0.0], "query": "word11 word10 word9", "limit": 12})
-            got = raw["results"]
-            assert sorted(h["id"] for h in got) == sorted(f"p{i}" for i in range(12))
-            carried = [h for h in got if not h.get("payload_omitted")]
-            assert 0 < len(carried) < 12 and sum(len(json.dumps(h["payload"])) + 256 for h in carried) <= BUDGET // 2
-            hits = await gw.vectors.search("s", [1.0, 0.0], 12, query="word11 word10 word9")
+            # hybrid: ranked without payloads, then the answer's payloads in its order up to the budget;
+            # q<i> match the words but are too far for the vector ranking's pool (48 points)
+            extra = [{"id": f"q{i}", "embedding": [-1.0, 0.001 * i], "t": "word11 far " + "y" * 2000} for i in range(3)]
+            await gw.vectors.insert_vectors("s", extra)
+            stored = {item["id"]: item for item in items + far + extra}
+            body = {"vector": [1.0, 0.0], "query": "word11 word10 word9", "limit": 20}
+            got = (await srv_search(srv, namespace, api_key, body))["results"]
+            assert {f"p{i}" for i in range(12)} | {f"q{i}" for i in range(3)} <= {h["id"] for h in got} and len(got) == 20
+            omitted = [bool(h.get("payload_omitted")) for h in got]
+            carried = omitted.index(True)
+            assert 0 < carried and omitted == [False] * carried + [True] * (20 - carried)  # a prefix, in the answer's order
+
+            def weight(pid: str) -> int:  # as PostgreSQL answers it (`{"t": ...}`): SQLite's is a byte less
+                return len(json.dumps({"t": stored[pid]["t"]})) + 256
+
+            upto = [sum(weight(h["id"]) for h in got[:n]) for n in (carried, carried + 1)]
+            assert upto[0] - carried <= BUDGET < upto[1]
+            assert all(h["payload"]["t"] == stored[h["id"]]["t"] for h in got[:carried])
+            hits = await gw.vectors.search("s", [1.0, 0.0], 20, query="word11 word10 word9")
             assert [h["id"] for h in hits] == [h["id"] for h in got]
-            assert all(h["payload"]["t"] == items[int(h["id"][1:])]["t"] for h in hits)
+            assert all(h["payload"]["t"] == stored[h["id"]]["t"] for h in hits)
+            # a point deleted between the answer and the client's read of its payload is left out
+            await gw.vectors.delete_point("s", got[-1]["id"])
+            filled = await gw.vectors._with_payloads("s", [dict(h) for h in got])
+            assert [h["id"] for h in filled] == [h["id"] for h in got[:-1]]
     finally:
         stop_server(srv)
 

@@ -398,7 +398,7 @@ async def test_nan_and_infinity_are_refused_in_numeric_fields(
         ("search", {"vector": [1, 0], "limit": 3.5}, "limit"),
         ("search", {"vector": [1, 0], "ef_search": False}, "ef_search"),
         ("search", {"vector": [1, 0], "score_threshold": True}, "score_threshold"),
-        ("search", {"vector": [1, 0], "with_vectors": 1}, "with_vectors"),
+        ("search", {"vector": [1, 0], "explain": 1}, "explain"),
         ("search", {"vector": [True, 0]}, "vector.0"),
         ("points/list", {"limit": True}, "limit"),
     ],

@@ -171,6 +171,9 @@ async def test_validation_names_the_offender(http: httpx.AsyncClient, gw: Gatewa
     assert r.status_code == 422 and "points.0.vector_b64" in r.json()["detail"]
     r = await http.post(url, json={"points": [{"vector": [1, 2, 3]}] * 1001})
     assert r.status_code == 422 and "points" in r.json()["detail"]
+    # a search does not answer vectors: asking for them is refused, not ignored
+    r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 2, 3], "with_vectors": True})
+    assert r.status_code == 422 and "with_vectors" in r.json()["detail"]
     # Through the client: wrong dimension, NaN, mismatched lengths.
     with pytest.raises(InvalidRequest) as exc:
         await gw.vectors.upsert_points("c", [[1, 2, 3], [1, 2]])

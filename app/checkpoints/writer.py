@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from sqlalchemy import BigInteger, Integer, LargeBinary, Text, bindparam, select, text
+from sqlalchemy import BigInteger, Integer, LargeBinary, Text, bindparam, func, literal_column, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.elements import BindParameter
 
@@ -32,7 +32,7 @@ from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoints as cp
 from app.checkpoints.reads import ROW_BYTES, checkpoint_bytes, pending_bytes, value_weight, write_weight
 from app.checkpoints.repository import CheckpointsRepository
-from app.core.db.statements import FixedStatement, StatementConnection
+from app.core.db.statements import ASYNCPG_DIALECT, FixedStatement, StatementConnection
 
 NewValue = tuple[str, str, str, bytes]  # channel, version, type, bytes
 NewWrite = tuple[int, str, str, bytes]  # idx, channel, type, bytes
@@ -54,6 +54,16 @@ class CheckpointWriter(Protocol):
         ``max_bytes``; that weight."""
 
 
+def _weight_sql(weight: Any, alias: str, *columns: str) -> str:
+    """``weight`` (``value_weight`` or ``write_weight``) of the stored row ``alias``, as this
+    module's text SQL: the one definition of what a row weighs, spelled for PostgreSQL."""
+    expr = weight(*(func.octet_length(literal_column(f"{alias}.{c}")) for c in columns))
+    return str(expr.compile(dialect=ASYNCPG_DIALECT, compile_kwargs={"literal_binds": True}))
+
+
+_STORED_VALUE = _weight_sql(value_weight, "b", "channel", "type", "blob")
+_STORED_WRITE = _weight_sql(write_weight, "o", "task_id", "channel", "type", "blob", "task_path")
+
 # The thread's pk if it has one (what is stored is looked up by it); every CTE after ``w`` (the
 # weight) is gated on the weight.
 _THREAD = """
@@ -74,7 +84,7 @@ w AS (
     SELECT :own + octet_length(CAST(CAST(:metadata AS JSONB) AS TEXT))
         + octet_length(CAST(CAST(:versions_json AS JSONB) AS TEXT)) + :brought + COALESCE((
             SELECT sum((
-                SELECT octet_length(b.blob) + octet_length(b.channel) + octet_length(b.type) + :row
+                SELECT """ + _STORED_VALUE + """
                 FROM checkpoint_blobs b
                 WHERE b.thread_pk = (SELECT pk FROM tp) AND b.checkpoint_ns = :cns AND b.channel = v.key
                   AND b.version = v.value LIMIT 1
@@ -99,10 +109,6 @@ w AS (
 SELECT weight FROM w
 """
 
-_STORED_WRITE = (
-    "octet_length(o.blob) + octet_length(o.task_id) + octet_length(o.channel) + octet_length(o.type)"
-    " + octet_length(o.task_path) + :row"
-)
 
 # What the checkpoint's pending writes will weigh: the other tasks' and indexes' as stored, and
 # each written (task, idx) with its new weight (``lens``) if they replace, else as stored if it is.
@@ -136,7 +142,7 @@ def _statement(sql: str) -> Any:
         bindparam("ns", type_=Text), bindparam("tid", type_=Text), bindparam("cns", type_=Text),
         bindparam("channels", type_=ARRAY(Text)), bindparam("types", type_=ARRAY(Text)),
         bindparam("blobs", type_=ARRAY(LargeBinary)),
-        bindparam("max", type_=BigInteger), bindparam("row", type_=BigInteger),
+        bindparam("max", type_=BigInteger),
     ]
     if ":versions," in sql:
         typed += [bindparam("versions", type_=ARRAY(Text)), bindparam("own", type_=BigInteger),
@@ -162,7 +168,7 @@ class PostgresWriter:
         row = await self._put.first(conn, {
             "ns": ns, "tid": thread_id, "now": now, "cns": checkpoint_ns, "cid": checkpoint_id, "parent": parent,
             "type": type_, "data": data, "versions_json": versions_json, "metadata": metadata_json,
-            "own": len(data) + ROW_BYTES, "max": max_bytes, "row": ROW_BYTES,
+            "own": len(data) + ROW_BYTES, "max": max_bytes,
             "brought": sum(value_weight(_utf8(c), _utf8(t), len(d)) for c, _, t, d in values),
             "channels": [v[0] for v in values], "versions": [v[1] for v in values],
             "types": [v[2] for v in values], "blobs": [v[3] for v in values],
@@ -178,7 +184,7 @@ class PostgresWriter:
         row = await stmt.first(conn, {
             "ns": ns, "tid": thread_id, "now": now, "cns": checkpoint_ns, "cid": checkpoint_id, "task_id": task_id,
             "task_path": task_path, "idxs": [r[0] for r in rows], "channels": [r[1] for r in rows],
-            "types": [r[2] for r in rows], "blobs": [r[3] for r in rows], "max": max_bytes, "row": ROW_BYTES,
+            "types": [r[2] for r in rows], "blobs": [r[3] for r in rows], "max": max_bytes,
             "lens": [write_weight(_utf8(task_id), _utf8(r[1]), _utf8(r[2]), len(r[3]), _utf8(task_path)) for r in rows],
         })
         assert row is not None

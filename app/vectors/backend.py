@@ -153,13 +153,14 @@ class VectorIndex(ABC):
     abstract methods.
 
     A backend names itself (``name``), its filter dialect (``filter_sql``) and how a SELECT
-    reads a payload back as JSON text (``payload_column``).
+    reads a payload back as JSON text (``payload_text``, ``payload_column``).
     """
 
     name: ClassVar[str]
     dialect: ClassVar[str]  # SQLAlchemy's name of the database's dialect
     filter_sql: ClassVar[type[FilterSql]]
-    payload_column: ClassVar[str]
+    payload_text: ClassVar[str]  # a stored payload ``{}`` as JSON text
+    payload_column: ClassVar[str]  # ``payload_text`` of the ``payload`` column
 
     # --- collections (all the backend's) -----------------------------------------------------------
 
@@ -218,6 +219,10 @@ class VectorIndex(ABC):
     @abstractmethod
     def _ids_in(self, ids: builtins.list[str]) -> tuple[str, Any]:
         """The condition ``id`` is one of ``:ids``, and the value bound to ``:ids``."""
+
+    @abstractmethod
+    def _ids_ordered(self, ids: builtins.list[str]) -> tuple[str, Any]:
+        """A relation ``x`` of ``:ids`` with their positions (columns ``id``, ``n``), and the value bound to ``:ids``."""
 
     @abstractmethod
     def _distance_expr(self, coll: CollectionInfo) -> str:
@@ -289,16 +294,21 @@ class VectorIndex(ABC):
 
     @classmethod
     def budgeted_hits(cls, stmt: str, budget: int) -> str:
-        """``stmt``'s rows (``id``, ``p``: the payload as JSON text, ``d``: the distance; at most a
-        search's ``limit``), nearest first, with ``p`` NULL from the first row whose running sum
-        of payload bytes (and ``LIST_ROW_BYTES`` a row) passes ``budget``: an answer's hits are
-        all there, its payloads stop at the budget. A list cuts its page the same way
-        (``app.core.db.pages.budgeted``); a top-k answer has no cursor to go on with, so its
-        hits stay and only their payloads are left out (the client reads those points)."""
-        weight = f"{byte_length_sql('p', cls.dialect)} + {LIST_ROW_BYTES}"
+        """``stmt``'s rows (``id``, ``p``: the payload as stored, ``d``: the distance; at most a
+        search's ``limit``), nearest first, with ``p`` as JSON text, NULL from the first row whose
+        running sum of payload bytes (and ``LIST_ROW_BYTES`` a row) passes ``budget``: an answer's
+        hits are all there, its payloads stop at the budget (none: ``budget`` 0). A list cuts its
+        page the same way (``app.core.db.pages.budgeted``); a top-k answer has no cursor to go on
+        with, so its hits stay and only their payloads are left out (the client reads those
+        points). The payload goes through the window as stored (on PostgreSQL a TOAST pointer,
+        not its text) and becomes text only where it is answered."""
+        if budget <= 0:
+            return f"SELECT id, NULL AS p, d FROM ({stmt}) AS h ORDER BY d, id"
+        as_text = cls.payload_text.format("p")
+        weight = f"{byte_length_sql(as_text, cls.dialect)} + {LIST_ROW_BYTES}"
         upto = f"sum({weight}) OVER (ORDER BY d, id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
         return (
-            f"SELECT id, CASE WHEN upto <= {int(budget)} THEN p END AS p, d "
+            f"SELECT id, CASE WHEN upto <= {int(budget)} THEN {as_text} END AS p, d "
             f"FROM (SELECT h.id, h.p, h.d, {upto} AS upto FROM ({stmt}) AS h) AS w ORDER BY d, id"
         )
 
@@ -432,7 +442,9 @@ class VectorIndex(ABC):
                 return await self._exact(conn, search), plan
             hits = await self._graph(conn, search, plan)
             if len(hits) < search.limit:
-                # Fewer candidates matched than asked for: the exact answer (min(limit, matches)).
+                # Fewer candidates matched than asked for: the exact answer (min(limit, matches)),
+                # without holding the graph's answer meanwhile.
+                del hits
                 plan.fallback = True
                 return await self._exact(conn, search), plan
             return hits, plan
@@ -451,18 +463,26 @@ class VectorIndex(ABC):
         return [r[0] for r in rows]
 
     async def distances(
-        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str], budget: int
+        self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]
     ) -> builtins.list[Hit]:
-        """The distance of each stored point in ``ids`` to ``vector``, nearest first, with ``budget``
-        bytes of their payloads (``budgeted_hits``)."""
+        """The distance of each stored point in ``ids`` to ``vector``, without payloads."""
         if not ids:
             return []
         among, listed = self._ids_in(ids)
         rows = await session.execute(
-            text(self.budgeted_hits(
-                f"SELECT id, {self.payload_column} AS p, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
-                f"WHERE {among}", budget,
-            )),
+            text(f"SELECT id, NULL, {self._distance_expr(coll)} FROM {coll.data_table} WHERE {among}"),
             {**self._query_params(vector), "ids": listed},
         )
         return self._hits(rows)
+
+    async def payloads(
+        self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str], budget: int
+    ) -> dict[str, str]:
+        """The payloads (JSON text) of the stored points of ``ids``, in that order while together
+        they weigh at most ``budget`` (``budgeted_hits``, the position as the distance)."""
+        if not ids:
+            return {}
+        ordered, listed = self._ids_ordered(ids)
+        stmt = f"SELECT t.id, t.payload AS p, x.n AS d FROM {ordered} JOIN {coll.data_table} AS t ON t.id = x.id"
+        rows = await session.execute(text(self.budgeted_hits(stmt, budget)), {"ids": listed})
+        return {r[0]: self._payload_out(r[1]) for r in rows if r[1] is not None}

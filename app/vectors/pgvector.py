@@ -326,7 +326,8 @@ class PgVectorIndex(VectorIndex):
     name = "pgvector"
     dialect = "postgresql"
     filter_sql = PgFilter
-    payload_column = "CAST(payload AS text)"
+    payload_text = "CAST({} AS text)"
+    payload_column = payload_text.format("payload")
 
     def __init__(
         self, version: str, *, exact_threshold: int = 5000, ef_search: int = 100, calibrated: bool = True
@@ -371,6 +372,9 @@ class PgVectorIndex(VectorIndex):
 
     def _ids_in(self, ids: builtins.list[str]) -> tuple[str, Any]:
         return "id = ANY(CAST(:ids AS text[]))", ids
+
+    def _ids_ordered(self, ids: builtins.list[str]) -> tuple[str, Any]:
+        return "unnest(CAST(:ids AS text[])) WITH ORDINALITY AS x(id, n)", ids
 
     # --- collections -------------------------------------------------------------------------
 
@@ -796,7 +800,7 @@ class PgVectorIndex(VectorIndex):
         coll = search.coll
         rows = await conn.fetch(
             self.budgeted_hits(
-                f"SELECT id, CAST(p AS text) AS p, d FROM (SELECT id, payload AS p, "
+                f"SELECT id, p, d FROM (SELECT id, payload AS p, "
                 f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
                 f"ORDER BY d, id LIMIT {search.limit}",
                 search.budget,
@@ -818,17 +822,17 @@ def graph_statement(coll: CollectionInfo, where: str, limit: int, candidates: in
     order = _graph_order(coll)
     if candidates:
         return (
-            f"SELECT id, CAST(payload AS text) AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+            f"SELECT id, payload AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
             f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
         )
     if coll.index.get("kind") == "hnsw_halfvec":
         # The index orders by half precision; re-rank the candidates by the exact distance.
         return (
-            f"SELECT * FROM (SELECT id, CAST(payload AS text) AS p, (embedding {op} $1) AS d "
+            f"SELECT * FROM (SELECT id, payload AS p, (embedding {op} $1) AS d "
             f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
         )
     return (
-        f"SELECT id, CAST(payload AS text) AS p, (embedding {op} $1) AS d FROM {t} "
+        f"SELECT id, payload AS p, (embedding {op} $1) AS d FROM {t} "
         f"WHERE {where} ORDER BY {order} LIMIT {limit}"
     )
 
@@ -857,7 +861,7 @@ def subgraph_statement(coll: CollectionInfo, field: str, stored_value: str, wher
     op = _OPERATOR[coll.distance]
     order = _graph_order(coll)
     return (
-        f"SELECT id, CAST(payload AS text) AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+        f"SELECT id, payload AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
         f"FROM {coll.data_table} WHERE {subgraph_predicate(field, stored_value)} ORDER BY {order} "
         f"LIMIT {int(take)}) c WHERE {where} ORDER BY d, id LIMIT {int(limit)}"
     )

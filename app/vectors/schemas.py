@@ -242,7 +242,6 @@ class SearchRequest(_Body):
     ef_search: StrictInt | None = Field(
         default=None, ge=1, le=1000, description="HNSW search breadth (pgvector); default: chosen by the planner."
     )
-    with_vectors: StrictBool = False
     explain: StrictBool = Field(default=False, description="Answer with the `plan` the search ran.")
 
     model_config = ConfigDict(

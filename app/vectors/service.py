@@ -602,12 +602,12 @@ class VectorService:
         threshold: float | None,
     ) -> tuple[list[dict[str, Any]], Plan]:
         """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking. The
-        vector ranking's pool and the text ranking's points not in it each carry half the byte
-        budget of payloads: an answer's hits are among them."""
+        rankings come without payloads; the answer's payloads are read once it is ranked, in its
+        order, up to the byte budget (``VectorIndex.payloads``). A point deleted meanwhile comes
+        without its payload, as one past the budget does (the client reads it, and leaves it out)."""
         limits = self.settings.limits
         pool = min(limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
-        half = limits.max_page_bytes // 2
-        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef, half)
+        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef, 0)
         text_ids = await self.index.text_search(conn, info, words, pool, flt)
         by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
         fused: dict[str, float] = {}
@@ -616,17 +616,23 @@ class VectorService:
         for rank, pid in enumerate(text_ids):
             fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank + 1)
         missing = [pid for pid in text_ids if pid not in by_id]
-        for h in await self.index.distances(conn, info, vector, missing, half):
+        for h in await self.index.distances(conn, info, vector, missing):
             by_id[h.id] = h
-        ranked = sorted(fused, key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
-        out = []
+        # a point the text search found and a delete took before its distance was read is not ranked
+        ranked = sorted((pid for pid in fused if pid in by_id), key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
+        chosen: list[Hit] = []
         for pid in ranked:
             h = by_id[pid]
             if threshold is not None and _score(info.distance, h.distance) < threshold:
                 continue
-            out.append(self._hit(h, fused[pid]))
-            if len(out) == limit:
+            chosen.append(h)
+            if len(chosen) == limit:
                 break
+        payloads = await self.index.payloads(conn, info, [h.id for h in chosen], limits.max_page_bytes)
+        out = []
+        for h in chosen:
+            h.payload_json = payloads.get(h.id)
+            out.append(self._hit(h, fused[h.id]))
         return out, plan
 
 

@@ -108,7 +108,8 @@ class SqliteVecIndex(VectorIndex):
     name = "sqlite-vec"
     dialect = "sqlite"
     filter_sql = SqliteFilter
-    payload_column = "payload"
+    payload_text = "{}"
+    payload_column = payload_text.format("payload")
 
     def index_kind(self, vector_size: int, requested: str) -> IndexKind:
         return "exact"
@@ -122,6 +123,9 @@ class SqliteVecIndex(VectorIndex):
 
     def _ids_in(self, ids: builtins.list[str]) -> tuple[str, Any]:
         return "id IN (SELECT value FROM json_each(:ids))", orjson.dumps(ids).decode()
+
+    def _ids_ordered(self, ids: builtins.list[str]) -> tuple[str, Any]:
+        return "(SELECT value AS id, key AS n FROM json_each(:ids)) AS x", orjson.dumps(ids).decode()
 
     def _distance_expr(self, coll: CollectionInfo) -> str:
         if coll.distance == "cosine":

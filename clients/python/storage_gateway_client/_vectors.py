@@ -7,6 +7,7 @@ one. Point inserts carry an ``Idempotency-Key`` so they can be retried safely.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import sys
 import uuid
@@ -19,6 +20,7 @@ from ._models import PayloadIndex
 from ._resource import Resource
 
 DEFAULT_BATCH = 500
+FILL_CONCURRENCY = 8  # reads of payloads a search answer left out, at a time
 _LITTLE = sys.byteorder == "little"
 
 
@@ -262,15 +264,21 @@ class VectorsAPI(Resource):
         return explained
 
     async def _with_payloads(self, collection: str, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for hit in hits:
-            if hit.pop("payload_omitted", False):
+        """``hits`` with each omitted payload read (``FILL_CONCURRENCY`` reads at a time): as the
+        point is now, which a write since the search may have changed; a point deleted since is
+        left out."""
+        gate = asyncio.Semaphore(FILL_CONCURRENCY)
+
+        async def read(hit: dict[str, Any]) -> dict[str, Any] | None:
+            if not hit.get("payload_omitted"):
+                return hit
+            async with gate:
                 point = await self.get_point(collection, hit["id"], with_vector=False)
-                if point is None:
-                    continue
-                hit["payload"] = point.get("payload") or {}
-            out.append(hit)
-        return out
+            if point is None:
+                return None
+            return {k: v for k, v in hit.items() if k != "payload_omitted"} | {"payload": point.get("payload") or {}}
+
+        return [hit for hit in await asyncio.gather(*(read(h) for h in hits)) if hit is not None]
 
     async def get_point(self, collection: str, point_id: str, *, with_vector: bool = True) -> dict[str, Any] | None:
         """``{id, payload, vector}``, or None when the point does not exist (``NotFound`` for a
