@@ -21,6 +21,7 @@ from storage_gateway_client import (
     create_vector_store,
 )
 
+from storage_gateway_client._vectors import pack_vector
 from tests.conftest import VECTOR_BACKENDS
 
 pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
@@ -171,6 +172,24 @@ async def test_validation_names_the_offender(http: httpx.AsyncClient, gw: Gatewa
     assert r.status_code == 422 and "points.0.vector_b64" in r.json()["detail"]
     r = await http.post(url, json={"points": [{"vector": [1, 2, 3]}] * 1001})
     assert r.status_code == 422 and "points" in r.json()["detail"]
+    # Found by attack: norms whose float32 distances overflow or vanish came back NULL, a 500 for
+    # the search, or a point ranked first without a score in every search of its collection.
+    r = await http.post(url, json={"points": [{"id": "big", "vector": [3e38, 3e38, 0]}]})
+    assert r.status_code == 422 and "points.0.vector" in r.json()["detail"] and "norm" in r.json()["detail"], r.text
+    r = await http.post(url, json={"points": [{"id": "tiny", "vector": [1e-45, 0, 0]}]})
+    assert r.status_code == 422 and "points.0.vector" in r.json()["detail"], r.text
+    r = await http.post(url, json={"points": [{"id": "edge", "vector": [1e18, 0, 0]}, {"id": "low", "vector": [1.1e-19, 0, 0]}]})
+    assert r.status_code == 200, r.text
+    for query in ({"vector": [3e38, -3e38, 0]}, {"vector_b64": pack_vector([3e38, 3e38, 0])}, {"vector": [1e-45, 0, 0]}):
+        r = await http.post(vpath(namespace, "c", "search"), json=query)
+        assert r.status_code == 422 and "vector" in r.json()["detail"], r.text
+    hits = (await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 0, 0]})).json()["results"]
+    assert sorted(h["id"] for h in hits) == ["edge", "low"] and all(isinstance(h["score"], float) for h in hits)
+    await gw.vectors.delete_points("c", ids=["edge", "low"])
+    # a hybrid query's words are its first 32; its length is bounded too (found by attack: a 15 MB
+    # query was split into every word, 330 MB and seconds of the event loop)
+    r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 0, 0], "query": "ab " * 3334})
+    assert r.status_code == 422 and "query" in r.json()["detail"], r.text
     # a search does not answer vectors: asking for them is refused, not ignored
     r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 2, 3], "with_vectors": True})
     assert r.status_code == 422 and "with_vectors" in r.json()["detail"]

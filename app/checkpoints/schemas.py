@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, Field, StrictStr, StringConstra
 from app.checkpoints.backend import TERM_KEY_MAX_BYTES
 from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.names import KeyText
-from app.core.numbers import FiniteFloat, StrictBool, StrictInt
+from app.core.numbers import MAX_LIST_ITEMS, FiniteFloat, StrictBool, StrictInt, at_most_items
 
 Scalar = StrictStr | StrictInt | FiniteFloat | StrictBool | None
 # A filter's key is found the same on both backends up to TERM_KEY_MAX_BYTES of UTF-8 (SQLite
@@ -82,11 +82,14 @@ class CheckpointCreate(BaseModel):
     checkpoint_id: CheckpointId
     parent_checkpoint_id: CheckpointId | None = None
     checkpoint: TypedBytes = Field(description="The checkpoint without its channel values and versions.")
-    channel_versions: dict[str, StrictStr | StrictInt | FiniteFloat] = Field(
-        default_factory=dict, description="Channel name to version: which stored values this checkpoint uses."
+    channel_versions: Annotated[dict[str, StrictStr | StrictInt | FiniteFloat], at_most_items(MAX_LIST_ITEMS)] = Field(
+        default_factory=dict, max_length=MAX_LIST_ITEMS,
+        description="Channel name to version: which stored values this checkpoint uses.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON metadata; lists filter on it.")
-    blobs: list[BlobCreate] = Field(default_factory=list, description="Channel values at their new versions.")
+    blobs: list[BlobCreate] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS, description="Channel values at their new versions."
+    )
 
 
 class CheckpointConfig(BaseModel):
@@ -111,7 +114,7 @@ class WritesCreate(BaseModel):
     checkpoint_id: CheckpointId
     task_id: TaskId
     task_path: Annotated[str, _text(4096, allow_empty=True)] = ""
-    writes: list[WriteCreate]
+    writes: list[WriteCreate] = Field(max_length=MAX_LIST_ITEMS)
 
 
 class WriteRead(BaseModel):
@@ -170,7 +173,7 @@ class CheckpointSearch(BaseModel):
 
 
 class RunsDelete(BaseModel):
-    run_ids: list[Annotated[str, _text(1024)]] = Field(description="Delete every checkpoint whose metadata `run_id` is one of these.")
+    run_ids: list[Annotated[str, _text(1024)]] = Field(max_length=MAX_LIST_ITEMS, description="Delete every checkpoint whose metadata `run_id` is one of these.")
 
 
 class ThreadCopy(BaseModel):
@@ -179,7 +182,7 @@ class ThreadCopy(BaseModel):
 
 
 class ThreadsPrune(BaseModel):
-    thread_ids: list[ThreadId]
+    thread_ids: list[ThreadId] = Field(max_length=MAX_LIST_ITEMS)
     strategy: Literal["keep_latest", "delete"] = Field(
         default="keep_latest",
         description="`keep_latest`: the newest checkpoint per namespace (and the ancestors a delta channel needs); `delete`: all.",

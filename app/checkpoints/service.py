@@ -69,8 +69,9 @@ class CheckpointsService:
             raise InvalidInput(field, f"is not JSON: {exc}") from None
         if _NUL_ESCAPE.search(text):
             raise InvalidInput(field, "must not contain NUL characters (\\u0000)")
-        if len(text) > limit:
-            message = f"must be at most {limit} bytes of JSON (got {len(text)})"
+        size = len(text) if text.isascii() else len(text.encode())  # bytes, not characters
+        if size > limit:
+            message = f"must be at most {limit} bytes of JSON (got {size})"
             raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
         return text
 

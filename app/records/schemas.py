@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.core.names import DocumentedKey
-from app.core.numbers import StrictInt
+from app.core.numbers import MAX_LIST_ITEMS, StrictInt
 
 VALUE_EXAMPLE = {"role": "user", "content": "hello"}
 
@@ -59,7 +59,7 @@ class RecordBatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     records: list[RecordCreate] = Field(  # a hard ceiling; limits.max_batch_items is checked by the service
-        min_length=1, max_length=100_000, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
+        min_length=1, max_length=MAX_LIST_ITEMS, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
     )
 
 

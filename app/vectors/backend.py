@@ -289,8 +289,9 @@ class VectorIndex(ABC):
         return self.filter_sql(sql, coll.declared).compile(flt)
 
     def _hits(self, rows: Iterable[Any]) -> builtins.list[Hit]:
-        """Rows of (id, payload or NULL, distance) as hits."""
-        return [Hit(r[0], float(r[2]), None if r[1] is None else self._payload_out(r[1])) for r in rows]
+        """Rows of (id, payload or NULL, distance) as hits; a point without a distance to the query
+        (a vector stored before ``encoding`` bounded norms, whose float32 distance overflows) is none."""
+        return [Hit(r[0], float(r[2]), None if r[1] is None else self._payload_out(r[1])) for r in rows if r[2] is not None]
 
     @classmethod
     def budgeted_hits(cls, stmt: str, budget: int) -> str:

@@ -25,13 +25,27 @@ _LITTLE = sys.byteorder == "little"
 _EXPONENT = re.compile(r"[0-9][eE][-+]?[0-9]")
 
 
+# Both backends compute distances in float32 (sqlite-vec; pgvector's accumulators): the squared
+# distance of two vectors of norm at most MAX_NORM is at most (2 MAX_NORM)^2 = 4e36, far under
+# float32's largest number (3.4e38, with room for rounding), and a cosine needs a squared norm
+# float32 does not flush to zero. Past either, a distance came back NULL or NaN: a 500 for the
+# search, or a point ranked first with no score in every search of its collection.
+MAX_NORM = 1e18
+MIN_COSINE_NORM = math.sqrt(1.1754943508222875e-38)  # the square root of float32's smallest normal, 1.1e-19
+
+
 def _checked(vec: array[float], dim: int, where: str, nonzero: bool) -> array[float]:
     if len(vec) != dim:
         raise InvalidInput(where, f"has {len(vec)} dimensions; the collection's vectors have {dim}")
-    if not math.isfinite(sum(vec)):
-        raise InvalidInput(where, "must hold finite float32 numbers (no NaN or infinity)")
-    if nonzero and not any(vec):
-        raise InvalidInput(where, "must not be the zero vector (cosine distance is undefined for it)")
+    size = math.hypot(*vec)  # NaN or infinity with any NaN or infinite number
+    if not size <= MAX_NORM:
+        if not math.isfinite(sum(vec)):
+            raise InvalidInput(where, "must hold finite float32 numbers (no NaN or infinity)")
+        raise InvalidInput(where, f"must have a norm of at most {MAX_NORM:g} (float32 distances overflow past it)")
+    if nonzero and not size >= MIN_COSINE_NORM:
+        raise InvalidInput(
+            where, f"must not be the zero vector, nor have a norm under {MIN_COSINE_NORM:.3g} (cosine distance is undefined for it)"
+        )
     return vec
 
 

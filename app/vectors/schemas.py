@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from app.core.names import DocumentedKey
-from app.core.numbers import FiniteFloat, StrictBool, StrictInt
+from app.core.numbers import MAX_LIST_ITEMS, FiniteFloat, StrictBool, StrictInt
 from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
 from app.vectors.planner import PlanKind
 
@@ -21,7 +21,8 @@ StrictNumber = Annotated[float, Strict()]  # NaN/infinity: refused with the vect
 # Hard ceilings on request lists, so validation stops at the first element past them instead of
 # collecting an error per element (the settings' own, lower limits are checked by the service).
 MAX_VECTOR_LENGTH = 16000  # pgvector's largest vector
-MAX_LIST_ITEMS = 100_000
+MAX_QUERY_WORDS = 32  # words of a hybrid search's query that are searched
+MAX_QUERY_CHARS = 10_000
 Vector = Annotated[list[StrictNumber], Field(max_length=MAX_VECTOR_LENGTH)]
 DistanceName = Literal["cosine", "l2", "ip"]
 Filters = Annotated[
@@ -235,7 +236,10 @@ class SearchRequest(_Body):
 
     vector: Vector | None = None
     vector_b64: str | None = Field(default=None, description="The query vector as base64 float32.")
-    query: str | None = Field(default=None, description="Text for hybrid search (needs a text_field).")
+    query: str | None = Field(
+        default=None, max_length=MAX_QUERY_CHARS,
+        description=f"Text for hybrid search (needs a text_field); its first {MAX_QUERY_WORDS} words are searched.",
+    )
     limit: StrictInt = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
     filters: Filters = None
     score_threshold: FiniteFloat | None = Field(default=None, description="Drop results whose vector score is lower.")

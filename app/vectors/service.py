@@ -8,6 +8,7 @@ looks at the dialect.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import uuid
@@ -38,6 +39,7 @@ from app.vectors.planner import Plan, ef_for
 from app.vectors.recall import K, Calibration
 from app.vectors import repository
 from app.vectors.schemas import (
+    MAX_QUERY_WORDS,
     CollectionCreate,
     PointsDelete,
     PointsList,
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
 
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
-MAX_QUERY_WORDS = 32
 _WORD = re.compile(r"\w+", re.UNICODE)
 IDEMPOTENCY_KEY_MAX = 255
 
@@ -568,7 +569,8 @@ class VectorService:
         else:
             query_vec = encoding.from_b64(body.vector_b64 or "", info.vector_size, "vector_b64", nonzero=nonzero)
         ef = body.ef_search
-        words = _WORD.findall(body.query or "")[:MAX_QUERY_WORDS] if info.text_field else []
+        # the first words only: a query's length is bounded, but not every word need be split out
+        words = [m[0] for m in itertools.islice(_WORD.finditer(body.query or ""), MAX_QUERY_WORDS)] if info.text_field else []
         threshold = body.score_threshold
         if not words:
             hits, plan = await self.index.search(conn, info, query_vec, body.limit, flt, ef, limits.max_page_bytes)
