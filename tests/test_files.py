@@ -228,6 +228,8 @@ async def test_conditional_requests(gw: GatewayClient, http: httpx.AsyncClient, 
     assert r.status_code == 412 and r.json()["code"] == "precondition_failed"
     r = await http.put(u, content=v2, headers={"If-Match": '"0000"'})
     assert r.status_code == 412
+    for header in ('"*"', f"W/{etag1}"):  # only a bare * is any; If-Match compares strongly
+        assert (await http.put(u, content=v2, headers={"If-Match": header})).status_code == 412
     with pytest.raises(PreconditionFailed):
         await gw.files.upload("cond", "f", pieces(v2), if_none_match="*")
     assert await gw.files.get_file("cond", "f") == v1

@@ -282,6 +282,25 @@ async def test_if_none_match_star_creates_only(gw: GatewayClient) -> None:
     assert await gw.kv.get("c", "once") == "fourth"
 
 
+async def test_only_a_bare_star_is_any_and_if_match_compares_strongly(gw: GatewayClient, http: httpx.AsyncClient) -> None:
+    """Found by attack: a quoted ``"*"`` was taken as the wildcard (an unconditional overwrite
+    for ``If-Match``, create-only for ``If-None-Match``), and ``If-Match`` took weak tags. RFC
+    9110: only a bare ``*`` is any, and ``If-Match`` compares strongly (a weak tag never matches)."""
+    etag = await gw.kv.set("c", "star", 1)
+    url = f"/v1/{gw.namespace}/kv/c/star"
+    for header in ('"*"', f"W/{etag}", f'W/{etag}, "*"'):
+        r = await http.put(url, json=2, headers={"If-Match": header})
+        assert r.status_code == 412 and r.headers["content-type"] == "application/problem+json", (header, r.text)
+    assert await gw.kv.get("c", "star") == 1
+    r = await http.put(url, json=3, headers={"If-None-Match": '"*"'})  # a tag no version has: the write goes on
+    assert r.status_code == 204, r.text
+    etag = r.headers["etag"]
+    r = await http.put(url, json=4, headers={"If-None-Match": f"W/{etag}"})  # If-None-Match compares weakly
+    assert r.status_code == 412, r.text
+    r = await http.put(url, json=5, headers={"If-Match": f'"0", {etag}'})
+    assert r.status_code == 204, r.text
+
+
 async def test_delete_then_recreate_gives_a_new_etag(gw: GatewayClient) -> None:
     old = await gw.kv.set("c", "k", 1)
     await gw.kv.delete("c", "k")

@@ -21,9 +21,12 @@ def quote_etag(tag: str) -> str:
 MAX_ETAGS = 64  # entity tags one condition may list: each is a bound value of the write's statement
 
 
-def parse_etags(header: str | None, name: str) -> list[str] | None:
-    """``None`` when absent, ``["*"]`` for any, else the listed tags without quotes or ``W/``,
-    each once; more than ``MAX_ETAGS`` is a 422 naming the header ``name``."""
+def parse_etags(header: str | None, name: str, *, weak: bool = True) -> list[str] | None:
+    """``None`` when absent, ``["*"]`` for any (the bare ``*`` only), else the listed tags
+    without quotes or ``W/``, each once; a weak tag only where ``weak`` comparison is the rule
+    (``If-None-Match``; ``If-Match`` compares strongly, so a weak tag matches nothing there, RFC
+    9110 13.1.1), and a quoted ``"*"`` is a tag no version has. More than ``MAX_ETAGS`` is a 422
+    naming the header ``name``."""
     if header is None:
         return None
     header = header.strip()
@@ -33,10 +36,12 @@ def parse_etags(header: str | None, name: str) -> list[str] | None:
     for part in header.split(","):
         part = part.strip()
         if part.startswith("W/"):
+            if not weak:
+                continue
             part = part[2:]
         if len(part) >= 2 and part[0] == part[-1] == '"':
             part = part[1:-1]
-        if part:
+        if part and part != "*":
             tags[part] = None
     if len(tags) > MAX_ETAGS:
         raise InvalidInput(name, f"at most {MAX_ETAGS} entity tags (got {len(tags)})")
@@ -72,7 +77,7 @@ async def _write_conditions(
         str | None, Header(description="`*`: write only if it does not exist yet.")
     ] = None,
 ) -> WriteConditions:
-    return WriteConditions(parse_etags(if_match, "If-Match"), parse_etags(if_none_match, "If-None-Match"))
+    return WriteConditions(parse_etags(if_match, "If-Match", weak=False), parse_etags(if_none_match, "If-None-Match"))
 
 
 from fastapi import Depends  # noqa: E402
