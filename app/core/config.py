@@ -137,10 +137,10 @@ class LimitsSettings(_Strict):
     max_batch_items: int = Field(default=1000, ge=1, description="Most items in one batch write.")
     max_vector_dimensions: int = Field(default=16000, ge=1, description="Largest vector_size of a collection.")
     max_json_containers: int = Field(
-        default=100_000, ge=100, description="Most objects and arrays in one JSON request body (opening brackets); more is 413."
+        default=100_000, ge=100, description="Most objects and arrays in one JSON request body (opening brackets); more is 413. A kv or record value sent as the body is bounded by `max_value_bytes` instead."
     )
     max_json_values: int = Field(
-        default=2_000_000, ge=1000, description="Most values in one JSON request body (commas); more is 413."
+        default=2_000_000, ge=1000, description="Most values in one JSON request body (commas); more is 413. A kv or record value sent as the body is bounded by `max_value_bytes` instead."
     )
     max_filter_depth: int = Field(default=8, ge=1, description="Deepest nesting of $and/$or in a filter.")
     max_filter_terms: int = Field(default=128, ge=1, description="Most conditions in one filter.")

@@ -297,7 +297,8 @@ class PointsList(_Body):
 
 
 class PointsDelete(_Body):
-    """Delete the points in `ids`, or matching `filters` (both: those in `ids` that match)."""
+    """Delete the points in `ids`, or matching `filters` (both: those in `ids` that match). An empty
+    filter (`{}`) matches every point: it empties the collection."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [  # as delete_points checks
         {"required": ["ids"], "properties": {"ids": {"type": "array"}}},

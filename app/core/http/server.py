@@ -6,7 +6,8 @@ malformed request or a full server in plain text. ``GatewayHttpProtocol`` is uvi
 protocol with these added, per connection, from ``limits.*``:
 
 - a request head (request line and headers) over ``max_header_bytes``, or with more than
-  ``max_headers`` header lines, is answered 431;
+  ``max_headers`` header lines, is answered 431; a ``Transfer-Encoding`` other than ``chunked``
+  alone, 501;
 - a head must arrive within ``header_timeout_seconds`` of the connection opening, or of the last
   answer on it (plus ``keep_alive_seconds``): otherwise 408 if it had begun, else a quiet close.
   This also bounds how long the rest of a refused body is read and dropped;
@@ -54,8 +55,9 @@ def _limits() -> LimitsSettings:
     return get_settings().limits
 
 
-class HeadTooLarge(Exception):
-    """Raised from a parser callback: httptools turns it into a parse error, answered 431."""
+class HeadRefused(Exception):
+    """Raised from a parser callback: httptools turns it into a parse error, answered with the
+    refusal the callback set (431 for a head too large, 501 for a transfer coding)."""
 
 
 def problem_bytes(
@@ -275,10 +277,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._header_lines > self._max_headers:
             self._refusal = (431, "request_header_fields_too_large",
                              f"the request has more than {self._max_headers} header lines")
-            raise HeadTooLarge
+            raise HeadRefused
         if self._parsed_bytes > self._max_head:
             self._refusal = (431, "request_header_fields_too_large", f"the request head exceeds {self._max_head} bytes")
-            raise HeadTooLarge
+            raise HeadRefused
+        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            # httptools only requires chunked last and hands the body on decoded of it alone: a
+            # gzip-coded upload was stored still gzipped. RFC 9112 6.1: a coding not understood is 501.
+            coding = value.decode("latin-1")[:100]
+            self._refusal = (501, "transfer_coding_not_implemented",
+                             f"Transfer-Encoding {coding!r}: only chunked is implemented")
+            raise HeadRefused
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
