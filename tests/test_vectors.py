@@ -4,6 +4,7 @@ scores, hybrid search, validation, idempotency, isolation and the seed's VectorS
 from __future__ import annotations
 
 import math
+import struct
 import uuid
 
 import httpx
@@ -21,8 +22,12 @@ from storage_gateway_client import (
     create_vector_store,
 )
 
+from sqlalchemy.engine import make_url
+
+from app.core.db.sqlite import SQLITE
 from storage_gateway_client._vectors import pack_vector
 from tests.conftest import VECTOR_BACKENDS
+from tests.test_vectors_index import pg_connect, table_of
 
 pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
@@ -459,3 +464,30 @@ async def test_rust_vector_store_surface(gw: GatewayClient) -> None:
     assert found[0]["score"] >= found[1]["score"]
     assert await gw.vectors.delete_vectors("r", "user", "u1") == 1
     assert [f["id"] for f in await gw.vectors.search_vectors("r", [1, 0, 0], 5)] == [ids[1]]
+
+
+async def test_a_stored_vector_without_a_distance_is_left_out(gw: GatewayClient, server, http: httpx.AsyncClient, namespace: str) -> None:
+    """A vector stored before norms were bounded (the zero vector, written here straight into the
+    table: the API refuses it) has no finite distance to a query: NULL on SQLite (a search was a 500), NaN on PostgreSQL (a hit
+    with a null score). It is left out of the answer; the others come as before."""
+    await gw.vectors.setup_collection("deg", 3, "cosine")
+    await gw.vectors.upsert_points("deg", [[1, 0, 0], [0, 1, 0]], ids=["good", "bad"])
+    url = make_url(server.backend.urls["vectors"])
+    if server.backend.is_postgres:
+        conn = await pg_connect(server.backend)
+        try:
+            table = await table_of(conn, namespace, "deg")
+            await conn.execute(f"UPDATE {table} SET embedding = '[0,0,0]' WHERE id = 'bad'")
+        finally:
+            await conn.close()
+    else:
+        conn = SQLITE.connect(url.database)
+        try:
+            cid = conn.execute("SELECT id FROM vector_collections WHERE namespace = ? AND collection = 'deg'", (namespace,)).fetchone()[0]
+            conn.execute(f"UPDATE vec_{cid} SET embedding = ?, norm = 0 WHERE id = 'bad'", (struct.pack("<3f", 0, 0, 0),))
+            conn.commit()
+        finally:
+            conn.close()
+    r = await http.post(vpath(namespace, "deg", "search"), json={"vector": [1, 0, 0], "limit": 10})
+    assert r.status_code == 200, r.text
+    assert [(h["id"], h["score"]) for h in r.json()["results"]] == [("good", 1.0)]

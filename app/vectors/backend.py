@@ -15,6 +15,7 @@ of ids travel, how a search connects and plans).
 from __future__ import annotations
 
 import builtins
+import math
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterable
@@ -289,9 +290,13 @@ class VectorIndex(ABC):
         return self.filter_sql(sql, coll.declared).compile(flt)
 
     def _hits(self, rows: Iterable[Any]) -> builtins.list[Hit]:
-        """Rows of (id, payload or NULL, distance) as hits; a point without a distance to the query
-        (a vector stored before ``encoding`` bounded norms, whose float32 distance overflows) is none."""
-        return [Hit(r[0], float(r[2]), None if r[1] is None else self._payload_out(r[1])) for r in rows if r[2] is not None]
+        """Rows of (id, payload or NULL, distance) as hits; a point without a finite distance to the
+        query (a vector stored before ``encoding`` bounded norms: NULL on SQLite, NaN or infinity
+        on PostgreSQL) is none."""
+        return [
+            Hit(r[0], float(r[2]), None if r[1] is None else self._payload_out(r[1]))
+            for r in rows if r[2] is not None and math.isfinite(r[2])
+        ]
 
     @classmethod
     def budgeted_hits(cls, stmt: str, budget: int) -> str:
