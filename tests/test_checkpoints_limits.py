@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import base64
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -423,3 +424,23 @@ async def test_a_list_past_its_ceiling_is_refused_at_its_first_item_past_it(
     r = await http.post(f"/v1/{namespace}/checkpoints/{path}", json=body)
     assert_problem(r, 422)
     assert len(r.json()["errors"]) == 1 and "at most 100000" in r.json()["errors"][0]["msg"], r.text[:500]
+
+
+async def test_a_search_cursor_names_its_thread_not_a_number_shared_by_namespaces(http: httpx.AsyncClient, namespace: str) -> None:
+    """Found by attack: a search cursor carried the thread's internal key, numbered across every
+    namespace, so a namespace saw how many threads the others made between two of its writes. It
+    now names the thread by its thread_id; pages still go through checkpoints of one id in
+    several threads in order."""
+    url = f"/v1/{namespace}/checkpoints"
+    for thread in ("a", "b", "c"):
+        for cid in ("c1", "c2"):
+            assert (await http.post(f"{url}/put", json=checkpoint(thread_id=thread, checkpoint_id=cid))).is_success
+    seen, cursor, cursors = [], None, []
+    while True:
+        page = (await http.post(f"{url}/search", json={"limit": 2} | ({"cursor": cursor} if cursor else {}))).json()
+        seen += [(p["checkpoint_id"], p["thread_id"]) for p in page["items"]]
+        if not (cursor := page["next_cursor"]):
+            break
+        cursors.append(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
+    assert seen == [("c2", "c"), ("c2", "b"), ("c2", "a"), ("c1", "c"), ("c1", "b"), ("c1", "a")]
+    assert cursors == [{"v": 1, "c": c, "t": t, "n": ""} for c, t in (("c2", "b"), ("c1", "c"), ("c1", "a"))]

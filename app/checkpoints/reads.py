@@ -94,9 +94,16 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     if shape.filter_keys:
         page = page.where(*backend.metadata_filter_shape(cp, shape.filter_keys))
     if shape.cursor:
+        # The cursor names its thread by thread_id, looked up here: thread_pk is numbered across
+        # every namespace, so a cursor carrying it showed a namespace how many threads the others
+        # made between two of its writes. A thread deleted since compares as NULL: only rows of
+        # the cursor's very checkpoint_id in other threads can then be passed over.
+        after_pk = select(threads.c.pk).where(
+            threads.c.namespace == bindparam("ns"), threads.c.thread_id == bindparam("a_tid", type_=Text)
+        ).scalar_subquery()
         page = page.where(
             tuple_(cp.c.checkpoint_id, cp.c.thread_pk, cp.c.checkpoint_ns)
-            < tuple_(bindparam("a_cid", type_=cp.c.checkpoint_id.type), bindparam("a_pk", type_=Integer),
+            < tuple_(bindparam("a_cid", type_=cp.c.checkpoint_id.type), after_pk,
                      bindparam("a_cns", type_=cp.c.checkpoint_ns.type))
         )
     j = backend.json_text
@@ -208,10 +215,11 @@ class CheckpointReader:
     async def page(
         self, conn: StatementConnection, ns: str, *, thread_id: str | None, checkpoint_ns: str | None,
         checkpoint_id: str | None = None, before: str | None = None, filter: Mapping[str, Any] | None = None,
-        after_key: tuple[str, int, str] | None = None, limit: int, budget: int,
+        after_key: tuple[str, str, str] | None = None, limit: int, budget: int,
     ) -> tuple[list[PageRow], bool]:
         """Checkpoints of namespace ``ns`` newest first (``checkpoint_id``, then thread and
-        checkpoint_ns, descending); ``after_key`` continues after that position. The page ends
+        checkpoint_ns, descending); ``after_key`` (checkpoint_id, thread_id, checkpoint_ns)
+        continues after that position. The page ends
         before the checkpoint that would make it weigh more than ``budget`` stored bytes (values
         and pending writes included); True with the rows: it was cut so, and more may follow. A
         first checkpoint heavier than ``budget`` is refused (``TooHeavy``)."""
@@ -220,7 +228,7 @@ class CheckpointReader:
         if filter:
             params.update(self._backend.metadata_filter_params(filter))
         if after_key is not None:
-            params["a_cid"], params["a_pk"], params["a_cns"] = after_key
+            params["a_cid"], params["a_tid"], params["a_cns"] = after_key
         shape = Shape(thread_id is not None, checkpoint_ns is not None, checkpoint_id is not None, before is not None,
                       len(filter or {}), after_key is not None, limit == 1)
         pages: dict[tuple[int, str, str], PageRow] = {}

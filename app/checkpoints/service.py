@@ -20,7 +20,7 @@ from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, Retentio
 from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.core.jsonvalue import dumps_text
-from app.core.http.pagination import CursorBigint, decode_cursor, encode_cursor
+from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.db.statements import StatementConnection
 
 # A NUL in JSON text: the escape \u0000 not itself escaped (an even run of backslashes before it):
@@ -157,14 +157,14 @@ class CheckpointsService:
             self._json("filter", body.filter, self.settings.max_metadata_bytes)
         after = None
         if body.cursor is not None:
-            position = decode_cursor(body.cursor, "c", "n", p=CursorBigint)
-            after = (position["c"], position["p"], position["n"])
+            position = decode_cursor(body.cursor, "c", "t", "n")
+            after = (position["c"], position["t"], position["n"])
         rows, cut = await self.reader.page(
             conn, ns, thread_id=body.thread_id, checkpoint_ns=body.checkpoint_ns, checkpoint_id=body.checkpoint_id,
             before=body.before, filter=body.filter, after_key=after, limit=limit, budget=self.settings.max_page_bytes,
         )
         last = rows[-1] if len(rows) == limit or cut else None
-        next_cursor = encode_cursor({"c": last.checkpoint_id, "p": last.thread_pk, "n": last.checkpoint_ns}) if last else None
+        next_cursor = encode_cursor({"c": last.checkpoint_id, "t": last.thread_id, "n": last.checkpoint_ns}) if last else None
         return orjson.dumps({"items": [self._tuple(r) for r in rows], "next_cursor": next_cursor})
 
     # --- deletes, copies, pruning ----------------------------------------------------------

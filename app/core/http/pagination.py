@@ -39,8 +39,6 @@ def _position_text(value: str) -> str:
 
 CursorText = Annotated[StrictStr, Field(max_length=4096), AfterValidator(_position_text)]
 """A key, id or name in a cursor position (the type of every position field not given one)."""
-CursorBigint = Annotated[StrictInt, Field(gt=0, lt=2**63)]
-"""A positive BIGINT in a cursor position."""
 
 
 def invalid_cursor(message: str = "is not a cursor returned by this list") -> InvalidInput:
