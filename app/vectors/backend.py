@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
-from sqlalchemy import BigInteger, bindparam, column, text
+from sqlalchemy import BigInteger, bindparam, column, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.pages import budgeted, byte_length_sql
@@ -408,11 +408,20 @@ class VectorIndex(ABC):
         sql.params |= {"limit": limit, "budget": budget,
                        "row": LIST_ROW_BYTES + (dimension_bytes * coll.vector_size if with_vectors else 0)}
         vec = ", embedding" if with_vectors else ""
+        # The payload goes through the window as stored (on PostgreSQL a TOAST pointer, not its
+        # text: up to ``limit`` texts of 1 MiB would spill to temp files) and becomes text only
+        # where it is answered, as a search's does (``budgeted_hits``).
         page = text(
-            f"SELECT id, p{vec}, {byte_length_sql('p', self.dialect)} + :row AS weight FROM (SELECT id, "
-            f"{self.payload_column} AS p{vec} FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit) AS page"
+            f"SELECT id, payload AS p{vec}, {byte_length_sql(self.payload_column, self.dialect)} + :row AS weight "
+            f"FROM {coll.data_table} WHERE {where} ORDER BY id LIMIT :limit"
         ).columns(*(column(name) for name in ("id", "p", *(["embedding"] if with_vectors else []), "weight")))
-        stmt = budgeted(page, [("id", False)], bindparam("budget", type_=BigInteger), first_always=True, heavy=["p", "embedding"])
+        cut = budgeted(
+            page, [("id", False)], bindparam("budget", type_=BigInteger), first_always=True, heavy=["p", "embedding"]
+        ).subquery("cut")
+        stmt = select(
+            cut.c.id, literal_column(self.payload_text.format("cut.p")).label("p"),
+            *([cut.c.embedding] if with_vectors else []), cut.c.within,
+        ).order_by(cut.c.id)
         rows = (await session.execute(stmt, sql.params)).mappings().all()
         cut = bool(rows) and not rows[-1]["within"]
         points = [
