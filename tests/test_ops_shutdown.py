@@ -28,13 +28,23 @@ def refuses_connections(port: int) -> bool:
 
 async def slow_put(port: int, path: str, body: bytes, pieces: int, started: asyncio.Event,
                    release: asyncio.Event) -> tuple[int, dict[str, str]]:
-    """A kv PUT whose body arrives slowly: one piece, then the rest only after ``release``."""
+    """A kv PUT whose body arrives slowly: one piece, then the rest only after ``release``.
+
+    ``started`` is set only once the gateway has answered ``100 Continue``: a worker has accepted
+    the connection and the app is reading the body. (Set when the client had merely written, the
+    connection could still wait in the listening socket's backlog on a loaded machine, and
+    closing that socket on SIGTERM resets it: a request no server had taken, not one in flight.)
+    """
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
         f"PUT {path} HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nX-Request-ID: slow-put\r\n\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nX-Request-ID: slow-put\r\n"
+        "Expect: 100-continue\r\n\r\n"
     )
     writer.write(head.encode())
+    await writer.drain()
+    assert await asyncio.wait_for(reader.readline(), 10) == b"HTTP/1.1 100 Continue\r\n"
+    assert await asyncio.wait_for(reader.readline(), 10) == b"\r\n"
     step = len(body) // pieces
     writer.write(body[:step])
     await writer.drain()
@@ -69,7 +79,7 @@ async def test_sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_0(
     started, release = asyncio.Event(), asyncio.Event()
     put = asyncio.create_task(slow_put(port, f"/v1/{ns}/kv/c/slow", body, 20, started, release))
     await asyncio.wait_for(started.wait(), 10)
-    await asyncio.sleep(0.3)  # the request is now in flight inside the gateway
+    await asyncio.sleep(0.3)  # the app is reading the body: the request is in flight
     port_server.process.send_signal(signal.SIGTERM)
     # The listening sockets close at once (with several workers, the parent's copies and each
     # worker's): new connections are refused while the old one finishes.
