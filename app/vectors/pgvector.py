@@ -697,7 +697,7 @@ class PgVectorIndex(VectorIndex):
         if plan.kind == "hnsw_subgraph":
             stmt = self._subgraph_statement(search, plan)
             if stmt is not None:
-                return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
+                return await self._fetch_hits(conn, search, stmt)
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
         candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
         if plan.kind == "hnsw_iterative":
@@ -792,23 +792,24 @@ class PgVectorIndex(VectorIndex):
 
     async def _indexed(self, conn: Any, search: Search, candidates: int) -> builtins.list[Hit]:
         stmt = graph_statement(search.coll, search.where, search.limit, candidates)
-        return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
+        return await self._fetch_hits(conn, search, stmt)
 
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
         # indexes still narrow the rows of a filter; only the k answers' payloads become text.
         coll = search.coll
-        rows = await conn.fetch(
-            self.budgeted_hits(
-                f"SELECT id, p, d FROM (SELECT id, payload AS p, "
-                f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
-                f"ORDER BY d, id LIMIT {search.limit}",
-                search.budget,
-            ),
-            search.q["q"],
-            *_args(search.sql),
+        return await self._fetch_hits(
+            conn, search,
+            f"SELECT id, p, d FROM (SELECT id, payload AS p, "
+            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
+            f"ORDER BY d, id LIMIT {search.limit}",
         )
-        return self._hits(rows)
+
+    async def _fetch_hits(self, conn: Any, search: Search, stmt: str) -> builtins.list[Hit]:
+        """The hits of one of the plans' statements (``id``, raw payload ``p``, distance ``d``
+        against ``$1``, the filter's arguments from ``$2``), with their payloads within the
+        search's byte budget (``budgeted_hits``)."""
+        return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
 
 
 def graph_statement(coll: CollectionInfo, where: str, limit: int, candidates: int) -> str:
