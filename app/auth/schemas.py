@@ -22,7 +22,7 @@ class KeyCreate(BaseModel):
         max_length=129, json_schema_extra={"pattern": NAMESPACE_GRANT_PATTERN}, description="Exact namespace, a prefix ending in `*`, or `*`.", examples=["team-*"]
     )
     scopes: list[Annotated[str, Field(json_schema_extra={"pattern": SCOPE_PATTERN})]] = Field(
-        min_length=1, max_length=32, description="CAP:ACTION; CAP a capability this gateway serves or *; "
+        min_length=1, max_length=32, fail_fast=True, description="CAP:ACTION; CAP a capability this gateway serves or *; "
         "ACTION in read, write, * (write includes read).", examples=[["kv:write", "vectors:read"]],
     )
     description: str = Field(

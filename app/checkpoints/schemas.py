@@ -83,12 +83,13 @@ class CheckpointCreate(BaseModel):
     parent_checkpoint_id: CheckpointId | None = None
     checkpoint: TypedBytes = Field(description="The checkpoint without its channel values and versions.")
     channel_versions: Annotated[dict[str, StrictStr | StrictInt | FiniteFloat], at_most_items(MAX_LIST_ITEMS)] = Field(
-        default_factory=dict, max_length=MAX_LIST_ITEMS,
+        default_factory=dict, max_length=MAX_LIST_ITEMS, fail_fast=True,
         description="Channel name to version: which stored values this checkpoint uses.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON metadata; lists filter on it.")
     blobs: list[BlobCreate] = Field(
-        default_factory=list, max_length=MAX_LIST_ITEMS, description="Channel values at their new versions."
+        default_factory=list, max_length=MAX_LIST_ITEMS, fail_fast=True,
+        description="Channel values at their new versions.",
     )
 
 
@@ -114,7 +115,7 @@ class WritesCreate(BaseModel):
     checkpoint_id: CheckpointId
     task_id: TaskId
     task_path: Annotated[str, _text(4096, allow_empty=True)] = ""
-    writes: list[WriteCreate] = Field(max_length=MAX_LIST_ITEMS)
+    writes: list[WriteCreate] = Field(max_length=MAX_LIST_ITEMS, fail_fast=True)
 
 
 class WriteRead(BaseModel):
@@ -162,7 +163,7 @@ class CheckpointSearch(BaseModel):
     thread_id: ThreadId | None = None
     checkpoint_ns: CheckpointNs | None = Field(default=None, description="Omit: every namespace of the thread.")
     checkpoint_id: CheckpointId | None = Field(default=None, description="Only this checkpoint.")
-    filter: dict[FilterKey, Scalar] | None = Field(
+    filter: Annotated[dict[FilterKey, Scalar], Field(fail_fast=True), at_most_items(MAX_LIST_ITEMS)] | None = Field(
         default=None, description="Metadata entries that must all be equal (top-level keys of at most "
         f"{FILTER_KEY_CHARS} characters, scalar values).",
         examples=[{"source": "loop", "step": 1}],
@@ -173,7 +174,7 @@ class CheckpointSearch(BaseModel):
 
 
 class RunsDelete(BaseModel):
-    run_ids: list[Annotated[str, _text(1024)]] = Field(max_length=MAX_LIST_ITEMS, description="Delete every checkpoint whose metadata `run_id` is one of these.")
+    run_ids: list[Annotated[str, _text(1024)]] = Field(max_length=MAX_LIST_ITEMS, fail_fast=True, description="Delete every checkpoint whose metadata `run_id` is one of these.")
 
 
 class ThreadCopy(BaseModel):
@@ -182,7 +183,7 @@ class ThreadCopy(BaseModel):
 
 
 class ThreadsPrune(BaseModel):
-    thread_ids: list[ThreadId] = Field(max_length=MAX_LIST_ITEMS)
+    thread_ids: list[ThreadId] = Field(max_length=MAX_LIST_ITEMS, fail_fast=True)
     strategy: Literal["keep_latest", "delete"] = Field(
         default="keep_latest",
         description="`keep_latest`: the newest checkpoint per namespace (and the ancestors a delta channel needs); `delete`: all.",

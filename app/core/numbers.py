@@ -18,7 +18,10 @@ MAX_LIST_ITEMS = 100_000
 """The hard ceiling on every list of a request body (``Field(max_length=MAX_LIST_ITEMS)``):
 validation stops at the first element past it instead of collecting an error per element (a
 million invalid items took 13 s of the event loop and 1.7 GB); the settings' own, lower limits
-(``limits.max_batch_items``) are checked by the services."""
+(``limits.max_batch_items``) are checked by the services. Each such container is also
+``fail_fast`` (validation stops at its first invalid item, not one error per item: 100,000 invalid
+pending writes were 400,000 errors and 4.4 s of the event loop), enforced for every request body
+by ``tests/test_request_bounds.py``."""
 
 
 def at_most_items(limit: int) -> BeforeValidator:

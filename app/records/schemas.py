@@ -59,7 +59,7 @@ class RecordBatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     records: list[RecordCreate] = Field(  # a hard ceiling; limits.max_batch_items is checked by the service
-        min_length=1, max_length=MAX_LIST_ITEMS, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
+        min_length=1, max_length=MAX_LIST_ITEMS, fail_fast=True, examples=[[{"key": "00000000001700000000", "value": VALUE_EXAMPLE}]]
     )
 
 

@@ -23,7 +23,7 @@ StrictNumber = Annotated[float, Strict()]  # NaN/infinity: refused with the vect
 MAX_VECTOR_LENGTH = 16000  # pgvector's largest vector
 MAX_QUERY_WORDS = 32  # words of a hybrid search's query that are searched
 MAX_QUERY_CHARS = 10_000
-Vector = Annotated[list[StrictNumber], Field(max_length=MAX_VECTOR_LENGTH)]
+Vector = Annotated[list[StrictNumber], Field(max_length=MAX_VECTOR_LENGTH, fail_fast=True)]
 DistanceName = Literal["cosine", "l2", "ip"]
 Filters = Annotated[
     dict[str, Any] | None,
@@ -92,6 +92,7 @@ class CollectionCreate(_Body):
     payload_indexes: list[PayloadIndexCreate] | None = Field(
         default=None,
         max_length=MAX_PAYLOAD_INDEXES,
+        fail_fast=True,
         description="Payload fields to index for filtered search (each field once).",
         examples=[[{"field": "user_id", "kind": "keyword"}]],
     )
@@ -185,14 +186,14 @@ class PointsUpsert(_Body):
     """A batch of points, as a list of `points` or as parallel lists (`vectors`/`vectors_b64`,
     `payloads`, `ids`) whose lengths must match."""
 
-    points: list[PointWrite] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
-    vectors: list[Vector] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    points: list[PointWrite] | None = Field(default=None, max_length=MAX_LIST_ITEMS, fail_fast=True)
+    vectors: list[Vector] | None = Field(default=None, max_length=MAX_LIST_ITEMS, fail_fast=True)
     vectors_b64: list[str] | None = Field(
-        default=None, max_length=MAX_LIST_ITEMS,
+        default=None, max_length=MAX_LIST_ITEMS, fail_fast=True,
         description="The vectors of the batch, each as base64 of little-endian float32.",
     )
-    payloads: list[dict[str, Any] | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
-    ids: list[DocumentedKey | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    payloads: list[dict[str, Any] | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS, fail_fast=True)
+    ids: list[DocumentedKey | None] | None = Field(default=None, max_length=MAX_LIST_ITEMS, fail_fast=True)
 
     model_config = ConfigDict(
         extra="forbid",
@@ -305,7 +306,7 @@ class PointsDelete(_Body):
         {"required": ["filters"], "properties": {"filters": {"type": "object"}}},
     ]})
 
-    ids: list[DocumentedKey] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    ids: list[DocumentedKey] | None = Field(default=None, max_length=MAX_LIST_ITEMS, fail_fast=True)
     filters: Filters = None
 
 
