@@ -304,3 +304,149 @@ async def test_a_prune_without_delta_channels_reads_no_checkpoint_out(
             kept = r.json()["items"]
             assert [c["checkpoint_id"] for c in kept] == ["z"]  # the newest of each checkpoint_ns
             assert kept[0]["parent_checkpoint_id"] is None  # its parent went: it is a chain root now
+
+
+def _reference_kept_ids(rows: list[Any], keep: int, stored: set[tuple[str, str, str]]) -> set[str]:
+    """kept_ids as it was before its walks were shared: each head walks alone."""
+    by_id = {r.checkpoint_id: r for r in rows}
+
+    def has_value(r: Any, channel: str) -> bool:
+        version = r.channel_versions.get(channel)
+        return version is not None and (r.checkpoint_ns, channel, str(version)) in stored
+
+    kept: set[str] = set()
+    for head in rows[:keep]:
+        kept.add(head.checkpoint_id)
+        needed = {ch for ch in head.delta_channels if not has_value(head, ch)}
+        seen = {head.checkpoint_id}
+        cur = by_id.get(head.parent_checkpoint_id or "")
+        while needed and cur is not None and cur.checkpoint_id not in seen:
+            seen.add(cur.checkpoint_id)
+            kept.add(cur.checkpoint_id)
+            needed = {ch for ch in needed if not has_value(cur, ch)}
+            cur = by_id.get(cur.parent_checkpoint_id or "")
+    return kept
+
+
+def test_the_walks_of_every_head_keep_what_each_walk_alone_kept() -> None:
+    import random
+
+    from app.checkpoints.lineage import kept_ids
+    from app.checkpoints.repository import Lineage
+
+    rng = random.Random(18)
+    for _ in range(400):
+        n = rng.randint(1, 30)
+        ids = [f"c{i:03}" for i in range(n)]
+        channels = ["a", "b", "c"]
+        rows, stored = [], set()
+        for i, cid in enumerate(ids):
+            # mostly a chain to the previous, sometimes a fork, a missing parent or a cycle
+            parent = rng.choice([ids[i - 1] if i else None] * 4 + [rng.choice(ids), None, "gone"])
+            versions = {ch: rng.randint(1, 3) for ch in channels if rng.random() < 0.8}
+            for ch, v in versions.items():
+                if rng.random() < 0.3:
+                    stored.add(("", ch, str(v)))
+            delta = frozenset(ch for ch in channels if rng.random() < 0.5)
+            rows.append(Lineage("", cid, parent, versions, delta))
+        rows.reverse()  # newest first
+        keep = rng.randint(1, n)
+        assert kept_ids(rows, keep, stored) == _reference_kept_ids(rows, keep, stored)
+
+
+def test_the_walks_of_every_head_visit_a_checkpoint_once_per_channel() -> None:
+    """Found by attack: a delta channel whose value is never stored made each kept head walk the
+    whole chain (keep x checkpoints: a retention of keep_latest 29,999 on a thread of 30,000 was
+    about 160 s of the event loop, every sweep). Now a walk stops where an earlier one went on."""
+    from app.checkpoints.lineage import kept_ids
+    from app.checkpoints.repository import Lineage
+
+    class Counting(set[tuple[str, str, str]]):
+        lookups = 0
+
+        def __contains__(self, key: object) -> bool:
+            Counting.lookups += 1
+            return super().__contains__(key)
+
+    n = 3000
+    rows = [
+        Lineage("", f"c{i:05}", f"c{i - 1:05}" if i else None, {"d": i}, frozenset({"d"}))
+        for i in reversed(range(n))
+    ]
+    assert kept_ids(rows, n - 1, Counting()) == {r.checkpoint_id for r in rows}
+    assert Counting.lookups <= 2 * n  # each checkpoint looked at once as a head, once on a walk
+
+
+async def test_a_thread_with_too_many_delta_channels_keeps_every_ancestor_and_reads_no_versions(
+    gateway: Gateway, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning reads a thread's lineage with its delta channels' versions only (before, every
+    checkpoint's whole channel_versions, up to 16 MiB each, went into memory at once: gigabytes
+    for a long thread); past MAX_DELTA_CHANNELS names, none, and every ancestor of a kept
+    checkpoint stays (nothing a delta channel could need is lost)."""
+    from app.checkpoints import service as service_module
+    from app.checkpoints.repository import MAX_DELTA_CHANNELS
+
+    seen: list[list[Any]] = []
+    real = service_module.kept_ids
+
+    def spy(rows: Any, keep: int, stored: Any) -> set[str]:
+        seen.append(list(rows))
+        return real(rows, keep, stored)
+
+    monkeypatch.setattr(service_module, "kept_ids", spy)
+
+    async def put(thread: str, i: int, counters: dict[str, int]) -> None:
+        body = {
+            "thread_id": thread, "checkpoint_id": f"c{i:02}", "parent_checkpoint_id": f"c{i - 1:02}" if i else None,
+            "checkpoint": {"type": "bytes", "data": "AA=="},
+            "channel_versions": {"d": str(i), "other": str(i), "wide": "w" * 1000},
+            "blobs": [{"channel": "d", "version": str(i), "type": "bytes", "data": "AA=="}] if i == 2 else [],
+            "metadata": {"counters_since_delta_snapshot": counters},
+        }
+        r = await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=body)
+        assert r.status_code == 200, r.text
+
+    async def prune(thread: str) -> list[str]:
+        r = await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/prune", json={"thread_ids": [thread]})
+        assert r.status_code == 200, r.text
+        r = await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/search", json={"thread_id": thread})
+        return sorted(c["checkpoint_id"] for c in r.json()["items"])
+
+    async with gateway.client(namespace) as gw:
+        for i in range(6):
+            await put("few", i, {"d": 1})
+            await put("many", i, {f"ch{i}-{k}": 1 for k in range(MAX_DELTA_CHANNELS)} | {"d": 1})
+        # "few": the head's chain back to c02, which stores d's value
+        assert await prune("few") == ["c02", "c03", "c04", "c05"]
+        assert [sorted(r.channel_versions) for r in seen[-1]] == [["d"]] * 6
+        # "many": every ancestor of the head, no versions read
+        assert await prune("many") == [f"c{i:02}" for i in range(6)]
+        assert [r.channel_versions for r in seen[-1]] == [{}] * 6
+
+
+async def test_a_run_across_more_threads_than_a_statement_has_parameters_is_deleted(gateway: Gateway, namespace: str) -> None:
+    """Found by attack: deleting a run locked its threads in one statement of one parameter a
+    thread; past 32,767 threads the driver refused it, answered as a retryable 503 that never
+    succeeded. The locks now go in chunks."""
+    from app.checkpoints.models import checkpoint_metadata_terms, checkpoints
+
+    n = 33_000
+    async with gateway.client(namespace) as gw:
+        body = {"thread_id": "template", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="},
+                "metadata": {"run_id": "wide"}}
+        assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=body)).status_code == 200
+        engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
+        async with engine.begin() as conn:
+            t = checkpoint_threads
+            await conn.execute(insert(t), [{"namespace": namespace, "thread_id": f"x{i:05}", "touched_at": 0.0} for i in range(n)])
+            template = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "template").scalar_subquery()
+            copies = t.alias("copies")
+            for table in (checkpoints, checkpoint_metadata_terms):
+                columns = [c for c in table.c if c.name != "thread_pk"]
+                rows = select(copies.c.pk, *columns).where(
+                    copies.c.namespace == namespace, copies.c.thread_id.like("x%"), table.c.thread_pk == template,
+                )
+                await conn.execute(insert(table).from_select(["thread_pk", *(c.name for c in columns)], rows))
+        r = await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/runs/delete", json={"run_ids": ["wide"]})
+        assert r.status_code == 200 and r.json() == {"deleted": n + 1}, r.text[:500]

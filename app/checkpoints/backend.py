@@ -63,6 +63,10 @@ class CheckpointsBackend(Protocol):
         """The JSON text of a JSON object column's top-level member ``key`` (NULL without one; on
         SQLite also NULL unless it is an object)."""
 
+    def member_keys(self, column: ColumnElement[Any], key: str) -> FromClause:
+        """The keys of a JSON object column's top-level member ``key`` as a FROM item with a
+        ``key`` column (no row when the member is missing or not an object)."""
+
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         """Conditions on ``table`` (the checkpoints table) that a filter of ``keys`` entries holds."""
 
@@ -98,6 +102,11 @@ class PostgresBackend:
 
     def json_member_text(self, column: ColumnElement[Any], key: str) -> ColumnElement[str]:
         return cast(column.op("->")(literal(key, Text)), Text)
+
+    def member_keys(self, column: ColumnElement[Any], key: str) -> FromClause:
+        member = column.op("->")(literal(key, Text))
+        an_object = case((func.jsonb_typeof(member) == "object", member), else_=None)
+        return func.jsonb_each(an_object).table_valued("key", "value").lateral("k")
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         return [table.c.metadata.op("@>")(self.json_param("mfilter"))] if keys else []
@@ -141,6 +150,9 @@ class SqliteBackend:
         # object is taken: what the callers look for). Not ->, which needs SQLite 3.38.
         path = literal(f'$."{key}"', Text)
         return case((func.json_type(column, path) == "object", func.json_extract(column, path)), else_=None)
+
+    def member_keys(self, column: ColumnElement[Any], key: str) -> FromClause:
+        return func.json_each(self.json_member_text(column, key)).table_valued("key", "value").alias("k")
 
     def metadata_filter_shape(self, table: FromClause, keys: int) -> list[ColumnElement[bool]]:
         return [

@@ -51,6 +51,9 @@ _CNS = bindparam("cns", type_=Text)
 _CHILD_TABLES = (writes, terms, cp, blobs)
 DELETE_CHUNK = 1000  # checkpoint keys a DELETE names (3 parameters each)
 DELTA_COUNTERS = "counters_since_delta_snapshot"  # the metadata member a DeltaChannel's updates are counted in
+# Distinct delta channel names a thread's lineage is read for. A graph has a few; past this many
+# (only metadata written to make pruning costly) every ancestor of a kept checkpoint is kept.
+MAX_DELTA_CHANNELS = 64
 
 CheckpointKey = tuple[int, str, str]  # (thread_pk, checkpoint_ns, checkpoint_id)
 
@@ -67,8 +70,13 @@ class Lineage:
     checkpoint_ns: str
     checkpoint_id: str
     parent_checkpoint_id: str | None
-    channel_versions: dict[str, Any]
+    channel_versions: dict[str, Any]  # of the thread's delta channels only
     delta_channels: frozenset[str]  # its metadata's counters_since_delta_snapshot keys
+
+
+ANY_CHANNELS = frozenset({""})
+"""The delta channels of a checkpoint whose thread counts more than ``MAX_DELTA_CHANNELS``: one
+no checkpoint stores a value of, so that all its ancestors are kept."""
 
 
 class CheckpointsRepository:
@@ -175,27 +183,47 @@ class CheckpointsRepository:
             {"pk": pk, "keep": keep},
         )
 
-    async def lineage(self, conn: AsyncConnection, pk: int) -> list[Lineage]:
-        """Every checkpoint of the thread, newest first per checkpoint_ns (of its metadata, only
-        the delta counters are read)."""
+    async def delta_channel_names(self, conn: AsyncConnection, pk: int) -> frozenset[str] | None:
+        """The channels the thread's checkpoints count as delta channels (the keys of their
+        metadata's ``counters_since_delta_snapshot``), found in the database; None past
+        ``MAX_DELTA_CHANNELS`` of them."""
+        k = self.backend.member_keys(cp.c.metadata, DELTA_COUNTERS)
+        stmt = (
+            select(k.c.key).distinct().select_from(cp.join(k, true()))
+            .where(cp.c.thread_pk == _PK).limit(MAX_DELTA_CHANNELS + 1)
+        )
+        names = frozenset((await conn.execute(stmt, {"pk": pk})).scalars())
+        return names if len(names) <= MAX_DELTA_CHANNELS else None
+
+    async def lineage(self, conn: AsyncConnection, pk: int, channels: frozenset[str] | None) -> list[Lineage]:
+        """Every checkpoint of the thread, newest first per checkpoint_ns, with its versions and
+        delta counters of ``channels`` only (None: no versions, and ``ANY_CHANNEL`` for counters
+        of any). Streamed, so that only that much of each stays in memory."""
         j = self.backend.json_text
         stmt = select(
-            cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id, j(cp.c.channel_versions),
+            cp.c.checkpoint_ns, cp.c.checkpoint_id, cp.c.parent_checkpoint_id,
+            j(cp.c.channel_versions) if channels is not None else literal(None, Text),
             self.backend.json_member_text(cp.c.metadata, DELTA_COUNTERS),
         ).where(cp.c.thread_pk == _PK).order_by(cp.c.checkpoint_ns, cp.c.checkpoint_id.desc())
         out = []
-        for ns, cid, parent, versions, counters_json in (await conn.execute(stmt, {"pk": pk})).all():
+        async for ns, cid, parent, versions, counters_json in await conn.stream(stmt, {"pk": pk}):
             counters = orjson.loads(counters_json) if counters_json is not None else None
-            out.append(Lineage(
-                ns, cid, parent, orjson.loads(versions),
-                frozenset(counters) if isinstance(counters, dict) else frozenset(),
-            ))
+            if not isinstance(counters, dict) or not counters:
+                delta: frozenset[str] = frozenset()
+            elif channels is None:
+                delta = ANY_CHANNELS
+            else:
+                delta = channels.intersection(counters)
+            kept = {} if channels is None else {ch: v for ch, v in orjson.loads(versions).items() if ch in channels}
+            out.append(Lineage(ns, cid, parent, kept, delta))
         return out
 
-    async def blob_keys(self, conn: AsyncConnection, pk: int) -> set[tuple[str, str, str]]:
-        """(checkpoint_ns, channel, version) of every stored value of the thread."""
-        stmt = select(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).where(blobs.c.thread_pk == _PK)
-        return {tuple(r) for r in (await conn.execute(stmt, {"pk": pk})).all()}
+    async def blob_keys(self, conn: AsyncConnection, pk: int, channels: frozenset[str]) -> set[tuple[str, str, str]]:
+        """(checkpoint_ns, channel, version) of every stored value of the thread's ``channels``."""
+        stmt = select(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).where(
+            blobs.c.thread_pk == _PK, blobs.c.channel.in_(bindparam("channels", expanding=True)),
+        )
+        return {tuple(r) for r in (await conn.execute(stmt, {"pk": pk, "channels": sorted(channels)})).all()}
 
     # --- deletes -------------------------------------------------------------------------
 
@@ -272,11 +300,12 @@ class CheckpointsRepository:
 
     async def lock_pks(self, conn: AsyncConnection, ns: str, pks: Iterable[int]) -> None:
         pks = sorted(set(pks))
-        if pks:
-            stmt = select(threads.c.pk).where(
-                threads.c.namespace == _NS, threads.c.pk.in_(bindparam("pks", expanding=True))
-            ).with_for_update()
-            await conn.execute(stmt, {"ns": ns, "pks": pks})
+        stmt = select(threads.c.pk).where(
+            threads.c.namespace == _NS, threads.c.pk.in_(bindparam("pks", expanding=True))
+        ).with_for_update()
+        # in chunks, in order: a statement of one parameter per thread was refused past 32,767
+        for start in range(0, len(pks), DELETE_CHUNK):
+            await conn.execute(stmt, {"ns": ns, "pks": pks[start : start + DELETE_CHUNK]})
 
     # --- copy ----------------------------------------------------------------------------
 

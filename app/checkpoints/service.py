@@ -220,20 +220,22 @@ class CheckpointsService:
         """Delete all but the newest ``keep`` checkpoints per checkpoint_ns of thread ``pk`` (and
         the ancestors delta channels need: ``app.checkpoints.lineage``), with what only they used.
         Without delta channels this is done in the database, whatever the thread's length; only a
-        thread with them has its lineage read (ids, versions and delta counters a checkpoint)."""
+        thread with them has its lineage read (ids, and the versions and counters of its delta
+        channels: ``CheckpointsRepository.lineage``)."""
         if not await self.repo.has_delta_channels(conn, pk):
             deleted = await self.repo.delete_all_but_newest(conn, pk, keep)
             if deleted:
                 await self.repo.orphan_parents(conn, pk, None)
                 await self.repo.collect_blobs(conn, pk)
             return deleted
-        lineage = await self.repo.lineage(conn, pk)
+        channels = await self.repo.delta_channel_names(conn, pk)
+        lineage = await self.repo.lineage(conn, pk, channels)
         by_ns: dict[str, list[Any]] = defaultdict(list)
         for row in lineage:
             by_ns[row.checkpoint_ns].append(row)
         if all(len(rows) <= keep for rows in by_ns.values()):
             return 0
-        stored = await self.repo.blob_keys(conn, pk) if any(r.delta_channels for r in lineage) else set()
+        stored = await self.repo.blob_keys(conn, pk, channels) if channels else set()
         doomed: list[CheckpointKey] = []
         for ns, rows in by_ns.items():
             kept = kept_ids(rows, keep, stored)
