@@ -129,3 +129,65 @@ async def test_the_download_row_is_read_outside_a_transaction(
         await engine.dispose()
     assert isinstance(reader, ObjectReader) and reader.row.size == len(data)
     assert through_sqlalchemy == [] and len(on_driver) == 1 and "FROM files" in on_driver[0]
+
+
+@on_s3
+async def test_downloads_from_the_bucket_take_a_bounded_share_of_its_connections(
+    backend: Backend, server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by attack: a GET from the bucket holds one of the download pool's connections while
+    its client reads, and only downloads of database chunks were capped. About 100 slow readers
+    of one namespace filled the pool (``files.s3.max_connections``), and every other namespace's
+    download waited for a connection with no deadline. Now each takes a slot, 503 past the
+    namespace's share or the pool's size, and gives it back when closed."""
+    from app.core.errors import ServiceUnavailable
+    from app.core.http.conditions import WriteConditions
+    from app.files.ranges import whole
+    from tests.test_files_limits import in_process_app
+
+    app = in_process_app(backend, monkeypatch, GATEWAY_FILES__S3__MAX_CONNECTIONS="4",
+                         GATEWAY_LIMITS__FILE_CHUNK_BYTES=str(64 * 1024))
+    a, b, c = (f"slots{uuid.uuid4().hex[:8]}" for _ in range(3))
+    data = os.urandom(256 * 1024)
+    async with app.router.lifespan_context(app):
+        service = app.state.gateway.services["files"]
+        for ns in (a, b, c):
+            async with service.new_blob(ns) as writer:
+                await writer.write(data)
+                await writer.commit(ns, "c", "f", "application/octet-stream", WriteConditions())
+        held = []
+        try:
+            for _ in range(2):  # half of the 4 connections: namespace a's share
+                reader = await service.open(a, "c", "f")
+                assert isinstance(reader, ObjectReader)
+                held.append(reader)
+                await reader.start(whole(reader.row.size))
+            with pytest.raises(ServiceUnavailable, match="this namespace"):
+                await service.open(a, "c", "f")
+            for _ in range(2):  # b takes the other two
+                held.append(await service.open(b, "c", "f"))
+            with pytest.raises(ServiceUnavailable, match="the server"):
+                await service.open(c, "c", "f")  # within its share, but the pool is taken
+            await held.pop(0).close()  # one of a's given back: a downloads again, whole
+            reader = await service.open(a, "c", "f")
+            try:
+                await reader.start(whole(reader.row.size))
+                assert b"".join([p async for p in reader.iter_bytes(whole(reader.row.size))]) == data
+            finally:
+                await reader.close()
+        finally:
+            for reader in held:
+                await reader.close()
+        assert service.blobs.bucket_downloads.held == 0
+        # Every answer a download can end in gives its slot back.
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            path = f"/v1/{a}/files/c/f"
+            etag = (await http.get(path)).headers["etag"]
+            answers = [
+                await http.head(path),
+                await http.get(path, headers={"If-None-Match": etag}),
+                await http.get(path, headers={"Range": "bytes=0-9"}),
+                await http.get(path, headers={"Range": f"bytes={len(data)}-"}),
+            ]
+            assert [r.status_code for r in answers] == [200, 304, 206, 416]
+            assert service.blobs.bucket_downloads.held == 0

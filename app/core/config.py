@@ -292,7 +292,12 @@ class S3Settings(_Strict):
         description="Multipart upload part size (each upload buffers at most two parts); S3 takes at most "
         "10,000 parts, so `limits.max_file_bytes` may be at most 10,000 times this.",
     )
-    max_connections: int = Field(default=100, ge=1, description="HTTP connections kept to the S3 endpoint, per pool: one for downloads, one for every other call.")
+    max_connections: int = Field(
+        default=100, ge=1,
+        description="HTTP connections kept to the S3 endpoint, per pool: one for downloads, one for every other "
+        "call. Downloads from the bucket in progress at once are at most this many, and one namespace's at most "
+        "`files.max_downloads_per_namespace` (default: half); more are 503 with Retry-After.",
+    )
     connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection to S3.")
     read_timeout: float = Field(default=30.0, gt=0, description="Seconds an S3 response may stay silent.")
     presign_downloads: bool = Field(

@@ -342,7 +342,11 @@ class FilesService:
             for ns, types in settings.files.inline_types_by_namespace.items()
         }
         local = LocalFiles(settings.files_directory(), fsync=settings.files.directory.fsync)
-        self.blobs = BlobStore(self.repo, self.write, self.chunk_bytes, objects, settings.files_backend(), local)
+        s3 = settings.files.s3.max_connections  # the download pool's connections
+        bucket_downloads = Slots("downloads from the bucket", s3, settings.files.max_downloads_per_namespace or s3 // 2)
+        self.blobs = BlobStore(
+            self.repo, self.write, self.chunk_bytes, objects, settings.files_backend(), local, bucket_downloads
+        )
         self.presign_seconds = settings.files.s3.presign_seconds if settings.files.s3.presign_downloads else 0
 
     def inline_types(self, namespace: str) -> frozenset[str]:
@@ -473,7 +477,7 @@ class FilesService:
             raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
         row, only_chunk = found
         if row.object_key is not None:
-            return self.blobs.reader(row)
+            return self.blobs.reader(namespace, row)
         if only_chunk is not None or row.size == 0:
             return BytesReader(row, only_chunk or b"")
         conn = await self._snapshot_engine.connect()
@@ -498,7 +502,7 @@ class FilesService:
             raise
         with anyio.CancelScope(shield=True):
             await conn.close()
-        return self.blobs.reader(row)
+        return self.blobs.reader(namespace, row)
 
     async def open_range(
         self, namespace: str, collection: str, file_id: str, plan: Callable[[FileRow], DownloadPlan],

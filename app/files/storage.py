@@ -30,7 +30,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import Conflict
-from app.core.db.slots import Slot
+from app.core.db.slots import Slot, Slots
 from app.files.local import LocalFiles, is_local_key
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
@@ -353,9 +353,10 @@ class ObjectReader:
 
     in_memory = False
 
-    def __init__(self, objects: S3Objects, row: FileRow) -> None:
+    def __init__(self, objects: S3Objects, row: FileRow, slot: Slot) -> None:
         self._objects = objects
         self.row = row
+        self._slot = slot  # one of the download pool's connections (``BlobStore.bucket_downloads``)
         self._body: ObjectBody | None = None
         self.socket_body: SocketBody | None = None
 
@@ -392,6 +393,7 @@ class ObjectReader:
         if self.socket_body is not None:
             self.socket_body.close()
             self.socket_body = None
+        self._slot.release()
 
 
 # --- files in a local directory ---------------------------------------------------------------
@@ -498,8 +500,9 @@ class BlobStore:
 
     def __init__(
         self, repo: FilesRepository, write: WriteTxn, chunk_bytes: int, objects: S3Objects | None,
-        backend: str, local: LocalFiles,
+        backend: str, local: LocalFiles, bucket_downloads: Slots,
     ) -> None:
+        self.bucket_downloads = bucket_downloads
         self._repo = repo
         self._write = write
         self._chunk_bytes = chunk_bytes
@@ -514,11 +517,15 @@ class BlobStore:
             return FileSink(self.local, self._repo, self._write, namespace, blob_id, self._chunk_bytes)
         return ChunkSink(self._repo, self._write, blob_id, self._chunk_bytes)
 
-    def reader(self, row: FileRow) -> BlobReader:
-        """The reader of a row whose bytes are outside the database (``object_key`` set)."""
+    def reader(self, namespace: str, row: FileRow) -> BlobReader:
+        """The reader of a row whose bytes are outside the database (``object_key`` set). A GET
+        from the bucket holds one of the download pool's connections for as long as its client
+        reads (a slow one: a piece each ``send_idle_timeout_seconds``), so it takes a slot of
+        ``bucket_downloads`` (503 past it): otherwise slow readers of one namespace filled the
+        pool, and every other download waited for a connection without a deadline."""
         if is_local_key(row.object_key):
             return FileReader(self.local, row)
-        return ObjectReader(self.require_objects(), row)
+        return ObjectReader(self.require_objects(), row, self.bucket_downloads.take(namespace))
 
     @staticmethod
     def in_bucket(row: FileRow) -> bool:
