@@ -451,3 +451,50 @@ async def test_a_search_cursor_names_its_thread_not_a_number_shared_by_namespace
         cursors.append(json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))))
     assert seen == [("c2", "c"), ("c2", "b"), ("c2", "a"), ("c1", "c"), ("c1", "b"), ("c1", "a")]
     assert cursors == [{"v": 1, "c": c, "t": t, "n": ""} for c, t in (("c2", "b"), ("c1", "c"), ("c1", "a"))]
+
+
+@pytest.mark.backends("sqlite")
+async def test_a_page_weighs_only_the_checkpoints_it_answers(backend: Backend, server: Server, tmp_path: Path, namespace: str) -> None:
+    """SQLite computes a select's columns before it sorts: a page whose order needs a sort (a
+    thread's history across checkpoint_ns, a namespace's checkpoints) weighed every checkpoint
+    it sorted, each with its channel versions' values, to answer ``limit`` of them (0.6 s a page
+    at 50,000 checkpoints, growing with the thread). The page's keys are now found first. The
+    weighing's ``octet_length`` calls are counted (a Python function in its place)."""
+    from sqlalchemy import insert, select
+
+    from app.checkpoints.models import checkpoint_threads, checkpoints
+    from app.core.config import Database
+    from app.core.state import gateway_state
+
+    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+                        auth={"mode": "disabled"}, auto_migrate=False)
+    app = create_app(settings)
+    n = 2000
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            body = checkpoint(checkpoint_id="a0", channel_versions={f"ch{k}": "1" for k in range(20)})
+            assert (await http.post(f"/v1/{namespace}/checkpoints/put", json=body)).status_code == 200
+        engine = gateway_state(app).databases.engine(Database.checkpoints)
+        async with engine.begin() as conn:
+            t = checkpoint_threads
+            mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "t").scalar_subquery()
+            row = (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().one()
+            await conn.execute(insert(checkpoints), [
+                {**row, "checkpoint_ns": f"n{i % 2}", "checkpoint_id": f"c{i:05}"} for i in range(n)
+            ])
+        reader = app.state.gateway.services["checkpoints"].reader
+        calls = 0
+
+        def octet_length(value: object) -> int | None:
+            nonlocal calls
+            calls += 1
+            return None if value is None else len(value.encode() if isinstance(value, str) else value)  # type: ignore[arg-type]
+
+        for thread_id in ("t", None):  # a thread's history across its checkpoint_ns; the namespace's
+            async with engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                await raw.driver_connection.create_function("octet_length", 1, octet_length)  # type: ignore[union-attr]
+                calls = 0
+                rows, _ = await reader.page(conn, namespace, thread_id=thread_id, checkpoint_ns=None, limit=5, budget=1 << 30)
+                assert [r.checkpoint_id for r in rows] == ["c01999", "c01998", "c01997", "c01996", "c01995"]
+                assert 0 < calls < 200, calls  # a few a checkpoint answered (thousands when all were weighed)
