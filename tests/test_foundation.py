@@ -31,6 +31,37 @@ async def test_readyz_reports_every_database(http: httpx.AsyncClient, backend: B
         assert status["revision"] == status["head"]
 
 
+async def test_probes_that_arrive_together_share_one_readiness_check(
+    backend: Backend, server: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/readyz`` needs no key, and a check is a statement on each database (and a request to
+    the bucket): 50 probes at once were 150 statements. Probes that arrive while a check runs
+    share its answer; one that arrives after it gets a check of its own (never a stale answer)."""
+    import asyncio
+
+    from app.core.ops import health
+    from app.main import create_app
+
+    real = health.current_revision
+    calls = 0
+
+    async def slow_revision(*args: object) -> str | None:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.3)
+        return await real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(health, "current_revision", slow_revision)
+    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+                        auth={"mode": "disabled"}, auto_migrate=False)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            answers = await asyncio.gather(*(client.get("/readyz") for _ in range(50)))
+            assert {r.status_code for r in answers} == {200} and calls == 3  # one check: one statement a database
+            assert (await client.get("/readyz")).json()["ready"] is True and calls == 6  # a new one
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "code"),
     [

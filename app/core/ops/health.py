@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -11,7 +12,7 @@ from pydantic import BaseModel, Field
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.core.db.migrations import current_revision, head_revision
-from app.core.state import gateway_state
+from app.core.state import GatewayState, gateway_state
 
 router = APIRouter(tags=["health"])
 
@@ -73,20 +74,37 @@ async def healthz() -> dict[str, str]:
 )
 async def readyz(request: Request) -> JSONResponse:
     """200 when all three databases answer and are at the migrations' head; 503 otherwise."""
-    state = gateway_state(request.app)
+    result = await _shared_check(gateway_state(request.app))
+    status = 200 if result.ready else 503
+    headers = {} if result.ready else {"Retry-After": "2"}
+    return JSONResponse(result.model_dump(), status_code=status, headers=headers)
+
+
+_checks: weakref.WeakKeyDictionary[GatewayState, asyncio.Future[Readiness]] = weakref.WeakKeyDictionary()
+
+
+async def _shared_check(state: GatewayState) -> Readiness:
+    """The readiness check in progress, or a new one: requests that arrive while one runs share
+    its answer. ``/readyz`` needs no key and each check is a statement on each database and a
+    request to the bucket, so without this a flood of probes was as many of each."""
+    running = _checks.get(state)
+    if running is None or running.done():
+        running = asyncio.ensure_future(_check(state))
+        _checks[state] = running
+    return await asyncio.shield(running)  # a caller that goes away does not cancel the others' check
+
+
+async def _check(state: GatewayState) -> Readiness:
     databases = state.databases
     checks = state.storage_checks
     statuses = await asyncio.gather(*(_status(databases, db) for db in Database))
     storage = await asyncio.gather(*(check() for check in checks.values()))
     space = state.disk_space
     disk_full = space.reason() if space is not None else None
-    result = Readiness(
+    return Readiness(
         ready=all(s.reachable and s.migrated for s in statuses) and disk_full is None,
         reason=disk_full,
         auth=state.settings.auth.mode,
         databases={db.value: s for db, s in zip(Database, statuses, strict=True)},
         storage=dict(zip(checks, storage, strict=True)),
     )
-    status = 200 if result.ready else 503
-    headers = {} if result.ready else {"Retry-After": "2"}
-    return JSONResponse(result.model_dump(), status_code=status, headers=headers)
