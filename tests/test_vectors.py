@@ -491,3 +491,29 @@ async def test_a_stored_vector_without_a_distance_is_left_out(gw: GatewayClient,
     r = await http.post(vpath(namespace, "deg", "search"), json={"vector": [1, 0, 0], "limit": 10})
     assert r.status_code == 200, r.text
     assert [(h["id"], h["score"]) for h in r.json()["results"]] == [("good", 1.0)]
+
+
+async def test_a_namespace_holds_at_most_its_share_of_collections(backend, server, tmp_path, namespace: str) -> None:  # noqa: ANN001
+    """Found by attack: collections had no ceiling, and each is a table with its indexes (and a
+    full-text table): on SQLite every connection reads the whole schema again after a change to
+    it. Past ``vectors.max_collections_per_namespace`` a create is 409 and makes nothing."""
+    from app.core.config import Settings
+    from app.main import create_app
+
+    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+                        auth={"mode": "disabled"}, auto_migrate=False, vectors={"max_collections_per_namespace": 3})
+    app = create_app(settings)
+    body = {"vector_size": 2, "distance": "l2", "text_field": "text"}
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            for name in ("a", "b", "c"):
+                assert (await http.put(vpath(namespace, name), json=body)).status_code == 201
+            r = await http.put(vpath(namespace, "d"), json=body)
+            assert r.status_code == 409 and r.json()["code"] == "too_many_collections", r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            names = [c["collection"] for c in (await http.get(vpath(namespace))).json()["items"]]
+            assert names == ["a", "b", "c"]
+            assert (await http.put(vpath(namespace, "a"), json=body)).status_code == 200  # it exists: fine
+            assert (await http.put(vpath(f"{namespace}x", "d"), json=body)).status_code == 201  # another namespace
+            assert (await http.delete(vpath(namespace, "b"))).status_code == 204
+            assert (await http.put(vpath(namespace, "d"), json=body)).status_code == 201

@@ -387,6 +387,11 @@ class FilesSettings(_Strict):
 class VectorsSettings(_Strict):
     """Defaults of the vectors capability (each collection may override the index options)."""
 
+    max_collections_per_namespace: int = Field(
+        default=1000, ge=1,
+        description="Collections one namespace may hold (each is a table with its indexes); creating one more is 409 "
+        "`too_many_collections`.",
+    )
     hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
     hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth; at least twice hnsw_m.")
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points; "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, insert, select, update
+from sqlalchemy import Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -36,6 +36,11 @@ async def insert_collection(session: AsyncConnection, **values: Any) -> int | No
             return new_id
     except IntegrityError:
         return None
+
+
+async def count_collections(session: AsyncConnection, namespace: str) -> int:
+    stmt = select(func.count()).select_from(vc).where(in_scope(vc, namespace))
+    return int((await session.execute(stmt)).scalar_one())
 
 
 async def page_of_collections(

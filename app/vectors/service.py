@@ -197,6 +197,13 @@ class VectorService:
             self._check_same(existing, body)
             return existing, False
         vs = self.settings.vectors
+        if await repository.count_collections(conn, namespace) >= vs.max_collections_per_namespace:
+            # each collection is a table with its indexes: on SQLite every connection reads the
+            # whole schema again after any change to it, so an unbounded one slowed every tenant
+            raise Conflict(
+                f"namespace {namespace!r} has {vs.max_collections_per_namespace} collections, the most it may "
+                "(vectors.max_collections_per_namespace); drop one first", code="too_many_collections",
+            )
         requested = body.index.kind if body.index else "hnsw"
         m = (body.index.m if body.index and body.index.m else None) or vs.hnsw_m
         ef_construction = (
