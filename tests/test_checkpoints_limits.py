@@ -498,3 +498,29 @@ async def test_a_page_weighs_only_the_checkpoints_it_answers(backend: Backend, s
                 rows, _ = await reader.page(conn, namespace, thread_id=thread_id, checkpoint_ns=None, limit=5, budget=1 << 30)
                 assert [r.checkpoint_id for r in rows] == ["c01999", "c01998", "c01997", "c01996", "c01995"]
                 assert 0 < calls < 200, calls  # a few a checkpoint answered (thousands when all were weighed)
+
+
+async def test_a_thread_larger_than_a_copy_may_write_is_413_and_copies_nothing(
+    backend: Backend, server: Server, tmp_path: Path, namespace: str
+) -> None:
+    """Found by attack: a copy wrote the whole source thread again whatever its size, from one
+    small request (and on SQLite held the write lock of every namespace's checkpoints while it
+    did). A copy now writes at most ``checkpoints.max_copy_bytes``."""
+    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
+                        auth={"mode": "disabled"}, auto_migrate=False, checkpoints={"max_copy_bytes": 10_000})
+    app = create_app(settings)
+    data = base64.b64encode(b"x" * 3000).decode()
+    base = f"/v1/{namespace}/checkpoints"
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            for i in range(3):  # 3 x 3,000 bytes and their JSON: under 10,000
+                body = checkpoint(checkpoint_id=f"c{i}", checkpoint={"type": "bytes", "data": data})
+                assert (await http.post(f"{base}/put", json=body)).status_code == 200
+            r = await http.post(f"{base}/threads/copy", json={"source_thread_id": "t", "target_thread_id": "u"})
+            assert r.status_code == 200 and r.json() == {"copied": 3}, r.text
+            body = checkpoint(checkpoint_id="c3", checkpoint={"type": "bytes", "data": data})
+            assert (await http.post(f"{base}/put", json=body)).status_code == 200
+            r = await http.post(f"{base}/threads/copy", json={"source_thread_id": "t", "target_thread_id": "v"})
+            assert_problem(r, 413, "max_copy_bytes")
+            r = await http.post(f"{base}/search", json={"thread_id": "v"})
+            assert r.status_code == 200 and r.json()["items"] == []

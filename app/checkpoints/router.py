@@ -129,13 +129,14 @@ async def delete_runs(
     return Deleted(deleted=await service.delete_runs(conn, namespace, body.run_ids))
 
 
-@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_ERRORS)
+@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
 @served_by_fastapi("a request body model")
 async def copy_thread(
     namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Copied:
-    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`)."""
+    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`);
+    413 when the source holds more than `checkpoints.max_copy_bytes`."""
     return Copied(copied=await service.copy_thread(conn, namespace, body.source_thread_id, body.target_thread_id))
 
 

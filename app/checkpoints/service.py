@@ -199,6 +199,11 @@ class CheckpointsService:
         src = await self.repo.lock_thread(conn, ns, source)
         if src is None:
             return 0
+        # One request writes the whole thread again (and on SQLite holds the write lock of every
+        # namespace's checkpoints meanwhile): only up to max_copy_bytes of it.
+        size, limit = await self.repo.thread_bytes(conn, src), self.settings.max_copy_bytes
+        if size > limit:
+            self._too_heavy("source_thread_id", f"thread {source!r} holds {size} stored bytes", "max_copy_bytes", limit)
         dst = await self.repo.touch_thread(conn, ns, target, time.time())
         return await self.repo.copy_thread(conn, src, dst)
 

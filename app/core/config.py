@@ -243,6 +243,11 @@ class CheckpointsSettings(_Strict):
         description="Most stored bytes of the pending writes of one checkpoint (a put of writes that would make "
         "more is a 413 and stores nothing).",
     )
+    max_copy_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1, le=2**60,
+        description="Most stored bytes of a thread one copy writes again (its checkpoints' bytes and JSON, values and "
+        "pending writes); copying a larger thread is a 413 and copies nothing.",
+    )
     max_page_bytes: int = Field(
         default=32 * 1024 * 1024, ge=2, le=2**61,
         description="A read answers at most this many stored bytes: a search (list) page ends before the checkpoint "
