@@ -3,6 +3,7 @@ scores, hybrid search, validation, idempotency, isolation and the seed's VectorS
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 import uuid
@@ -517,3 +518,8 @@ async def test_a_namespace_holds_at_most_its_share_of_collections(backend, serve
             assert (await http.put(vpath(f"{namespace}x", "d"), json=body)).status_code == 201  # another namespace
             assert (await http.delete(vpath(namespace, "b"))).status_code == 204
             assert (await http.put(vpath(namespace, "d"), json=body)).status_code == 201
+            # creates at the same moment cannot pass the ceiling together
+            crowd = f"{namespace}y"
+            answers = await asyncio.gather(*(http.put(vpath(crowd, f"c{i}"), json=body) for i in range(6)))
+            assert sorted(r.status_code for r in answers) == [201] * 3 + [409] * 3, [r.text for r in answers]
+            assert len((await http.get(vpath(crowd))).json()["items"]) == 3

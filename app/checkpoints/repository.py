@@ -198,7 +198,7 @@ class CheckpointsRepository:
 
     async def lineage(self, conn: AsyncConnection, pk: int, channels: frozenset[str] | None) -> list[Lineage]:
         """Every checkpoint of the thread, newest first per checkpoint_ns, with its versions and
-        delta counters of ``channels`` only (None: no versions, and ``ANY_CHANNEL`` for counters
+        delta counters of ``channels`` only (None: no versions, and ``ANY_CHANNELS`` for counters
         of any). Streamed, so that only that much of each stays in memory."""
         j = self.backend.json_text
         stmt = select(

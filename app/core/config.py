@@ -369,7 +369,8 @@ class FilesSettings(_Strict):
         "long a slow client holds back PostgreSQL's VACUUM or SQLite's WAL checkpoints, and a pooled connection.",
     )
     max_downloads_per_namespace: int | None = Field(
-        default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads).",
+        default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads); "
+        "also how many downloads from the bucket one namespace may hold (default: half of files.s3.max_connections).",
     )
     inline_types: list[str] = Field(
         default_factory=list,

@@ -387,13 +387,15 @@ class ObjectReader:
             raise RuntimeError(f"object {self.row.object_key} ended after {sent} of {byte_range.length} bytes")
 
     async def close(self) -> None:
-        if self._body is not None:
-            self._body.close()
-            self._body = None
-        if self.socket_body is not None:
-            self.socket_body.close()
-            self.socket_body = None
-        self._slot.release()
+        try:
+            if self._body is not None:
+                self._body.close()
+                self._body = None
+            if self.socket_body is not None:
+                self.socket_body.close()
+                self.socket_body = None
+        finally:
+            self._slot.release()
 
 
 # --- files in a local directory ---------------------------------------------------------------

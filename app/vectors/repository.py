@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, insert, select, update
+from sqlalchemy import Row, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -38,7 +38,12 @@ async def insert_collection(session: AsyncConnection, **values: Any) -> int | No
         return None
 
 
-async def count_collections(session: AsyncConnection, namespace: str) -> int:
+async def count_collections(session: AsyncConnection, namespace: str, *, lock: bool = False) -> int:
+    """The namespace's collections; ``lock``: first take the namespace's transaction lock
+    (PostgreSQL's advisory lock on its name), held until the caller's transaction ends."""
+    if lock and session.dialect.name == "postgresql":
+        key = func.hashtextextended(literal("vector_collections:" + namespace), 0)
+        await session.execute(select(func.pg_advisory_xact_lock(key)))
     stmt = select(func.count()).select_from(vc).where(in_scope(vc, namespace))
     return int((await session.execute(stmt)).scalar_one())
 

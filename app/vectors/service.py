@@ -197,13 +197,6 @@ class VectorService:
             self._check_same(existing, body)
             return existing, False
         vs = self.settings.vectors
-        if await repository.count_collections(conn, namespace) >= vs.max_collections_per_namespace:
-            # each collection is a table with its indexes: on SQLite every connection reads the
-            # whole schema again after any change to it, so an unbounded one slowed every tenant
-            raise Conflict(
-                f"namespace {namespace!r} has {vs.max_collections_per_namespace} collections, the most it may "
-                "(vectors.max_collections_per_namespace); drop one first", code="too_many_collections",
-            )
         requested = body.index.kind if body.index else "hnsw"
         m = (body.index.m if body.index and body.index.m else None) or vs.hnsw_m
         ef_construction = (
@@ -213,6 +206,15 @@ class VectorService:
             # pgvector refuses such a build, and the builder would retry it forever: a 422 on
             # every backend (SQLite searches exactly, but the same request gets the same answer).
             raise InvalidInput("index.ef_construction", f"must be at least twice m ({2 * m}); got {ef_construction}")
+        # Each collection is a table with its indexes: on SQLite every connection reads the whole
+        # schema again after any change to it, so an unbounded number slowed every tenant.
+        # Counted under the namespace's lock (PostgreSQL; SQLite writes one at a time), so
+        # creates at the same moment cannot pass it together.
+        if await repository.count_collections(conn, namespace, lock=True) >= vs.max_collections_per_namespace:
+            raise Conflict(
+                f"namespace {namespace!r} has {vs.max_collections_per_namespace} collections, the most it may "
+                "(vectors.max_collections_per_namespace); drop one first", code="too_many_collections",
+            )
         kind = self.index.index_kind(body.vector_size, requested)
         options: dict[str, Any] = {"kind": kind}
         if kind != "exact":

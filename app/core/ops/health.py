@@ -90,6 +90,8 @@ async def _shared_check(state: GatewayState) -> Readiness:
     running = _checks.get(state)
     if running is None or running.done():
         running = asyncio.ensure_future(_check(state))
+        # retrieved even when every probe waiting on it went away (no "never retrieved" log)
+        running.add_done_callback(lambda done: done.cancelled() or done.exception())
         _checks[state] = running
     return await asyncio.shield(running)  # a caller that goes away does not cancel the others' check
 
