@@ -16,7 +16,7 @@ import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, true
 from storage_gateway_client import GatewayCheckpointSaver, GatewayClient
 
 from app.checkpoints.models import checkpoint_blobs, checkpoint_threads, checkpoint_writes
@@ -444,7 +444,7 @@ async def test_a_run_across_more_threads_than_a_statement_has_parameters_is_dele
             copies = t.alias("copies")
             for table in (checkpoints, checkpoint_metadata_terms):
                 columns = [c for c in table.c if c.name != "thread_pk"]
-                rows = select(copies.c.pk, *columns).where(
+                rows = select(copies.c.pk, *columns).select_from(copies.join(table, true())).where(
                     copies.c.namespace == namespace, copies.c.thread_id.like("x%"), table.c.thread_pk == template,
                 )
                 await conn.execute(insert(table).from_select(["thread_pk", *(c.name for c in columns)], rows))

@@ -196,7 +196,11 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
             await gw.vectors.setup_collection("c", DIM)
             await insert(gw, "c", data[:1500])
             first = (await calibrated(gw, "c"))["index"]["calibration"]
-            assert 1400 <= first["points"] <= 1600, first
+            # ``points`` is PostgreSQL's estimate of the table's rows (the greater of reltuples and
+            # the statistics' live tuples), which can run past the rows stored (3,400 seen for 3,200):
+            # the bounds say when it was measured, not how exactly it was counted (at most 1,600 here
+            # so that the 3,200 rows below double it).
+            assert 1200 < first["points"] <= 1600, first
             kept = recall.parse(await index_comment(own_backend, ns, "c"))
             assert kept is not None and kept.points == first["points"]
             # Grown by a third: not measured again; the planner grows the calibrated ef_search by
@@ -210,7 +214,7 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
             # Doubled: measured again.
             await insert(gw, "c", data[2000:], start=2000)
             second = (await calibrated(gw, "c", points_at_least=2900))["index"]["calibration"]
-            assert second["points"] <= 3300, second
+            assert second["points"] <= 4000, second
             # An index that lost its comment (an operator's COMMENT ON INDEX) is found by the sweep.
             await comment_index(own_backend, ns, "c", "an operator's note")
             before = len(log_lines([server], f"{CALIBRATED} {ns}/c:"))
