@@ -169,6 +169,12 @@ def write_weight(task_id: Any, channel: Any, type_: Any, blob: Any, task_path: A
     return blob + task_id + channel + type_ + task_path + ROW_BYTES
 
 
+def row_bytes(backend: CheckpointsBackend) -> Any:
+    """A row of ``checkpoints``'s own stored bytes: its bytes and its JSON as stored."""
+    n, j = byte_length, backend.json_text
+    return n(cp.c.checkpoint) + n(j(cp.c.metadata)) + n(j(cp.c.channel_versions))
+
+
 def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
     """What a row of ``checkpoints`` weighs without its pending writes: its bytes and JSON as
     stored and the values of its channel versions (their lengths only: no value is read for it)."""
@@ -181,8 +187,7 @@ def checkpoint_bytes(backend: CheckpointsBackend) -> Any:
         blobs.c.channel == v.c.key, blobs.c.version == cast(v.c.value, Text),
     ).correlate(cp, v).limit(1).scalar_subquery()
     values = select(func.coalesce(func.sum(one), 0)).select_from(v).scalar_subquery()
-    j = backend.json_text
-    return n(cp.c.checkpoint) + n(j(cp.c.metadata)) + n(j(cp.c.channel_versions)) + ROW_BYTES + values
+    return row_bytes(backend) + ROW_BYTES + values
 
 
 def pending_bytes(of: Any = cp) -> Any:

@@ -42,6 +42,7 @@ from app.checkpoints.models import checkpoint_retention as retention
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
+from app.checkpoints.reads import row_bytes
 from app.core.db.pages import byte_length
 from app.core.db.upsert import InsertBuilder
 
@@ -313,14 +314,12 @@ class CheckpointsRepository:
     async def thread_bytes(self, conn: AsyncConnection, pk: int) -> int:
         """What the thread's rows hold, in stored bytes: its checkpoints' bytes and JSON, its
         values and its pending writes (lengths only, summed in the database)."""
-        n, j = byte_length, self.backend.json_text
-        parts = [
-            select(func.coalesce(func.sum(n(cp.c.checkpoint) + n(j(cp.c.metadata)) + n(j(cp.c.channel_versions))), 0))
-            .where(cp.c.thread_pk == _PK).scalar_subquery(),
-            select(func.coalesce(func.sum(n(blobs.c.blob)), 0)).where(blobs.c.thread_pk == _PK).scalar_subquery(),
-            select(func.coalesce(func.sum(n(writes.c.blob)), 0)).where(writes.c.thread_pk == _PK).scalar_subquery(),
-        ]
-        return int((await conn.execute(select(parts[0] + parts[1] + parts[2]), {"pk": pk})).scalar_one())
+        def total(table: Table, length: Any) -> Any:
+            return select(func.coalesce(func.sum(length), 0)).where(table.c.thread_pk == _PK).scalar_subquery()
+
+        stmt = select(total(cp, row_bytes(self.backend)) + total(blobs, byte_length(blobs.c.blob))
+                      + total(writes, byte_length(writes.c.blob)))
+        return int((await conn.execute(stmt, {"pk": pk})).scalar_one())
 
     async def copy_thread(self, conn: AsyncConnection, source: int, target: int) -> int:
         """Every row of thread ``source`` into thread ``target`` (rows it already has stay)."""
