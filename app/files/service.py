@@ -342,8 +342,8 @@ class FilesService:
             for ns, types in settings.files.inline_types_by_namespace.items()
         }
         local = LocalFiles(settings.files_directory(), fsync=settings.files.directory.fsync)
-        s3 = settings.files.s3.max_connections  # the download pool's connections
-        bucket_downloads = Slots("downloads from the bucket", s3, settings.files.max_downloads_per_namespace or s3 // 2)
+        s3_pool = settings.files.s3.max_connections  # the download pool's connections
+        bucket_downloads = Slots("downloads from the bucket", s3_pool, settings.files.max_downloads_per_namespace or s3_pool // 2)
         self.blobs = BlobStore(
             self.repo, self.write, self.chunk_bytes, objects, settings.files_backend(), local, bucket_downloads
         )

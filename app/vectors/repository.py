@@ -38,10 +38,11 @@ async def insert_collection(session: AsyncConnection, **values: Any) -> int | No
         return None
 
 
-async def count_collections(session: AsyncConnection, namespace: str, *, lock: bool = False) -> int:
-    """The namespace's collections; ``lock``: first take the namespace's transaction lock
-    (PostgreSQL's advisory lock on its name), held until the caller's transaction ends."""
-    if lock and session.dialect.name == "postgresql":
+async def count_collections_locked(session: AsyncConnection, namespace: str) -> int:
+    """The namespace's collections, counted under the namespace's transaction lock (PostgreSQL's
+    advisory lock on its name; SQLite writes one at a time), held until the caller's transaction
+    ends: creates at the same moment are counted one after another."""
+    if session.dialect.name == "postgresql":
         key = func.hashtextextended(literal("vector_collections:" + namespace), 0)
         await session.execute(select(func.pg_advisory_xact_lock(key)))
     stmt = select(func.count()).select_from(vc).where(in_scope(vc, namespace))

@@ -208,9 +208,7 @@ class VectorService:
             raise InvalidInput("index.ef_construction", f"must be at least twice m ({2 * m}); got {ef_construction}")
         # Each collection is a table with its indexes: on SQLite every connection reads the whole
         # schema again after any change to it, so an unbounded number slowed every tenant.
-        # Counted under the namespace's lock (PostgreSQL; SQLite writes one at a time), so
-        # creates at the same moment cannot pass it together.
-        if await repository.count_collections(conn, namespace, lock=True) >= vs.max_collections_per_namespace:
+        if await repository.count_collections_locked(conn, namespace) >= vs.max_collections_per_namespace:
             raise Conflict(
                 f"namespace {namespace!r} has {vs.max_collections_per_namespace} collections, the most it may "
                 "(vectors.max_collections_per_namespace); drop one first", code="too_many_collections",
