@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 from storage_gateway_client import GatewayClient
 
 if TYPE_CHECKING:
+    from app.core.config import Settings
     from tests.s3server import SeaweedS3
 
 BACKENDS = ("sqlite", "postgres")
@@ -246,6 +247,19 @@ def run_cli(backend: Backend, *args: str, timeout: float = 120, **extra_env: str
     return subprocess.run(
         [str(BIN / "storage-gateway"), *args],
         env=gateway_env(backend, **extra_env), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def in_process_settings(backend: Backend, tmp_path: Path, **extra: Any) -> Settings:
+    """Settings of an app run in the test's process on ``backend``'s databases (migrated by the
+    ``server`` fixture) and file storage, auth off."""
+    from app.core.config import Settings
+
+    if backend.files != "s3":  # where the backend's gateway keeps file bytes (s3 needs its env)
+        extra.setdefault("files", {"backend": backend.files})
+    return Settings(
+        databases={db: {"url": url} for db, url in backend.urls.items()},
+        data_dir=tmp_path, auth={"mode": "disabled"}, auto_migrate=False, **extra,
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from app.core.config import Settings
 from app.main import create_app
-from tests.conftest import Backend, Server
+from tests.conftest import Backend, Server, in_process_settings
 
 PROBLEM = "application/problem+json"
 
@@ -466,9 +466,7 @@ async def test_a_page_weighs_only_the_checkpoints_it_answers(backend: Backend, s
     from app.core.config import Database
     from app.core.state import gateway_state
 
-    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
-                        auth={"mode": "disabled"}, auto_migrate=False)
-    app = create_app(settings)
+    app = create_app(in_process_settings(backend, tmp_path))
     n = 2000
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
@@ -506,9 +504,7 @@ async def test_a_thread_larger_than_a_copy_may_write_is_413_and_copies_nothing(
     """Found by attack: a copy wrote the whole source thread again whatever its size, from one
     small request (and on SQLite held the write lock of every namespace's checkpoints while it
     did). A copy now writes at most ``checkpoints.max_copy_bytes``."""
-    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
-                        auth={"mode": "disabled"}, auto_migrate=False, checkpoints={"max_copy_bytes": 10_000})
-    app = create_app(settings)
+    app = create_app(in_process_settings(backend, tmp_path, checkpoints={"max_copy_bytes": 10_000}))
     data = base64.b64encode(b"x" * 3000).decode()
     base = f"/v1/{namespace}/checkpoints"
     async with app.router.lifespan_context(app):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.core.config import Database, Settings
-from tests.conftest import Backend, free_port, run_cli, start_server, stop_server
+from tests.conftest import Backend, free_port, in_process_settings, run_cli, start_server, stop_server
 
 
 async def test_healthz(http: httpx.AsyncClient) -> None:
@@ -52,9 +52,7 @@ async def test_probes_that_arrive_together_share_one_readiness_check(
         return await real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(health, "current_revision", slow_revision)
-    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
-                        auth={"mode": "disabled"}, auto_migrate=False)
-    app = create_app(settings)
+    app = create_app(in_process_settings(backend, tmp_path))
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             answers = await asyncio.gather(*(client.get("/readyz") for _ in range(50)))

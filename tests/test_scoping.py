@@ -24,7 +24,7 @@ from app.core.config import Settings
 from app.core.db.tables import METADATA
 from app.core.state import gateway_state
 from app.main import create_app
-from tests.conftest import Backend, Server
+from tests.conftest import Backend, Server, in_process_settings
 
 NAMESPACED = sorted(t.name for capability in BUILTIN for t in capability.tables)
 capturing: contextvars.ContextVar[bool] = contextvars.ContextVar("capturing", default=False)
@@ -146,15 +146,6 @@ def assert_scoped(captured: list[tuple[str, Any]], tables: list[str], namespace:
         assert namespace in flat, f"statement on {touched} without the caller's namespace bound:\n{statement}\n{flat}"
     assert checked >= at_least, f"only {checked} statements on namespaced tables were seen"
     assert {t for s, _ in captured for t in tables if table_re[t].search(s)} == set(tables)
-
-
-def in_process_settings(backend: Backend, tmp_path: Path, **extra: Any) -> Settings:
-    if backend.files != "s3":  # where the backend's gateway keeps file bytes (s3 needs its env)
-        extra.setdefault("files", {"backend": backend.files})
-    return Settings(
-        databases={db: {"url": url} for db, url in backend.urls.items()},
-        data_dir=tmp_path, auth={"mode": "disabled"}, auto_migrate=False, **extra,
-    )
 
 
 async def test_every_statement_on_a_namespaced_table_is_scoped(

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 from app.core.db.sqlite import SQLITE
 from storage_gateway_client._vectors import pack_vector
-from tests.conftest import VECTOR_BACKENDS
+from tests.conftest import VECTOR_BACKENDS, in_process_settings
 from tests.test_vectors_index import pg_connect, table_of
 
 pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
@@ -498,12 +498,9 @@ async def test_a_namespace_holds_at_most_its_share_of_collections(backend, serve
     """Found by attack: collections had no ceiling, and each is a table with its indexes (and a
     full-text table): on SQLite every connection reads the whole schema again after a change to
     it. Past ``vectors.max_collections_per_namespace`` a create is 409 and makes nothing."""
-    from app.core.config import Settings
     from app.main import create_app
 
-    settings = Settings(databases={db: {"url": url} for db, url in backend.urls.items()}, data_dir=tmp_path,
-                        auth={"mode": "disabled"}, auto_migrate=False, vectors={"max_collections_per_namespace": 3})
-    app = create_app(settings)
+    app = create_app(in_process_settings(backend, tmp_path, vectors={"max_collections_per_namespace": 3}))
     body = {"vector_size": 2, "distance": "l2", "text_field": "text"}
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
