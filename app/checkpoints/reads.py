@@ -119,7 +119,7 @@ def _statement(backend: CheckpointsBackend, shape: Shape) -> Any:
     if shape.single:  # one checkpoint: its weight alone decides (no running sum to cut at)
         kept = weighed.cte("page_keys")
     else:
-        in_order = weighed.order_by(o.checkpoint_id.desc(), o.thread_pk.desc(), o.checkpoint_ns.desc())
+        in_order = weighed.order_by(*(o[name].desc() if desc else o[name] for name, desc in _NEWEST_FIRST))
         kept = budgeted(in_order, _NEWEST_FIRST, budget, first_always=False).cte("page_keys")
     page = select(
         kept, cp.c.parent_checkpoint_id, cp.c.type, cp.c.checkpoint, cp.c.channel_versions, cp.c.metadata,
