@@ -115,7 +115,10 @@ async def test_searches_use_the_ef_search_measured_on_the_collection(
     info = await calibrated(gw, "r")
     cal = info["index"]["calibration"]
     assert cal["ef_search"] in LADDER and cal["target_recall"] == 0.98 and cal["queries"] == 50 and cal["k"] == 10
-    assert 1500 < cal["points"] <= 3100 and cal["seconds"] >= 0
+    # ``points`` is PostgreSQL's estimate of the rows (the greater of reltuples and the statistics'
+    # live tuples): it has run past the 3,000 stored (5,500 seen once), so only the floor says the
+    # calibration ran on the whole collection.
+    assert 1500 < cal["points"] and cal["seconds"] >= 0
     # Kept as the index's comment, and logged with what each ef_search measured; the target
     # reached, or the graph's best (twice the ef_search recalled no more).
     kept = recall.parse(await index_comment(server.backend, namespace, "r"))
