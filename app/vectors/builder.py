@@ -385,14 +385,17 @@ class IndexBuilder:
         if self.target_recall <= 0:
             return False
         current = recall.parse(await raw.fetchval(INDEX_COMMENT, hnsw_index_name(coll)))
-        return recall.due(current, int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0), self.target_recall)
+        if not recall.due(current, int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0), self.target_recall):
+            return False
+        # The estimate can run well past the rows (below): confirmed on the count before measuring.
+        return recall.due(current, await _count_rows(raw, coll), self.target_recall)
 
     async def _calibrate(self, raw: Any, coll: CollectionInfo) -> recall.Calibration | None:
         """Measure the recall of the collection's graph (``app.vectors.recall``), keep the result
         as the HNSW index's comment and log it; holding the build lock, on a session closed after."""
         started = time.perf_counter()
         target, n = self.target_recall, self.calibration_queries
-        points = int(await raw.fetchval(TABLE_ROWS, coll.data_table) or 0)
+        points = await _count_rows(raw, coll)
         sample_sql, exact_sql, graph_sql = calibration_statements(coll, recall.K + 1)
         pct = 100.0 if points <= 0 else min(100.0, 100.0 * 4 * n / points)
         sampled = await raw.fetch(sample_sql, pct, n, timeout=BUILD_TIMEOUT_SECONDS)
@@ -546,3 +549,11 @@ class IndexBuilder:
         """The collection's point count, counted no further than ``index_min_rows``."""
         cap = max(int(self.min_rows), 1)
         return int(await raw.fetchval(f"SELECT count(*) FROM (SELECT 1 FROM {coll.data_table} LIMIT {cap}) s"))
+
+
+async def _count_rows(raw: Any, coll: CollectionInfo) -> int:
+    """The collection's rows, counted. A calibration compares every sampled point with all of
+    them, so a count costs it little; PostgreSQL's estimate (``TABLE_ROWS``) ran 5% past the rows
+    of a 50,000-point load and 83% past a 3,000-point test's (``n_live_tup`` counts rows written
+    while an autovacuum or autoanalyze ran twice), which would delay the next calibration."""
+    return int(await raw.fetchval(f"SELECT count(*) FROM {coll.data_table}", timeout=BUILD_TIMEOUT_SECONDS))
