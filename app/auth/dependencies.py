@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.auth.service import ADMIN, ANONYMOUS, Principal, same_secret
+from app.core.config import Settings
 from app.core.errors import Forbidden, TooManyRequests, Unauthorized
 from app.core.state import disk_space_of, gateway_state
 
@@ -31,13 +32,10 @@ async def authenticate(request: Request) -> Principal:
     if settings.auth.mode == "disabled":
         request.scope[_PRINCIPAL] = ANONYMOUS
         return ANONYMOUS
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = _bearer_token(request)
+    if not token:
         raise Unauthorized("an API key is required: send `Authorization: Bearer <key>`", headers=_CHALLENGE)
-    admin_key = settings.auth.admin_key
-    if admin_key is not None and same_secret(token, admin_key.get_secret_value()):
+    if _is_admin_key(settings, token):
         principal = ADMIN
     else:
         found = await state.key_cache.principal(token)
@@ -56,6 +54,26 @@ async def authenticate(request: Request) -> Principal:
             )
     request.scope[_PRINCIPAL] = principal
     return principal
+
+
+def presents_admin_key(request: Request) -> bool:
+    """Whether the request carries the admin key, checked as ``authenticate`` checks it, for an
+    answer that needs no key but tells the admin more (``/readyz``). Any other key, or none, is
+    simply not the admin: no 401, no look-up in the keys table (so it answers with the database
+    down) and no rate-limit token spent."""
+    token = _bearer_token(request)
+    return bool(token) and _is_admin_key(gateway_state(request.app).settings, token)
+
+
+def _bearer_token(request: Request) -> str:
+    """The key of ``Authorization: Bearer <key>``, or "" without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _is_admin_key(settings: Settings, token: str) -> bool:
+    admin_key = settings.auth.admin_key
+    return admin_key is not None and same_secret(token, admin_key.get_secret_value())
 
 
 async def capability_guard(request: Request, capability: str, reads: bool) -> None:

@@ -48,8 +48,11 @@ class ObjectStoreUnavailable(ServiceUnavailable):
 
     code = "object_store_unavailable"
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, reason: str = "the object store is unavailable") -> None:
+        """``reason``: the same in a few words that name no bucket, key or endpoint (what ``/readyz``
+        tells a caller without the admin key)."""
         super().__init__(detail, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        self.reason = reason
 
 
 class _Encryption(TypedDict, total=False):
@@ -68,8 +71,9 @@ def namespace_segment(namespace: str) -> str:
 
 
 @contextmanager
-def translated(action: str) -> Iterator[None]:
-    """botocore/aiohttp errors of ``action`` as ``ObjectMissing`` / ``ObjectStoreUnavailable``."""
+def translated(action: str, *, level: int = logging.WARNING) -> Iterator[None]:
+    """botocore/aiohttp errors of ``action`` as ``ObjectMissing`` / ``ObjectStoreUnavailable``,
+    each logged at ``level``."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -79,17 +83,24 @@ def translated(action: str) -> Iterator[None]:
         code = str(err.get("Code", ""))
         if code in _MISSING_CODES:
             raise ObjectMissing(code) from None
-        log.warning("object store refused %s: %s %s", action, code, err.get("Message", ""))
-        raise ObjectStoreUnavailable(f"the object store refused to {action} ({code})") from None
+        log.log(level, "object store refused %s: %s %s", action, code, err.get("Message", ""))
+        raise ObjectStoreUnavailable(
+            f"the object store refused to {action} ({code})", reason="the object store refused the request"
+        ) from None
     except (TimeoutError, BotoCoreError, OSError) as exc:
-        log.warning("object store unreachable during %s: %s", action, exc.__class__.__name__)
-        raise ObjectStoreUnavailable(f"the object store is unreachable ({action}); retry later") from None
+        log.log(level, "object store unreachable during %s: %s", action, exc.__class__.__name__)
+        raise ObjectStoreUnavailable(
+            f"the object store is unreachable ({action}); retry later", reason="the object store is unreachable"
+        ) from None
     except Exception as exc:
         import aiohttp
 
         if isinstance(exc, aiohttp.ClientError):
-            log.warning("object store connection failed during %s: %s", action, exc.__class__.__name__)
-            raise ObjectStoreUnavailable(f"the object store connection failed ({action}); retry later") from None
+            log.log(level, "object store connection failed during %s: %s", action, exc.__class__.__name__)
+            raise ObjectStoreUnavailable(
+                f"the object store connection failed ({action}); retry later",
+                reason="the object store is unreachable",
+            ) from None
         raise
 
 
@@ -443,12 +454,15 @@ class S3Objects:
             )
 
     async def check(self) -> None:
-        """Raise unless the bucket answers to these credentials."""
+        """Raise unless the bucket answers to these credentials. Logged by the caller, not here
+        (``/readyz`` logs a change, not every probe's check)."""
         try:
-            with translated("reach the bucket"):
+            with translated("reach the bucket", level=logging.DEBUG):
                 await self._client.head_bucket(Bucket=self.bucket)
         except ObjectMissing:
-            raise ObjectStoreUnavailable(f"bucket {self.bucket!r} does not exist") from None
+            raise ObjectStoreUnavailable(
+                f"bucket {self.bucket!r} does not exist", reason="the bucket does not exist"
+            ) from None
 
     # --- listings (for the sweep) --------------------------------------------------------
 

@@ -534,19 +534,25 @@ class FilesService:
 
     async def readiness(self) -> StorageStatus:
         """Where new file bytes go, and whether the bucket answers (s3) or the directory is
-        writable (directory)."""
+        writable (directory). ``location`` and ``error`` name the bucket or a path; ``public_error``
+        names neither (``/readyz`` shows only that to a caller without the admin key)."""
         objects = self.blobs.objects
         if self.blobs.backend == "directory":
             local = self.blobs.local
             error = await anyio.to_thread.run_sync(local.writable)
-            return StorageStatus(backend="directory", reachable=error is None, location=str(local.root), error=error)
+            return StorageStatus(backend="directory", reachable=error is None, location=str(local.root), error=error,
+                                 public_error=None if error is None else "the files directory is not writable")
         if self.blobs.backend != "s3" or objects is None:
             return StorageStatus(backend="database", reachable=True)
         try:
             await asyncio.wait_for(objects.check(), objects.settings.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - report, never raise
-            error = exc.detail if isinstance(exc, ObjectStoreUnavailable) else exc.__class__.__name__
-            return StorageStatus(backend="s3", reachable=False, location=objects.bucket, error=error)
+            if isinstance(exc, ObjectStoreUnavailable):
+                error, public = exc.detail, exc.reason
+            else:  # the check's timeout, or an error the client did not translate
+                error, public = exc.__class__.__name__, "the object store is unreachable"
+            return StorageStatus(backend="s3", reachable=False, location=objects.bucket, error=error,
+                                 public_error=public)
         return StorageStatus(backend="s3", reachable=True, location=objects.bucket)
 
     def presigns(self, row: FileRow) -> bool:

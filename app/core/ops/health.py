@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from app.auth.dependencies import presents_admin_key
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.core.db.migrations import current_revision, head_revision
 from app.core.state import GatewayState, gateway_state
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger("app.health")
 
 
 class DatabaseStatus(BaseModel):
@@ -27,12 +30,33 @@ class DatabaseStatus(BaseModel):
 
 
 class StorageStatus(BaseModel):
-    """Storage outside the databases (the files bucket): reported, not part of ``ready``."""
+    """Storage outside the databases (the files bucket or directory): reported, not part of ``ready``.
+
+    ``location`` and ``error`` may name the bucket or a path, which ``/readyz`` (no key needed)
+    shows only to the admin key, or to everyone with auth disabled; anyone else gets ``redacted()``.
+    """
 
     backend: str = Field(examples=["s3"])
     reachable: bool
-    location: str | None = Field(default=None, description="The bucket, for s3.")
-    error: str | None = None
+    location: str | None = Field(
+        default=None,
+        description="Where the bytes go: the bucket (s3) or the directory (directory). Only for the admin key "
+        "(or with auth disabled); null for any other caller.",
+    )
+    error: str | None = Field(
+        default=None,
+        description="Why it is not reachable: in full (naming the bucket or a path) for the admin key or with auth "
+        "disabled, a short reason that names neither for any other caller.",
+    )
+    public_error: str | None = Field(
+        default=None, exclude=True,
+        description="``error`` in words that name no bucket, path or host (never sent: what ``redacted`` shows).",
+    )
+
+    def redacted(self) -> StorageStatus:
+        """This status as a caller without the admin key sees it: no location, the short reason."""
+        public = None if self.error is None else self.public_error or "unreachable"
+        return self.model_copy(update={"location": None, "error": public})
 
 
 class Readiness(BaseModel):
@@ -42,9 +66,13 @@ class Readiness(BaseModel):
     databases: dict[str, DatabaseStatus]
     storage: dict[str, StorageStatus] = Field(
         default_factory=dict,
-        description="Storage besides the databases (files on s3). An unreachable bucket does not make the "
-        "gateway unready: the other capabilities still serve, files routes answer 503 with Retry-After.",
+        description="Storage besides the databases (files on s3 or in a directory). An unreachable bucket does not "
+        "make the gateway unready: the other capabilities still serve, files routes answer 503 with Retry-After.",
     )
+
+    def redacted(self) -> Readiness:
+        """The answer for a caller without the admin key: each storage's ``redacted()``."""
+        return self.model_copy(update={"storage": {name: s.redacted() for name, s in self.storage.items()}})
 
 
 async def _status(databases: Databases, db: Database) -> DatabaseStatus:
@@ -73,14 +101,21 @@ async def healthz() -> dict[str, str]:
     responses={503: {"model": Readiness, "description": "A database is unreachable or behind"}},
 )
 async def readyz(request: Request) -> JSONResponse:
-    """200 when all three databases answer and are at the migrations' head; 503 otherwise."""
-    result = await _shared_check(gateway_state(request.app))
+    """200 when all three databases answer and are at the migrations' head; 503 otherwise.
+
+    It needs no key: where file bytes are kept (``storage.*.location``) and errors that name it
+    are shown only to the admin key, or to everyone with auth disabled (there are no keys)."""
+    state = gateway_state(request.app)
+    result = await _shared_check(state)
+    if state.settings.auth.mode != "disabled" and not presents_admin_key(request):
+        result = result.redacted()
     status = 200 if result.ready else 503
     headers = {} if result.ready else {"Retry-After": "2"}
     return JSONResponse(result.model_dump(), status_code=status, headers=headers)
 
 
 _checks: weakref.WeakKeyDictionary[GatewayState, asyncio.Future[Readiness]] = weakref.WeakKeyDictionary()
+_reachable: weakref.WeakKeyDictionary[GatewayState, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 async def _shared_check(state: GatewayState) -> Readiness:
@@ -103,10 +138,28 @@ async def _check(state: GatewayState) -> Readiness:
     storage = await asyncio.gather(*(check() for check in checks.values()))
     space = state.disk_space
     disk_full = space.reason() if space is not None else None
-    return Readiness(
+    result = Readiness(
         ready=all(s.reachable and s.migrated for s in statuses) and disk_full is None,
         reason=disk_full,
         auth=state.settings.auth.mode,
         databases={db.value: s for db, s in zip(Database, statuses, strict=True)},
         storage=dict(zip(checks, storage, strict=True)),
     )
+    _log_changes(state, result.storage)
+    return result
+
+
+def _log_changes(state: GatewayState, storage: dict[str, StorageStatus]) -> None:
+    """The detailed error (and where) at WARNING when a storage stops being reachable, at INFO when
+    it is again: once per change, however many probes come (a storage not checked before counts
+    as reachable, so one that is down from the start is logged once too). Checks of one state
+    never overlap (``_shared_check``)."""
+    known = _reachable.setdefault(state, {})
+    for name, status in storage.items():
+        was = known.get(name, True)
+        known[name] = status.reachable
+        where = f"{status.backend} {status.location}" if status.location else status.backend
+        if was and not status.reachable:
+            log.warning("%s storage (%s) is unreachable: %s", name, where, status.error)
+        elif not was and status.reachable:
+            log.info("%s storage (%s) is reachable again", name, where)
