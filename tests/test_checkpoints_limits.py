@@ -509,7 +509,7 @@ async def test_a_thread_larger_than_a_copy_may_write_is_413_and_copies_nothing(
     base = f"/v1/{namespace}/checkpoints"
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
-            for i in range(3):  # 3 x 3,000 bytes and their JSON: under 10,000
+            for i in range(3):  # 3 x (3,000 bytes, their JSON and ids, 256 a row): under 10,000
                 body = checkpoint(checkpoint_id=f"c{i}", checkpoint={"type": "bytes", "data": data})
                 assert (await http.post(f"{base}/put", json=body)).status_code == 200
             r = await http.post(f"{base}/threads/copy", json={"source_thread_id": "t", "target_thread_id": "u"})
@@ -520,3 +520,48 @@ async def test_a_thread_larger_than_a_copy_may_write_is_413_and_copies_nothing(
             assert_problem(r, 413, "max_copy_bytes")
             r = await http.post(f"{base}/search", json={"thread_id": "v"})
             assert r.status_code == 200 and r.json()["items"] == []
+
+
+@pytest.mark.parametrize("where", ["values", "writes", "terms"])
+async def test_a_thread_whose_bytes_are_in_its_keys_is_weighed_whole_by_a_copy(
+    backend: Backend, server: Server, tmp_path: Path, namespace: str, where: str
+) -> None:
+    """Found by attack: the copy limit weighed a thread's values and pending writes by their bytes
+    alone, so a thread whose weight was in its keys (a 1,024-character checkpoint_ns, channels,
+    versions, task ids and paths, with empty bytes) weighed a few bytes: five checkpoints with
+    1,000 such values and 1,000 such writes each copied 128 MiB under a ``max_copy_bytes`` of
+    1 MiB. A copy now weighs every stored byte of every row it writes (keys, identifiers and the
+    metadata terms SQLite keeps for filters included) and refuses the thread, writing nothing."""
+    if where == "terms" and backend.is_postgres:
+        pytest.skip("metadata terms are SQLite's (PostgreSQL filters with its GIN index)")
+    from sqlalchemy import func, select
+
+    from app.checkpoints.models import checkpoint_threads
+    from app.core.config import Database
+    from app.core.state import gateway_state
+
+    app = create_app(in_process_settings(backend, tmp_path, checkpoints={"max_copy_bytes": 100_000}))
+    base = f"/v1/{namespace}/checkpoints"
+    cns = "n" * 1000
+    body = checkpoint(thread_id="keys", checkpoint_ns=cns, checkpoint={"type": "bytes", "data": ""})
+    if where == "values":  # 60 x (1,000 + 1,003 + 128 + 5) key bytes, no value bytes
+        body["blobs"] = [{"channel": f"{i:03}" + "c" * 1000, "version": "v" * 128, "type": "bytes", "data": ""} for i in range(60)]
+    elif where == "terms":  # 1,000 terms that each repeat the 1,000-byte checkpoint_ns; ~11 KB of JSON
+        body["metadata"] = {f"k{i:03}": 0 for i in range(1000)}
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            assert (await http.post(f"{base}/put", json=body)).status_code == 200
+            if where == "writes":  # 30 x (1,000 + 4,000 + 1,000 + 1,000 + 5) key bytes, no write bytes
+                writes = {"thread_id": "keys", "checkpoint_ns": cns, "checkpoint_id": "c1", "task_id": "T" * 1000,
+                          "task_path": "P" * 4000,
+                          "writes": [{"idx": i, "channel": "c" * 1000, "type": "bytes", "data": ""} for i in range(30)]}
+                r = await http.post(f"{base}/writes", json=writes)
+                assert r.status_code == 204, r.text
+            r = await http.post(f"{base}/threads/copy", json={"source_thread_id": "keys", "target_thread_id": "keys-copy"})
+            assert_problem(r, 413, "max_copy_bytes")
+            r = await http.post(f"{base}/search", json={"thread_id": "keys-copy"})
+            assert r.status_code == 200 and r.json()["items"] == []
+            t = checkpoint_threads
+            async with gateway_state(app).databases.engine(Database.checkpoints).connect() as conn:
+                made = select(func.count()).where(t.c.namespace == namespace, t.c.thread_id == "keys-copy")
+                assert (await conn.execute(made)).scalar_one() == 0

@@ -22,6 +22,7 @@ from sqlalchemy import BigInteger, Integer, Text, and_, bindparam, case, cast, f
 
 from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoint_blobs as blobs
+from app.checkpoints.models import checkpoint_metadata_terms as terms
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
@@ -173,6 +174,37 @@ def row_bytes(backend: CheckpointsBackend) -> Any:
     """A row of ``checkpoints``'s own stored bytes: its bytes and its JSON as stored."""
     n, j = byte_length, backend.json_text
     return n(cp.c.checkpoint) + n(j(cp.c.metadata)) + n(j(cp.c.channel_versions))
+
+
+# What a stored row holds whole (what a copy writes again, ``CheckpointsRepository.thread_bytes``):
+# a read's weight of it and the keys a read does not count, as it has them already (the
+# checkpoint_ns, checkpoint_id and version it looked the row up by).
+
+
+def checkpoint_row_bytes(backend: CheckpointsBackend) -> Any:
+    """A stored row of ``checkpoints``: its ``row_bytes``, its keys, parent and type, and ``ROW_BYTES``."""
+    n, c = byte_length, cp.c
+    keys = n(c.checkpoint_ns) + n(c.checkpoint_id) + func.coalesce(n(c.parent_checkpoint_id), 0) + n(c.type)
+    return row_bytes(backend) + keys + ROW_BYTES
+
+
+def value_row_bytes() -> Any:
+    """A stored row of ``checkpoint_blobs``: its ``value_weight`` and its checkpoint_ns and version."""
+    n, b = byte_length, blobs.c
+    return value_weight(n(b.channel), n(b.type), n(b.blob)) + n(b.checkpoint_ns) + n(b.version)
+
+
+def write_row_bytes() -> Any:
+    """A stored row of ``checkpoint_writes``: its ``write_weight`` and its checkpoint_ns and checkpoint_id."""
+    n, w = byte_length, writes.c
+    return write_weight(n(w.task_id), n(w.channel), n(w.type), n(w.blob), n(w.task_path)) + n(w.checkpoint_ns) + n(w.checkpoint_id)
+
+
+def term_row_bytes() -> Any:
+    """A stored row of ``checkpoint_metadata_terms`` (SQLite's filter rows: one per top-level
+    scalar of a checkpoint's metadata, each repeating the checkpoint's keys)."""
+    n, t = byte_length, terms.c
+    return n(t.checkpoint_ns) + n(t.checkpoint_id) + n(t.key) + n(t.value) + ROW_BYTES
 
 
 def checkpoint_bytes(backend: CheckpointsBackend) -> Any:

@@ -10,6 +10,8 @@ a stored blob is never interleaved with the statement collecting unreferenced bl
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +44,7 @@ from app.checkpoints.models import checkpoint_retention as retention
 from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
-from app.checkpoints.reads import row_bytes
-from app.core.db.pages import byte_length
+from app.checkpoints.reads import checkpoint_row_bytes, term_row_bytes, value_row_bytes, write_row_bytes
 from app.core.db.upsert import InsertBuilder
 
 _NS: BindParameter[str] = bindparam("ns")
@@ -123,6 +124,11 @@ class CheckpointsRepository:
         self._upsert_writes = w.on_conflict_do_update(
             index_elements=[writes.c.thread_pk, writes.c.checkpoint_ns, writes.c.checkpoint_id, writes.c.task_id, writes.c.idx],
             set_={"channel": w.excluded.channel, "type": w.excluded.type, "blob": w.excluded.blob},
+        )
+        # The tables a copy writes again, each with what one of its rows stores: the copy limit
+        # weighs what ``copy_thread`` writes, table by table, as ``app.checkpoints.reads`` defines it.
+        self._copied: tuple[tuple[Table, Any], ...] = (
+            (blobs, value_row_bytes()), (cp, checkpoint_row_bytes(b)), (writes, write_row_bytes()), (terms, term_row_bytes()),
         )
 
     # --- threads -------------------------------------------------------------------------
@@ -312,19 +318,19 @@ class CheckpointsRepository:
     # --- copy ----------------------------------------------------------------------------
 
     async def thread_bytes(self, conn: AsyncConnection, pk: int) -> int:
-        """What the thread's rows hold, in stored bytes: its checkpoints' bytes and JSON, its
-        values and its pending writes (lengths only, summed in the database)."""
-        def total(table: Table, length: Any) -> Any:
-            return select(func.coalesce(func.sum(length), 0)).where(table.c.thread_pk == _PK).scalar_subquery()
+        """What a copy of the thread writes, in stored bytes: every row of it whole (bytes, JSON,
+        keys and identifiers, 256 bytes a row), summed in the database in one statement."""
+        def total(table: Table, weight: Any) -> Any:
+            return select(func.coalesce(func.sum(weight), 0)).where(table.c.thread_pk == _PK).scalar_subquery()
 
-        stmt = select(total(cp, row_bytes(self.backend)) + total(blobs, byte_length(blobs.c.blob))
-                      + total(writes, byte_length(writes.c.blob)))
+        totals = [total(table, weight) for table, weight in self._copied]
+        stmt = select(functools.reduce(operator.add, totals))
         return int((await conn.execute(stmt, {"pk": pk})).scalar_one())
 
     async def copy_thread(self, conn: AsyncConnection, source: int, target: int) -> int:
         """Every row of thread ``source`` into thread ``target`` (rows it already has stay)."""
         copied = 0
-        for table in (blobs, cp, writes, terms):
+        for table, _ in self._copied:
             columns = [c for c in table.c if c.name != "thread_pk"]
             source_rows = select(literal(target, type_=Integer), *columns).where(table.c.thread_pk == bindparam("src", type_=Integer))
             stmt = self._insert(table).from_select(["thread_pk", *(c.name for c in columns)], source_rows).on_conflict_do_nothing()

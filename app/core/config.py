@@ -245,8 +245,9 @@ class CheckpointsSettings(_Strict):
     )
     max_copy_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1, le=2**60,
-        description="Most stored bytes of a thread one copy writes again (its checkpoints' bytes and JSON, values and "
-        "pending writes); copying a larger thread is a 413 and copies nothing.",
+        description="Most stored bytes of a thread one copy writes again: every row it writes whole (checkpoints' bytes "
+        "and JSON, values, pending writes and, on SQLite, metadata filter terms, with their keys and identifiers, and 256 "
+        "bytes a row); copying a larger thread is a 413 and copies nothing.",
     )
     max_page_bytes: int = Field(
         default=32 * 1024 * 1024, ge=2, le=2**61,
