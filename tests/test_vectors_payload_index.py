@@ -24,6 +24,7 @@ from storage_gateway_client import Conflict, GatewayClient, InvalidRequest, Payl
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text, unescape_text
+from app.vectors.payload_index import MAX_DECLARED_VALUE_BYTES
 from app.vectors.pgvector import _Positional, compile_filter as pg_compile
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, ITERATIVE_SCAN_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
@@ -300,3 +301,36 @@ def test_keyword_statistics_estimate_equalities_as_postgres_does() -> None:
     for flt in ({"other": "a"}, {"user": 7}, {"user": {"$gt": "a"}}, {"user": {"$ne": "a"}}, {"user": "a", "n": 1}):
         assert estimate(parse_filter(flt), stats) is None, flt
     assert unescape_text(escape_text("a\x00b\x01c")) == "a\x00b\x01c"
+
+
+async def test_a_declared_fields_value_fits_its_index_on_both_backends(gw: GatewayClient, server) -> None:
+    """A declared field's value is a B-tree key: PostgreSQL answered 500 for a 10,000-character
+    keyword once the index was built ("index row requires 10016 bytes"), and one such point
+    stored before the build failed every build after. Now the same 422 on both backends, nothing
+    stored, and a value at the bound (incompressible) is indexed and found."""
+    rng = np.random.default_rng(3)
+    data = clustered(1100, DIM, seed=9)  # past vectors.index_min_rows: PostgreSQL builds the indexes
+    await gw.vectors.setup_collection("fit", DIM, payload_indexes=DECLARED)
+    await gw.vectors.upsert_points("fit", data, payloads(1100), [str(i) for i in range(1100)])
+    await wait_ready(gw, server, "fit")
+
+    def letters(n: int) -> str:
+        return "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1, n))
+
+    long = letters(MAX_DECLARED_VALUE_BYTES)  # 1,026 bytes as JSON with its quotes
+    for payload, field in (({"user": long}, "user"), ({"n": long}, "n"), ({"n": {"a": 1}}, "n"), ({"user": [1]}, "user")):
+        with pytest.raises(InvalidRequest) as refused:
+            await gw.vectors.upsert_points("fit", [data[0]], [payload], ["new"])
+        assert refused.value.problem["errors"][0]["loc"] == ["points", "0", "payload", field], refused.value.problem
+        with pytest.raises(InvalidRequest) as refused:
+            await gw.vectors.update_point("fit", "1", payload=payload)
+        assert refused.value.problem["errors"][0]["loc"] == ["payload", field], refused.value.problem
+    assert await gw.vectors.get_point("fit", "new") is None
+    assert (await gw.vectors.get_point("fit", "1"))["payload"] == payloads(2)[1]
+    # At the bound: stored, indexed, found through the declared index.
+    fits = letters(MAX_DECLARED_VALUE_BYTES - 2)
+    await gw.vectors.upsert_points("fit", [data[1]], [{"user": fits, "n": None}], ["edge"])
+    await gw.vectors.update_point("fit", "2", payload={"user": letters(MAX_DECLARED_VALUE_BYTES - 2), "n": 10**30})
+    found = await gw.vectors.search_explained("fit", data[1], 5, filters={"user": fits})
+    assert [h["id"] for h in found["results"]] == ["edge"]
+    assert (await gw.vectors.describe_collection("fit"))["count"] == 1101

@@ -13,6 +13,7 @@ as literals (an expression index only serves a query that spells the same expres
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ PayloadKind = Literal["keyword", "integer", "float", "bool"]
 PAYLOAD_KINDS: tuple[PayloadKind, ...] = ("keyword", "integer", "float", "bool")
 FIELD_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 MAX_PAYLOAD_INDEXES = 16
+# A declared field's value is a B-tree key: PostgreSQL refuses one past about 2,700 bytes
+# ("index row requires 10016 bytes, maximum size is 8191" was a 500, and a point stored before
+# the index was built failed every build after). The same bound on both backends.
+MAX_DECLARED_VALUE_BYTES = 1024
 _FIELD = re.compile(FIELD_PATTERN)
 
 
@@ -62,6 +67,21 @@ def serves_value(kind: PayloadKind, value: Any) -> bool:
     if kind == "bool":
         return isinstance(value, bool)
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def declared_value_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a declared field's value, or None: a string, number, bool or null
+    of at most ``MAX_DECLARED_VALUE_BYTES`` bytes as JSON (an array or object would be indexed
+    as one jsonb key, several times its JSON's size)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        size = len(json.dumps(value))
+    elif isinstance(value, str):
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    else:
+        return "is a declared payload index field: must be a string, number, bool or null"
+    if size > MAX_DECLARED_VALUE_BYTES:
+        return f"is a declared payload index field: must be at most {MAX_DECLARED_VALUE_BYTES} bytes of JSON"
+    return None
 
 
 def sql_index_name(data_table: str, index: PayloadIndex) -> str:

@@ -36,6 +36,7 @@ from app.vectors.backend import (
 )
 from app.vectors.filters import Node, parse_filter
 from app.vectors.planner import Plan, ef_for
+from app.vectors.payload_index import declared_value_problem
 from app.vectors.recall import K, Calibration
 from app.vectors import repository
 from app.vectors.schemas import (
@@ -334,6 +335,7 @@ class VectorService:
             problem = key_problem(pid)
             if problem:
                 raise InvalidInput(f"{where}.id", problem)
+        _check_declared(info, payload, f"{where}.payload")
         return PointIn(
             id=pid,
             vector=vec,
@@ -488,6 +490,7 @@ class VectorService:
             vec = None
         if vec is not None:
             new_vector = PointIn(point_id, vec, "", None, encoding.norm(vec))
+        _check_declared(info, body.payload, "payload")
         payload_json = self._payload_json(body.payload, "payload") if body.payload is not None else None
         found = await self.index.update(
             conn, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
@@ -647,3 +650,14 @@ class VectorService:
 
 def _subgraphs_read(counts: tuple[int, int] | None) -> dict[str, int] | None:
     return None if counts is None else {"built": counts[0], "building": counts[1]}
+
+
+def _check_declared(info: CollectionInfo, payload: dict[str, Any] | None, where: str) -> None:
+    """422 for a value of a declared payload field its index cannot hold (``declared_value_problem``)."""
+    if not payload:
+        return
+    for index in info.payload_indexes:
+        if index.field in payload:
+            problem = declared_value_problem(payload[index.field])
+            if problem is not None:
+                raise InvalidInput(f"{where}.{index.field}", problem)
