@@ -9,12 +9,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.checkpoints.lineage import kept_ids
 from app.checkpoints.reads import CheckpointReader, PageRow
-from app.checkpoints.repository import CheckpointKey, CheckpointsRepository
+from app.checkpoints.repository import CheckpointKey, CheckpointsRepository, Lineage
 from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
@@ -32,6 +33,20 @@ _b64 = base64.b64encode
 
 def _typed(type_: str, data: bytes) -> dict[str, str]:
     return {"type": type_, "data": _b64(data).decode("ascii")}
+
+
+def _doomed(pk: int, lineage: Sequence[Lineage], keep: int, stored: set[tuple[str, str, str]]) -> list[CheckpointKey]:
+    """The checkpoints of ``lineage`` (one thread's) that keep-latest ``keep`` deletes."""
+    by_ns: dict[str, list[Lineage]] = defaultdict(list)
+    for row in lineage:
+        by_ns[row.checkpoint_ns].append(row)
+    doomed: list[CheckpointKey] = []
+    for ns, rows in by_ns.items():
+        if len(rows) <= keep:
+            continue
+        kept = kept_ids(rows, keep, stored)
+        doomed += [(pk, ns, r.checkpoint_id) for r in rows if r.checkpoint_id not in kept]
+    return doomed
 
 
 class CheckpointsService:
@@ -234,17 +249,12 @@ class CheckpointsService:
                 await self.repo.collect_blobs(conn, pk)
             return deleted
         channels = await self.repo.delta_channel_names(conn, pk)
-        lineage = await self.repo.lineage(conn, pk, channels)
-        by_ns: dict[str, list[Any]] = defaultdict(list)
-        for row in lineage:
-            by_ns[row.checkpoint_ns].append(row)
-        if all(len(rows) <= keep for rows in by_ns.values()):
-            return 0
         stored = await self.repo.blob_keys(conn, pk, channels) if channels else set()
-        doomed: list[CheckpointKey] = []
-        for ns, rows in by_ns.items():
-            kept = kept_ids(rows, keep, stored)
-            doomed += [(pk, ns, r.checkpoint_id) for r in rows if r.checkpoint_id not in kept]
+        lineage = await self.repo.lineage(conn, pk, channels, stored)
+        # The walks are pure Python, checkpoints x delta channels (a thread of 7,000 checkpoints
+        # with 64 of them: 0.9 s): in a worker thread, so the event loop keeps its turns (the GIL
+        # passes between them every few milliseconds).
+        doomed = await anyio.to_thread.run_sync(_doomed, pk, lineage, keep, stored)
         if not doomed:
             return 0
         deleted = await self.repo.delete_checkpoints(conn, doomed)
