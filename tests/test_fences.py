@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from fastapi import APIRouter, Cookie, Depends, FastAPI, Header, Query, Response
+from fastapi import APIRouter, Body, Cookie, Depends, FastAPI, Form, Header, Query, Response
 from fastapi.routing import APIRoute
-from pydantic import Json
+from pydantic import BaseModel, ConfigDict, Json
 
 from app.core.fences import aiohttp_, fastapi_, starlette_
 from tests.conftest import Backend
@@ -162,6 +162,64 @@ def test_starlette_route_path_is_what_starlettes_router_matches(scope: dict[str,
         route = Route(ours, endpoint=lambda request: None)
         assert route.matches({"type": "http", "method": "GET", **scope})[0] is Match.FULL
 
+
+
+async def test_starlette_request_json_returns_what_set_parsed_json_handed_over() -> None:
+    """FastAPI's handler reads a body model through ``request.json()``; a body parsed by
+    ``app.core.http.bodies`` is handed to it there, and the body is not parsed again."""
+    from starlette.requests import Request
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"not json", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    handed = object()
+    starlette_.set_parsed_json(request, handed)
+    assert await request.json() is handed
+
+
+class Item(BaseModel):
+    x: int
+
+
+class Checked(BaseModel):
+    model_config = ConfigDict(revalidate_instances="always")
+    x: int
+
+
+def test_fastapi_single_body_model_is_the_body_fastapi_validates_as_a_whole() -> None:
+    app = FastAPI()
+
+    @app.post("/one")
+    async def one(item: Item) -> None: ...
+
+    @app.post("/embedded")
+    async def embedded(item: Annotated[Item, Body(embed=True)]) -> None: ...
+
+    @app.post("/two")
+    async def two(a: Item, b: Item) -> None: ...
+
+    @app.post("/listed")
+    async def listed(items: list[Item]) -> None: ...
+
+    @app.post("/form")
+    async def form(name: Annotated[str, Form()]) -> None: ...
+
+    @app.post("/checked")
+    async def checked(item: Checked) -> None: ...
+
+    @app.post("/none")
+    async def none() -> None: ...
+
+    routes = {r.path: r for r in app.routes if isinstance(r, APIRoute)}
+    assert fastapi_.single_body_model(routes["/one"]) is Item
+    for path in ("/embedded", "/two", "/listed", "/form", "/checked", "/none"):
+        assert fastapi_.single_body_model(routes[path]) is None, path
+    # FastAPI's own validation of that body passes an instance through as itself.
+    field = routes["/one"].body_field
+    assert field is not None
+    item = Item(x=1)
+    assert field.validate(item, {}, loc=("body",))[0] is item
 
 # --- aiohttp ------------------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ parameters outside its own ``solve_dependencies``; planning needs both. What is 
   (with its router's prefix and dependencies) while ``include_router`` builds its handler.
   FastAPI 0.16x calls ``APIRoute.get_route_handler()`` with no argument saying which inclusion
   it builds for (its own TODO says so).
+- ``fastapi.dependencies.utils._should_embed_body_fields(body_params)``: whether FastAPI reads
+  a route's body as an object holding each body parameter (else the body is the one parameter),
+  for ``single_body_model`` (``app.core.http.bodies``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fastapi import routing as _fastapi_routing
 from fastapi.dependencies import utils as _utils
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import request_params_to_args
+from pydantic import BaseModel
 
 __all__ = [
     "DEPENDANT_FIELDS",
@@ -82,3 +86,18 @@ def missing_field_error(loc: tuple[int | str, ...]) -> dict[str, Any]:
     """The error FastAPI reports for a required parameter that is missing at ``loc``."""
     error: dict[str, Any] = _utils.get_missing_field_error(loc=loc)  # type: ignore[attr-defined]  # not in its __all__; pinned
     return error
+
+
+def single_body_model(route: Any) -> type | None:
+    """The pydantic model that is a route's whole JSON body (one body parameter, not embedded,
+    not a form), or None. FastAPI validates the parsed body with the parameter's field, and a
+    model instance passes that check as itself (``revalidate_instances='never'``, the default)."""
+    params = route.dependant.body_params
+    if len(params) != 1 or _utils._should_embed_body_fields(params):
+        return None
+    annotation = params[0].field_info.annotation
+    if not isinstance(annotation, type) or not issubclass(annotation, BaseModel):
+        return None
+    if annotation.model_config.get("revalidate_instances", "never") != "never":
+        return None
+    return annotation

@@ -1,4 +1,4 @@
-"""The path a Starlette router matches a request on.
+"""The path a Starlette router matches a request on, and a parsed JSON body handed to a request.
 
 Starlette's routes match ``get_route_path(scope)`` (``starlette._utils``, private): the ASGI
 ``path`` with the app's ``root_path`` taken off when it starts with it. There is no public
@@ -9,6 +9,9 @@ Starlette's (the private function, and ``Route.matches`` itself) on every case i
 
 from __future__ import annotations
 
+from typing import Any
+
+from starlette.requests import Request
 from starlette.types import Scope
 
 
@@ -23,3 +26,13 @@ def route_path(scope: Scope) -> str:
     if path[len(root_path)] == "/":
         return path[len(root_path):]
     return path
+
+
+def set_parsed_json(request: Request, value: Any) -> None:
+    """Make ``await request.json()`` return ``value`` without parsing the body again.
+
+    Starlette's ``Request.json`` keeps what it parsed in ``_json`` and parses only when that is
+    unset (``tests/test_fences.py`` checks it still does). FastAPI's handler of a route with a body
+    model reads the body through ``request.json()``, so a body parsed (and validated) beforehand
+    by ``app.core.http.bodies`` is handed over this way."""
+    request._json = value
