@@ -33,10 +33,11 @@ from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
 from app.core.config import LimitsSettings
-from app.core.fences.fastapi_ import included_route
+from app.core.fences.fastapi_ import included_route, single_body_model
 from app.core.fences.starlette_ import route_path
+from app.core.http.bodies import model_body_handler
 from app.core.http.planning import compile_handler, opted_out, unplannable_because
-from app.core.jsonvalue import check_json_text
+from app.core.jsonvalue import check_json_encoding
 from app.core.state import gateway_state
 from app.core.http.limits import (
     Body,
@@ -86,7 +87,14 @@ class PlannedRoute(APIRoute):
                     f"{where} cannot be planned: {reason}. Make it plannable (app.core.http.planning) "
                     f"or mark {self.endpoint.__qualname__} @served_by_fastapi(\"why\")"
                 )
-            return fastapis
+            if not route.dependant.body_params:
+                return fastapis
+            model = single_body_model(route)
+            if model is None:
+                raise UnplannedRoute(
+                    f"{where}: a request body must be one pydantic model (app.core.http.bodies reads it)"
+                )
+            return model_body_handler(model, fastapis)
         handler = compile_handler(route.dependant, fastapis, route.dependency_overrides_provider)
         assert handler is not None
         route.planned = True
@@ -189,7 +197,7 @@ class GatedRoutes(BaseRoute):
                     return  # the client went away before the end of its body: nothing to answer
                 if spec.kind is Body.JSON:
                     check_json_shape(body, self.limits)
-                    check_json_text(body)  # one text rule: no lone surrogate, NaN or Infinity
+                    check_json_encoding(body)  # UTF-8; the rest of the text rule is the parser's (bodies.py)
                 receive = replay(body, receive)
                 del body
         await route.handle(scope, receive, send)
