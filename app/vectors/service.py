@@ -311,7 +311,10 @@ class VectorService:
         limits = self.settings.limits
         return parse_filter(raw, field=field, max_depth=limits.max_filter_depth, max_terms=limits.max_filter_terms)
 
-    def _payload_json(self, payload: dict[str, Any] | None, where: str) -> str:
+    def _payload_json(self, info: CollectionInfo, payload: dict[str, Any] | None, where: str) -> str:
+        """The payload as stored JSON, or 422: its declared fields' values fit their indexes
+        (``_check_declared``), and it fits ``limits.max_value_bytes``."""
+        _check_declared(info, payload, where)
         try:
             text = json.dumps(payload or {}, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
         except ValueError:
@@ -335,11 +338,10 @@ class VectorService:
             problem = key_problem(pid)
             if problem:
                 raise InvalidInput(f"{where}.id", problem)
-        _check_declared(info, payload, f"{where}.payload")
         return PointIn(
             id=pid,
             vector=vec,
-            payload_json=self._payload_json(payload, f"{where}.payload"),
+            payload_json=self._payload_json(info, payload, f"{where}.payload"),
             text=_text_of(payload, info.text_field),
             norm=encoding.norm(vec),
         )
@@ -490,8 +492,7 @@ class VectorService:
             vec = None
         if vec is not None:
             new_vector = PointIn(point_id, vec, "", None, encoding.norm(vec))
-        _check_declared(info, body.payload, "payload")
-        payload_json = self._payload_json(body.payload, "payload") if body.payload is not None else None
+        payload_json = self._payload_json(info, body.payload, "payload") if body.payload is not None else None
         found = await self.index.update(
             conn, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
         )
