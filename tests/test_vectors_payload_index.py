@@ -11,8 +11,12 @@ to ``explain`` says which plan ran.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sqlite3
 import time
+import uuid
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -29,8 +33,8 @@ from app.vectors.pgvector import _Positional, compile_filter as pg_compile
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, ITERATIVE_SCAN_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
 from app.vectors.filters import SqlBuilder
-from tests.test_vectors_index import clustered, index_problems, pg_connect, table_of
-from tests.conftest import VECTOR_BACKENDS
+from tests.test_vectors_index import clustered, index_problems, own_backend, pg_connect, table_of  # noqa: F401
+from tests.conftest import VECTOR_BACKENDS, Backend, start_server, stop_server
 
 pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 
@@ -334,3 +338,83 @@ async def test_a_declared_fields_value_fits_its_index_on_both_backends(gw: Gatew
     found = await gw.vectors.search_explained("fit", data[1], 5, filters={"user": fits})
     assert [h["id"] for h in found["results"]] == ["edge"]
     assert (await gw.vectors.describe_collection("fit"))["count"] == 1101
+
+
+@pytest.mark.postgres_only
+async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
+    own_backend: Backend, tmp_path: Path  # noqa: F811
+) -> None:
+    """A point stored before writes checked declared values (here written straight to the
+    table) with a keyword too large for a B-tree key: PostgreSQL refuses that payload index's
+    build. Before, the refusal ended every check of the collection, so its HNSW index was never
+    built either (searches scanned exactly for good) and each sweep tried again. Now that index
+    alone is ``failed``, with the point to fix named in describe; the graph and the other index
+    are built; filtered searches stay exact; the build is tried again after five sweeps' time,
+    and succeeds once the point is deleted."""
+    ns = f"f{uuid.uuid4().hex[:10]}"
+    server = start_server(
+        own_backend, tmp_path / "gateway.log", GATEWAY_VECTORS__INDEX_MIN_ROWS="1200",
+        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
+    )
+    try:
+        async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
+            data = clustered(1300, DIM, seed=5)
+            await gw.vectors.setup_collection("big", DIM, payload_indexes=DECLARED)
+            await gw.vectors.upsert_points("big", data[:1100], payloads(1100), [str(i) for i in range(1100)])
+            # Incompressible letters: PostgreSQL compresses an index key before it measures it.
+            letters = "".join(chr(c) for c in np.random.default_rng(5).integers(ord("a"), ord("z") + 1, 12_000))
+            conn = await pg_connect(own_backend)
+            try:
+                table = await table_of(conn, ns, "big")
+                await conn.execute(
+                    f"INSERT INTO {table} (id, embedding, payload) VALUES ('legacy', $1::text::vector, $2::jsonb)",
+                    "[" + ",".join(str(float(x)) for x in data[1100]) + "]", json.dumps({"user": letters, "n": 1}),
+                )
+            finally:
+                await conn.close()
+            # Past index_min_rows: the builder builds the indexes once writes are quiet.
+            await gw.vectors.upsert_points("big", data[1101:], payloads(1300)[1101:], [str(i) for i in range(1101, 1300)])
+            deadline = time.monotonic() + 120
+            while True:
+                info = await gw.vectors.describe_collection("big")
+                states = [p["state"] for p in info["payload_indexes"]]
+                if info["index"]["state"] == "ready" and states == ["failed", "ready"]:
+                    break
+                assert time.monotonic() < deadline, info
+                await asyncio.sleep(0.2)
+            error = info["payload_indexes"][0]["error"]
+            assert "'legacy'" in error and "index row" in error and info["payload_indexes"][1]["error"] is None, error
+            # The failure is every process's to see: a second gateway on the same databases says so.
+            other = start_server(own_backend, tmp_path / "other.log")
+            try:
+                async with GatewayClient(other.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw2:
+                    seen = (await gw2.vectors.describe_collection("big"))["payload_indexes"][0]
+                    assert seen["state"] == "failed" and seen["error"] == error, seen
+            finally:
+                stop_server(other)
+            # Filters on the field without its index: exact, and the legacy point is found by its value.
+            q = data[7]
+            matches = [i for i in range(1300) if i != 1100 and i % 400 == 7]
+            found = await gw.vectors.search_explained("big", q, 3, filters={"user": "u7"})
+            d = cosine(data[matches], q)
+            assert [h["id"] for h in found["results"]] == [str(matches[j]) for j in np.argsort(d, kind="stable")[:3]]
+            legacy = await gw.vectors.search_explained("big", q, 3, filters={"user": letters})
+            assert [h["id"] for h in legacy["results"]] == ["legacy"]
+            # The point deleted, the next try (five one-second sweeps after the failure) builds it.
+            await gw.vectors.delete_point("big", "legacy")
+            deadline = time.monotonic() + 60
+            while (info := await gw.vectors.describe_collection("big"))["payload_indexes"][0]["state"] != "ready":
+                assert time.monotonic() < deadline, info
+                await asyncio.sleep(0.2)
+            assert info["payload_indexes"][0]["error"] is None
+        log = server.log()
+        # Tried once, then waited: not once a sweep (the old code failed every check).
+        assert log.count("failed: PostgreSQL refused to build the index") == 1, log
+        assert log.count("refused before, is built") == 1, log
+        conn = await pg_connect(own_backend)
+        try:
+            assert await conn.fetchval("SELECT obj_description(to_regclass($1), 'pg_class')", table) is None
+        finally:
+            await conn.close()
+    finally:
+        stop_server(server)

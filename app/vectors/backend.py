@@ -39,6 +39,15 @@ IndexState = Literal["pending", "building", "ready", "exact"]
 
 
 @dataclass(frozen=True)
+class PayloadIndexState:
+    """A declared payload index's state: ``failed`` when PostgreSQL refused to build it from the
+    stored values (``error`` says which and what to do; the builder tries again later)."""
+
+    state: Literal["pending", "building", "ready", "failed"]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class CollectionInfo:
     """A collection's registry row."""
 
@@ -186,9 +195,9 @@ class VectorIndex(ABC):
     @abstractmethod
     async def payload_index_states(
         self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
-    ) -> dict[int, builtins.list[IndexState]]:
+    ) -> dict[int, builtins.list[PayloadIndexState]]:
         """By collection id, the state of each declared payload index in declaration order
-        (``pending``, ``building`` or ``ready``)."""
+        (``pending``, ``building``, ``ready`` or ``failed``)."""
 
     async def subgraph_states(
         self, session: AsyncConnection, colls: builtins.list[CollectionInfo]

@@ -56,7 +56,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
 from app.vectors import recall, subgraphs
-from app.vectors.payload_index import sql_index_name
+from app.vectors.payload_index import MAX_DECLARED_VALUE_BYTES, PayloadIndex, sql_index_name
 from app.vectors.pgvector import (
     BUILD_LOCK_CLASS,
     BUILDER_APPLICATION_NAME,
@@ -64,11 +64,16 @@ from app.vectors.pgvector import (
     INDEX_COMMENT,
     KEYWORD_STATS,
     SUBGRAPH_INDEXES,
+    TABLE_COMMENT,
     TABLE_ROWS,
+    PayloadFailure,
     calibration_statements,
     hnsw_index_name,
     hnsw_index_sql,
     keyword_stats,
+    offending_points_sql,
+    parse_payload_failures,
+    payload_failures_sql,
     payload_index_sql,
     subgraph_index_sql,
     subgraph_like,
@@ -82,6 +87,9 @@ BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the s
 MAX_BUSY_SWEEPS = 5
 PROGRESS_POLL_SECONDS = 5.0
 FIRST_SWEEP_GAP_SECONDS = 3.0
+FAILED_RETRY_SWEEPS = 5  # a payload index refused from the stored values is tried again after this many sweeps' time
+OFFENDERS_NAMED = 3
+PROGRAM_LIMIT_EXCEEDED = "54000"  # a B-tree key past its size bound
 
 # Collections without a valid HNSW index or missing a declared payload index, with the table's
 # write counter; small ones (by the statistics' live-row estimate) only when a stale invalid HNSW
@@ -151,6 +159,7 @@ class IndexBuilder:
         self.subgraph_max_count = settings.subgraph_max_count
         self.target_recall = settings.target_recall
         self.calibration_queries = settings.calibration_queries
+        self.failed_retry_seconds = FAILED_RETRY_SWEEPS * settings.index_sweep_seconds
         self._subgraphs_seen: dict[int, tuple[str, int]] = {}  # id -> (statistics' time, invalid leftovers)
         self._due: dict[int, float] = {}  # collection id -> when to check it (monotonic)
         self._forced: set[int] = set()  # due by the sweep's word: writes do not postpone them
@@ -354,10 +363,8 @@ class IndexBuilder:
                 return "small"
             # The payload indexes first: B-trees take seconds where the graph takes minutes,
             # and filtered searches use them while the graph is still building.
-            missing = [p for p in coll.payload_indexes if not payload[p.position]]
-            for p in missing:
-                await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
-            if missing or (not valid and any(p.kind == "keyword" for p in coll.payload_indexes)):
+            built = await self._payload_indexes(raw, coll, [p for p in coll.payload_indexes if not payload[p.position]])
+            if built or (not valid and any(p.kind == "keyword" for p in coll.payload_indexes)):
                 # Statistics of the new index expressions: PostgreSQL's planner and the gateway's
                 # (``app.vectors.estimate``) estimate filters on declared fields from them, and
                 # the payload subgraphs are chosen from them. Autovacuum would gather them only
@@ -481,6 +488,53 @@ class IndexBuilder:
                 raw, coll, f"payload subgraph of {w.index.field!r} = {w.value!r} (~{w.points} points)",
                 subgraph_index_sql(coll, w.index, w.value),
             )
+
+    async def _payload_indexes(self, raw: Any, coll: CollectionInfo, missing: list[PayloadIndex]) -> list[PayloadIndex]:
+        """Build the ``missing`` payload indexes; those built. One that PostgreSQL refuses to
+        build from the stored values (a value too large for a B-tree key, stored by a version
+        that did not refuse it) is recorded as failed (``PayloadFailure``) and left until
+        ``failed_retry_seconds`` have passed, while the rest of the check goes on: a bad point
+        once kept every later build, the HNSW index's included, from running."""
+        failures = parse_payload_failures(await raw.fetchval(TABLE_COMMENT, coll.data_table))
+        recorded = dict(failures)
+        built = []
+        for p in missing:
+            failure = failures.get(p.position)
+            if failure is not None and time.time() - failure.at < self.failed_retry_seconds:
+                continue
+            try:
+                await self._build(raw, coll, f"{p.kind} payload index on {p.field!r}", payload_index_sql(coll, p))
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != PROGRAM_LIMIT_EXCEEDED:
+                    raise
+                failures[p.position] = await self._payload_failed(raw, coll, p, exc)
+                continue
+            built.append(p)
+            if failures.pop(p.position, None) is not None:
+                log.info("vectors: the %s payload index on %r of %s/%s, refused before, is built",
+                         p.kind, p.field, coll.namespace, coll.collection, extra={"collection_id": coll.id})
+        if failures != recorded:
+            await raw.execute(payload_failures_sql(coll.data_table, failures))
+        return built
+
+    async def _payload_failed(self, raw: Any, coll: CollectionInfo, p: PayloadIndex, exc: asyncpg.PostgresError) -> PayloadFailure:
+        """Drop what the refused build left (an invalid index that every write would still
+        maintain) and say which points to fix."""
+        await self._drop_invalid(raw, coll, sql_index_name(coll.data_table, p))
+        ids = [r[0] for r in await raw.fetch(offending_points_sql(coll, p), OFFENDERS_NAMED + 1, timeout=BUILD_TIMEOUT_SECONDS)]
+        named = ", ".join(repr(i) for i in ids[:OFFENDERS_NAMED]) + (" and more" if len(ids) > OFFENDERS_NAMED else "")
+        points = (
+            f"points whose {p.field!r} is an array, an object or more than {MAX_DECLARED_VALUE_BYTES} bytes of JSON "
+            f"(writes refuse such values now): {named}" if ids else f"no point's {p.field!r} is past the write bound"
+        )
+        error = (
+            f"PostgreSQL refused to build the index from the stored values ({exc}); {points}. Update or delete them: "
+            f"the build is tried again {self.failed_retry_seconds:.0f} s after it failed, and filters on "
+            f"{p.field!r} are correct meanwhile (without the index)"
+        )
+        log.warning("vectors: the %s payload index on %r of %s/%s failed: %s", p.kind, p.field, coll.namespace,
+                    coll.collection, error, extra={"collection_id": coll.id})
+        return PayloadFailure(error, time.time())
 
     async def _payload_validity(self, raw: Any, coll: CollectionInfo) -> dict[int, bool | None]:
         """Each declared payload index by position: valid, invalid (False) or missing (None)."""

@@ -40,6 +40,7 @@ import weakref
 from array import array
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -48,13 +49,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
 from app.vectors import recall, subgraphs
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
 from app.vectors.planner import ITERATIVE_SCAN_MAX, Plan, Subgraph, choose
-from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name
+from app.vectors.payload_index import (
+    MAX_DECLARED_VALUE_BYTES, PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name,
+)
 
 
 HNSW_MAX_DIMS = 2000
@@ -120,6 +123,60 @@ _SUBGRAPH_INDEXES = (
 )
 SUBGRAPH_INDEXES = _SUBGRAPH_INDEXES.format(t="$1", like="$2")
 _SUBGRAPH_INDEXES_NAMED = _SUBGRAPH_INDEXES.format(t=":t", like=":like")
+
+# A table's comment: the builder's record of the payload indexes PostgreSQL refused to build.
+TABLE_COMMENT = "SELECT obj_description(to_regclass($1), 'pg_class')"
+PAYLOAD_FAILURES_MARK = "storage-gateway payload index failures"
+
+
+@dataclass(frozen=True)
+class PayloadFailure:
+    """A payload index PostgreSQL refused to build from the stored values (a value too large
+    for a B-tree key, stored by a version that did not refuse it): why, and when (epoch
+    seconds). Kept as the data table's comment (``payload_failures_sql``), so that every
+    process's describe says so, and the builder waits before it tries again."""
+
+    error: str
+    at: float
+
+
+def parse_payload_failures(comment: str | None) -> dict[int, PayloadFailure]:
+    """The failures kept in a table's comment, by declaration position (none for another comment)."""
+    try:
+        data = json.loads(comment) if comment else None
+    except ValueError:
+        return {}
+    if not isinstance(data, dict) or data.get("mark") != PAYLOAD_FAILURES_MARK or not isinstance(data.get("failed"), dict):
+        return {}
+    out: dict[int, PayloadFailure] = {}
+    for position, failure in data["failed"].items():
+        try:
+            out[int(position)] = PayloadFailure(str(failure["error"]), float(failure["at"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def payload_failures_sql(table: str, failures: Mapping[int, PayloadFailure]) -> str:
+    """The ``COMMENT ON TABLE`` that keeps ``failures`` (or clears the comment)."""
+    if not failures:
+        return f"COMMENT ON TABLE {table} IS NULL"
+    kept = json.dumps({
+        "mark": PAYLOAD_FAILURES_MARK,
+        "failed": {str(k): {"error": f.error, "at": round(f.at, 3)} for k, f in sorted(failures.items())},
+    })  # ASCII: ensure_ascii
+    return f"COMMENT ON TABLE {table} IS '{kept.replace(chr(39), chr(39) * 2)}'"
+
+
+def offending_points_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
+    """Up to $1 ids of the points whose value of ``index``'s field a write is refused now
+    (``payload_index.declared_value_problem``): an array or object, or past
+    ``MAX_DECLARED_VALUE_BYTES`` of JSON."""
+    value = f"(payload -> '{index.field}')"
+    return (
+        f"SELECT id FROM {coll.data_table} WHERE jsonb_typeof({value}) IN ('object', 'array') "
+        f"OR octet_length(CAST({value} AS text)) > {MAX_DECLARED_VALUE_BYTES} ORDER BY id LIMIT $1"
+    )
 
 
 # The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr"),
@@ -452,24 +509,28 @@ class PgVectorIndex(VectorIndex):
 
     async def payload_index_states(
         self, session: AsyncConnection, colls: list[CollectionInfo]
-    ) -> dict[int, list[IndexState]]:
-        names = [sql_index_name(c.data_table, p) for c in colls for p in c.payload_indexes]
-        out: dict[int, list[IndexState]] = {c.id: [] for c in colls}
-        if not names:
+    ) -> dict[int, list[PayloadIndexState]]:
+        declared = [(c, p) for c in colls for p in c.payload_indexes]
+        out: dict[int, list[PayloadIndexState]] = {c.id: [] for c in colls}
+        if not declared:
             return out
         rows = await session.execute(
             text(
                 "SELECT n.name, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
-                "WHERE p.index_relid = i.indexrelid) "
-                "FROM unnest(CAST(:names AS text[])) AS n(name) LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name)"
+                "WHERE p.index_relid = i.indexrelid), obj_description(to_regclass(n.t), 'pg_class') "
+                "FROM unnest(CAST(:names AS text[]), CAST(:tables AS text[])) AS n(name, t) "
+                "LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name)"
             ),
-            {"names": names},
+            {"names": [sql_index_name(c.data_table, p) for c, p in declared], "tables": [c.data_table for c, _ in declared]},
         )
-        found = {name: (valid, running) for name, valid, running in rows}
-        for c in colls:
-            for p in c.payload_indexes:
-                valid, running = found.get(sql_index_name(c.data_table, p), (None, False))
-                out[c.id].append("ready" if valid else "building" if running else "pending")
+        found = {name: (valid, running, comment) for name, valid, running, comment in rows}
+        for c, p in declared:
+            valid, running, comment = found.get(sql_index_name(c.data_table, p), (None, False, None))
+            failure = parse_payload_failures(comment).get(p.position)
+            if valid or running or failure is None:
+                out[c.id].append(PayloadIndexState("ready" if valid else "building" if running else "pending"))
+            else:
+                out[c.id].append(PayloadIndexState("failed", failure.error))
         return out
 
     async def subgraph_states(

@@ -64,10 +64,14 @@ class SubgraphsRead(BaseModel):
 class PayloadIndexRead(BaseModel):
     field: str
     kind: PayloadKind
-    state: Literal["pending", "building", "ready"] = Field(
+    state: Literal["pending", "building", "ready", "failed"] = Field(
         description="pending (built in the background with the HNSW index once the collection is big and quiet; "
-        "filters on the field are correct meanwhile), building, ready. SQLite: made with the collection."
+        "filters on the field are correct meanwhile), building, ready, or failed: PostgreSQL refused to build it "
+        "from the stored values (`error` says which points to fix); filters on the field stay correct without it, "
+        "the HNSW index and the other payload indexes are built regardless, and the build is tried again every "
+        "five `index_sweep_seconds`. SQLite: made with the collection."
     )
+    error: str | None = Field(default=None, description="Why a `failed` index could not be built; null otherwise.")
     subgraphs: SubgraphsRead | None = Field(
         default=None,
         description="Describe of a keyword field of an HNSW collection (pgvector): its payload subgraphs, "

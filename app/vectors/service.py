@@ -29,6 +29,7 @@ from app.vectors.backend import (
     CollectionInfo,
     Hit,
     MissingTable,
+    PayloadIndexState,
     PointIn,
     PointOut,
     RegistryCache,
@@ -143,7 +144,7 @@ class VectorService:
         info: CollectionInfo,
         state: str,
         count: int | None = None,
-        payload_states: Sequence[str] | None = None,
+        payload_states: Sequence[PayloadIndexState] | None = None,
         progress: dict[str, Any] | None = None,
         plans: dict[str, int] | None = None,
         subgraphs: dict[int, tuple[int, int]] | None = None,
@@ -151,7 +152,7 @@ class VectorService:
     ) -> dict[str, Any]:
         idx = dict(info.index)
         kind = idx.get("kind", "exact")
-        states = payload_states or ["pending"] * len(info.payload_indexes)
+        states = payload_states or [PayloadIndexState("pending")] * len(info.payload_indexes)
         return {
             "collection": info.collection,
             "vector_size": info.vector_size,
@@ -171,7 +172,8 @@ class VectorService:
                 "plans": plans,
             },
             "payload_indexes": [
-                {**p.as_option(), "state": st, "subgraphs": _subgraphs_read((subgraphs or {}).get(p.position))}
+                {**p.as_option(), "state": st.state, "error": st.error,
+                 "subgraphs": _subgraphs_read((subgraphs or {}).get(p.position))}
                 for p, st in zip(info.payload_indexes, states, strict=True)
             ],
             "count": count,

@@ -24,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PointIn, Search, VectorIndex
+from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
 from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value
@@ -171,8 +171,8 @@ class SqliteVecIndex(VectorIndex):
 
     async def payload_index_states(
         self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
-    ) -> dict[int, builtins.list[IndexState]]:
-        return {c.id: ["ready" for _ in c.payload_indexes] for c in colls}  # made with the table
+    ) -> dict[int, builtins.list[PayloadIndexState]]:
+        return {c.id: [PayloadIndexState("ready") for _ in c.payload_indexes] for c in colls}  # made with the table
 
     async def build_progress(self, session: AsyncConnection, coll: CollectionInfo) -> dict[str, Any] | None:
         return None
