@@ -17,6 +17,7 @@ stays itself), and orjson writes the compact text with the literals embedded. A 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -115,7 +116,7 @@ def check_json_text(body: bytes) -> None:
     for a body that is not UTF-8 from its first bytes: a byte order mark, or UTF-16/32 (a NUL
     byte in the first four, which JSON in UTF-8 never has). RFC 8259 section 8.1: JSON between
     systems is UTF-8 without a BOM. Python's parser reads all of them, but a value kept as
-    written (``literal_numbers``) is read from UTF-8 only, and a records batch fell back to the
+    written (``literal_members``) is read from UTF-8 only, and a records batch fell back to the
     parsed floats (``1e400`` stored as null).
 
     Malformed JSON is left to the route's parser (which answers it as it always has)."""
@@ -159,16 +160,74 @@ def encode_value(field: str, value: Any, max_bytes: int) -> str:
     return data.decode("utf-8")
 
 
-def literal_numbers(raw: bytes) -> Any | None:
-    """A JSON body parsed with each number kept as written (None when it is not JSON).
+_BLANK = re.compile(r"[ \t\n\r]*")
+LITERAL_YIELD_CHARS = 64 * 1024  # a records batch's second parse gives the event loop a turn this often
+
+
+def _blank(text: str, i: int) -> int:
+    """Past the JSON whitespace at ``i``."""
+    found = _BLANK.match(text, i)
+    return found.end() if found is not None else i
+
+
+async def literal_members(raw: bytes, field: str) -> list[Any] | None:
+    """The array ``field`` of a JSON object body, each item parsed with its numbers kept as
+    written (None when the body is not such an object).
 
     A route that takes a parsed model but stores some of its values as JSON text (a batch of
     records) takes those values from here, so ``1e-400``, ``1.10`` and ``-0`` are stored as sent.
-    It costs a second parse of the body (about as long as the first)."""
+    It costs a second parse of the body: item by item (``raw_decode`` at each item's place, the
+    stdlib's own scanner), the event loop served every ``LITERAL_YIELD_CHARS``. Parsed in one
+    call, 11.6 MiB of records with 1.2 million numbers held the loop 175-240 ms."""
     try:
-        return _value_decoder.decode(raw.decode("utf-8", "surrogatepass"))
+        text = raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    decode, blank = _value_decoder.raw_decode, _blank
+    found: list[Any] | None = None
+    since = 0
+    try:
+        i = blank(text, 0)
+        if text[i:i + 1] != "{":
+            return None
+        i = blank(text, i + 1)
+        closing = False
+        while not closing:
+            key, i = decode(text, i)
+            i = blank(text, i)
+            if not isinstance(key, str) or text[i:i + 1] != ":":
+                return None
+            i = blank(text, i + 1)
+            if key == field and text[i:i + 1] == "[":
+                items: list[Any] = []
+                i = blank(text, i + 1)
+                more = text[i:i + 1] != "]"
+                if not more:
+                    i += 1
+                while more:
+                    start = i
+                    item, i = decode(text, i)
+                    items.append(item)
+                    since += i - start
+                    if since >= LITERAL_YIELD_CHARS:
+                        since = 0
+                        await asyncio.sleep(0)
+                    i = blank(text, i)
+                    if text[i:i + 1] not in (",", "]"):
+                        return None
+                    more = text[i] == ","
+                    i = blank(text, i + 1)
+                found = items  # a repeated member: the last, as json.loads keeps it
+            else:
+                _, i = decode(text, i)
+            i = blank(text, i)
+            if text[i:i + 1] not in (",", "}"):
+                return None
+            closing = text[i] == "}"
+            i = blank(text, i + 1)
     except (ValueError, RecursionError):
         return None
+    return found if i == len(text) else None
 
 
 def parse_value(field: str, raw: bytes, max_bytes: int) -> str:

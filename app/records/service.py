@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Literal
@@ -10,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import LimitsSettings
 from app.core.errors import NotFound, PayloadTooLarge
-from app.core.jsonvalue import encode_value, json_string, literal_numbers, parse_value
+from app.core.jsonvalue import LITERAL_YIELD_CHARS, encode_value, json_string, literal_members, parse_value
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor, invalid_cursor
 from app.core.db.statements import StatementConnection
@@ -47,14 +48,19 @@ class RecordsService:
         if len(records) > limit:
             message = f"at most {limit} records per batch (got {len(records)})"
             raise PayloadTooLarge(f"records: {message}", errors=[{"loc": ["records"], "msg": message}])
-        literal = literal_numbers(body)
+        literal = await literal_members(body, "records")
         values = [r.value for r in records]
-        if isinstance(literal, dict) and isinstance(literal.get("records"), list) and len(literal["records"]) == len(values):
-            values = [item["value"] for item in literal["records"]]
+        if literal is not None and len(literal) == len(values) and all(isinstance(item, dict) for item in literal):
+            values = [item["value"] for item in literal]
         items = []
+        since = 0
         for i, (record, value) in enumerate(zip(records, values, strict=True)):
             key = validate_key(f"records.{i}.key", record.key)
             items.append((key, encode_value(f"records.{i}.value", value, self.limits.max_value_bytes)))
+            since += len(items[-1][1])
+            if since >= LITERAL_YIELD_CHARS:  # the event loop's turn between values, as between their parses
+                since = 0
+                await asyncio.sleep(0)
         await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 
