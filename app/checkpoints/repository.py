@@ -315,17 +315,31 @@ class CheckpointsRepository:
         )
         return (await conn.execute(stmt, {"pk": pk})).rowcount or 0
 
-    async def run_checkpoints(self, conn: AsyncConnection, ns: str, run_id: str) -> list[CheckpointKey]:
-        """Keys of the namespace's checkpoints whose metadata ``run_id`` is ``run_id``."""
-        params: dict[str, Any] = {"ns": ns}
+    def _of_run(self, ns: str, run_id: str, *columns: Any) -> tuple[Any, dict[str, Any]]:
+        """``columns`` of the namespace's checkpoints whose metadata ``run_id`` is ``run_id``."""
         stmt = (
-            select(cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id)
-            .select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
-            .where(threads.c.namespace == _NS)
+            select(*columns).select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
+            .where(threads.c.namespace == _NS, *self.backend.metadata_filter_shape(cp, 1))
         )
-        stmt = stmt.where(*self.backend.metadata_filter_shape(cp, 1))
-        params.update(self.backend.metadata_filter_params({"run_id": run_id}))
-        return [tuple(r) for r in (await conn.execute(stmt, params)).all()]
+        return stmt, {"ns": ns, **self.backend.metadata_filter_params({"run_id": run_id})}
+
+    async def run_threads(self, conn: AsyncConnection, ns: str, run_id: str) -> list[int]:
+        """The threads (pks) that hold checkpoints of run ``run_id`` in the namespace."""
+        stmt, params = self._of_run(ns, run_id, cp.c.thread_pk)
+        return [r[0] for r in (await conn.execute(stmt.distinct(), params)).all()]
+
+    async def run_checkpoints(
+        self, conn: AsyncConnection, ns: str, run_id: str, pks: Sequence[int], after: CheckpointKey | None, limit: int
+    ) -> list[CheckpointKey]:
+        """Up to ``limit`` keys of run ``run_id``'s checkpoints in threads ``pks`` (at most
+        ``DELETE_CHUNK``), in key order after ``after``: a run's keys a page at a time."""
+        key = (cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id)
+        stmt, params = self._of_run(ns, run_id, *key)
+        stmt = stmt.where(cp.c.thread_pk.in_(bindparam("pks", expanding=True))).order_by(*key).limit(limit)
+        if after is not None:
+            stmt = stmt.where(tuple_(*key) > tuple_(*(bindparam(f"after{i}") for i in range(3))))
+            params.update({f"after{i}": v for i, v in enumerate(after)})
+        return [(r[0], r[1], r[2]) for r in (await conn.execute(stmt, {**params, "pks": list(pks)})).all()]
 
     async def lock_pks(self, conn: AsyncConnection, ns: str, pks: Iterable[int]) -> None:
         pks = sorted(set(pks))

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.checkpoints.lineage import kept_ids
 from app.checkpoints.reads import CheckpointReader, PageRow
-from app.checkpoints.repository import CheckpointKey, CheckpointsRepository, Lineage
+from app.checkpoints.repository import DELETE_CHUNK, CheckpointKey, CheckpointsRepository, Lineage
 from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.core.config import CheckpointsSettings, LimitsSettings
@@ -190,14 +190,25 @@ class CheckpointsService:
 
     async def delete_runs(self, conn: AsyncConnection, ns: str, run_ids: Sequence[str]) -> int:
         self._check_count("run_ids", len(run_ids))
-        keys: set[CheckpointKey] = set()
-        for run_id in dict.fromkeys(run_ids):
-            keys.update(await self.repo.run_checkpoints(conn, ns, run_id))
-        if not keys:
+        runs = list(dict.fromkeys(run_ids))
+        threads: set[int] = set()
+        for run_id in runs:
+            threads.update(await self.repo.run_threads(conn, ns, run_id))
+        if not threads:
             return 0
-        pks = sorted({k[0] for k in keys})
+        pks = sorted(threads)
         await self.repo.lock_pks(conn, ns, pks)
-        deleted = await self.repo.delete_checkpoints(conn, sorted(keys))
+        # A page of keys at a time (a run's checkpoints were all held in memory at once), of the
+        # threads locked: a checkpoint of the run written in another thread since is left, as
+        # one written after the request is.
+        deleted = 0
+        for run_id in runs:
+            for start in range(0, len(pks), DELETE_CHUNK):
+                some = pks[start : start + DELETE_CHUNK]
+                after: CheckpointKey | None = None
+                while keys := await self.repo.run_checkpoints(conn, ns, run_id, some, after, DELETE_CHUNK):
+                    deleted += await self.repo.delete_checkpoints(conn, keys)
+                    after = keys[-1]
         for pk in pks:
             await self.repo.collect_blobs(conn, pk)
         return deleted
