@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter
 
 from app.core.http.bodies import MAX_JSON_DEPTH, MAX_NUMBER_DIGITS, body_models, parse_json
-from app.core.errors import InvalidInput
+from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.jsonvalue import literal_members
 from fastapi.exceptions import RequestValidationError
 from app.core.http.routing import api_routes
@@ -269,7 +269,22 @@ async def test_a_large_records_batch_keeps_its_numbers_without_stalling_other_re
         if stall < STALL_BOUND:
             break
     assert min(stalls) < STALL_BOUND, f"/healthz waited {[round(s * 1000) for s in stalls]} ms"
+    # Found by attack: one item parsed in one call, a 7 MiB record (413: past max_value_bytes)
+    # held the loop 286-718 ms, a first "records" member of 7 MiB (the model keeps the last)
+    # 273-377 ms. Now no call parses more than three times a value's bound of text, and a record
+    # longer than that is a 413 naming it (the first parse of such a body, pydantic-core's, still
+    # holds the loop ~95 ms: measured, not bounded here).
+    floats = b"[" + b",".join([b"1.5"] * 1_900_000) + b"]"
     async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=auth_headers) as client:
+        for shaped, status, loc in ((b'{"records":[{"key":"z","value":' + floats + b"}]}", 413, ["records", "0"]),
+                                    (b'{"records":{"x":' + floats + b'},"records":[{"key":"y","value":1.10}]}', 413,
+                                     ["records"])):
+            r = await client.post(f"/v1/{namespace}/records/shaped", content=shaped,
+                                  headers={"content-type": "application/json"})
+            assert r.status_code == status and r.json()["errors"][0]["loc"] == loc, r.text[:300]
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=auth_headers) as client:
+        assert (await client.get(f"/v1/{namespace}/records/shaped/y")).status_code == 404
+        assert (await client.get(f"/v1/{namespace}/records/shaped/z")).status_code == 404
         exact = await client.get(f"/v1/{namespace}/records/big/exact")
         assert exact.content == b'{"key":"exact","value":[1.10,1e-400,-0,1E+2]}', exact.content
         first = await client.get(f"/v1/{namespace}/records/big/k0000")
@@ -284,9 +299,21 @@ async def test_a_large_records_batch_keeps_its_numbers_without_stalling_other_re
     (b"{}", None), (b"[1]", None), (b'{"records":[1]}}', None), (b'{"records":[1],}', None),
     (b'{"records":[1,]}', None), (b'{"records":[1] "a":2}', None), (b'{"records" [1]}', None),
     (b'{"records":[1]', None), (b'{"records":[1]} x', None), (b'{"records":[1e400]}', ["1e400"]),
+    (b'{"records":[' + b"1" * 999 + b"]}", ["1" * 999]),  # max_item_chars, whole
+    (b'{"records":[' + b"1" * 1001 + b"]}", "records.0"),  # longer: 413
+    (b'{"records":[' + b" " * 70_000 + b"[1.10]," + b"1" * 70_000 + b"]}", "records.1"),
+    (b'{"records":' + b"[1]" * 0 + b'"' + b"x" * 2000 + b'","records":[1]}', "records"),
+    (b'{"records":[[1.10],' + b"2" * 900 + b"]}", [["1.10"], "2" * 900]),
 ])
-def test_literal_members_reads_an_objects_array_item_by_item(body: bytes, items: list[Any] | None) -> None:
-    found = asyncio.run(literal_members(body, "records"))
+def test_literal_members_reads_an_objects_array_item_by_item(body: bytes, items: list[Any] | str | None) -> None:
+    """Each item as written; None for a body that is not such an object; 413 naming the item
+    (a str below) or member longer than ``max_item_chars``."""
+    if isinstance(items, str):
+        with pytest.raises(PayloadTooLarge) as refused:
+            asyncio.run(literal_members(body, "records", 1000))
+        assert refused.value.errors[0]["loc"] == items.split("."), refused.value.errors
+        return
+    found = asyncio.run(literal_members(body, "records", 1000))
     if items is None or found is None:
         assert found == items
         return
