@@ -29,7 +29,7 @@ from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text, unescape_text
 from app.vectors.payload_index import MAX_DECLARED_VALUE_BYTES
-from app.vectors.pgvector import _Positional, compile_filter as pg_compile
+from app.vectors.pgvector import PayloadFailure, _Positional, compile_filter as pg_compile, parse_payload_failures, payload_failures_sql
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, ITERATIVE_SCAN_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
 from app.vectors.filters import SqlBuilder
@@ -361,11 +361,14 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
             data = clustered(1300, DIM, seed=5)
             await gw.vectors.setup_collection("big", DIM, payload_indexes=DECLARED)
             await gw.vectors.upsert_points("big", data[:1100], payloads(1100), [str(i) for i in range(1100)])
-            # Incompressible letters: PostgreSQL compresses an index key before it measures it.
-            letters = "".join(chr(c) for c in np.random.default_rng(5).integers(ord("a"), ord("z") + 1, 12_000))
+            # Random letters, which compress to ~2,900 bytes: past a B-tree key's 2,704, whose
+            # refusal names the index (PostgreSQL compresses a key before it measures it).
+            letters = "".join(chr(c) for c in np.random.default_rng(5).integers(ord("a"), ord("z") + 1, 4_000))
             conn = await pg_connect(own_backend)
             try:
                 table = await table_of(conn, ns, "big")
+                # The table's comment is an operator's to keep: the failure is kept elsewhere.
+                await conn.execute(f"COMMENT ON TABLE {table} IS 'an operator''s note'")
                 await conn.execute(
                     f"INSERT INTO {table} (id, embedding, payload) VALUES ('legacy', $1::text::vector, $2::jsonb)",
                     "[" + ",".join(str(float(x)) for x in data[1100]) + "]", json.dumps({"user": letters, "n": 1}),
@@ -383,7 +386,8 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
                 assert time.monotonic() < deadline, info
                 await asyncio.sleep(0.2)
             error = info["payload_indexes"][0]["error"]
-            assert "'legacy'" in error and "index row" in error and info["payload_indexes"][1]["error"] is None, error
+            assert "'legacy'" in error and "exceeds btree" in error and info["payload_indexes"][1]["error"] is None, error
+            assert table not in error, error  # the gateway's SQL names are not the caller's
             # The failure is every process's to see: a second gateway on the same databases says so.
             other = start_server(own_backend, tmp_path / "other.log")
             try:
@@ -413,8 +417,26 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
         assert log.count("refused before, is built") == 1, log
         conn = await pg_connect(own_backend)
         try:
-            assert await conn.fetchval("SELECT obj_description(to_regclass($1), 'pg_class')", table) is None
+            comment = "SELECT obj_description(to_regclass($1), 'pg_class')"
+            assert await conn.fetchval(comment, f"{table}_payload") is None
+            assert await conn.fetchval(comment, table) == "an operator's note"
         finally:
             await conn.close()
     finally:
         stop_server(server)
+
+
+def test_a_payload_failure_record_is_read_whatever_wrote_it() -> None:
+    """The record is a comment anyone with the database's rights can write: what is not the
+    gateway's record, or holds what no failure has (found by attack: a 400-digit time was an
+    OverflowError, a 500 on describe and every check of the builder), is no failure."""
+    good = payload_failures_sql("vec_1", {0: PayloadFailure("it's too large", 1.5)})
+    kept = good.split(" IS '", 1)[1][:-1].replace("''", "'")
+    assert parse_payload_failures(kept) == {0: PayloadFailure("it's too large", 1.5)}
+    mark = '"mark": "storage-gateway payload index failures"'
+    for comment in (None, "", "an operator's note", "[1]", "{}", '{"mark": "x", "failed": {"0": {"error": "e", "at": 1}}}',
+                    '{' + mark + ', "failed": {"0": {"error": "e", "at": ' + "9" * 400 + '}}}',
+                    '{' + mark + ', "failed": {"0": {"error": "e", "at": 1e400}}}',
+                    '{' + mark + ', "failed": {"x": {"error": "e", "at": 1}, "1": {"at": 1}, "2": 7}}',
+                    '{' + mark + ', "failed": [1]}'):
+        assert parse_payload_failures(comment) == {}, comment

@@ -47,6 +47,7 @@ import contextlib
 import heapq
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -64,7 +65,7 @@ from app.vectors.pgvector import (
     INDEX_COMMENT,
     KEYWORD_STATS,
     SUBGRAPH_INDEXES,
-    TABLE_COMMENT,
+    PAYLOAD_FAILURES_COMMENT,
     TABLE_ROWS,
     PayloadFailure,
     calibration_statements,
@@ -495,7 +496,7 @@ class IndexBuilder:
         that did not refuse it) is recorded as failed (``PayloadFailure``) and left until
         ``failed_retry_seconds`` have passed, while the rest of the check goes on: a bad point
         once kept every later build, the HNSW index's included, from running."""
-        failures = parse_payload_failures(await raw.fetchval(TABLE_COMMENT, coll.data_table))
+        failures = parse_payload_failures(await raw.fetchval(PAYLOAD_FAILURES_COMMENT, coll.data_table))
         recorded = dict(failures)
         built = []
         for p in missing:
@@ -527,8 +528,11 @@ class IndexBuilder:
             f"points whose {p.field!r} is an array, an object or more than {MAX_DECLARED_VALUE_BYTES} bytes of JSON "
             f"(writes refuse such values now): {named}" if ids else f"no point's {p.field!r} is past the write bound"
         )
+        # PostgreSQL's message without the index's name (``vec_<id>_p<n>``: the gateway's, not the
+        # caller's), and without its detail (the table's name and a row's place).
+        said = re.sub(r' for index "[^"]*"', "", str(getattr(exc, "message", "") or type(exc).__name__))
         error = (
-            f"PostgreSQL refused to build the index from the stored values ({exc}); {points}. Update or delete them: "
+            f"PostgreSQL refused to build the index from the stored values ({said}); {points}. Update or delete them: "
             f"the build is tried again {self.failed_retry_seconds:.0f} s after it failed, and filters on "
             f"{p.field!r} are correct meanwhile (without the index)"
         )

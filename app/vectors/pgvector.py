@@ -33,6 +33,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import math
 import struct
 import sys
 import time
@@ -124,8 +125,10 @@ _SUBGRAPH_INDEXES = (
 SUBGRAPH_INDEXES = _SUBGRAPH_INDEXES.format(t="$1", like="$2")
 _SUBGRAPH_INDEXES_NAMED = _SUBGRAPH_INDEXES.format(t=":t", like=":like")
 
-# A table's comment: the builder's record of the payload indexes PostgreSQL refused to build.
-TABLE_COMMENT = "SELECT obj_description(to_regclass($1), 'pg_class')"
+# The builder's record of the payload indexes PostgreSQL refused to build: the comment of the
+# collection's payload GIN index (``{table}_payload``, made with the table: the gateway's own
+# object, where a table's comment may be an operator's); $1 is the table.
+PAYLOAD_FAILURES_COMMENT = "SELECT obj_description(to_regclass($1 || '_payload'), 'pg_class')"
 PAYLOAD_FAILURES_MARK = "storage-gateway payload index failures"
 
 
@@ -133,7 +136,7 @@ PAYLOAD_FAILURES_MARK = "storage-gateway payload index failures"
 class PayloadFailure:
     """A payload index PostgreSQL refused to build from the stored values (a value too large
     for a B-tree key, stored by a version that did not refuse it): why, and when (epoch
-    seconds). Kept as the data table's comment (``payload_failures_sql``), so that every
+    seconds). Kept as the payload GIN index's comment (``payload_failures_sql``), so that every
     process's describe says so, and the builder waits before it tries again."""
 
     error: str
@@ -151,21 +154,23 @@ def parse_payload_failures(comment: str | None) -> dict[int, PayloadFailure]:
     out: dict[int, PayloadFailure] = {}
     for position, failure in data["failed"].items():
         try:
-            out[int(position)] = PayloadFailure(str(failure["error"]), float(failure["at"]))
-        except (KeyError, TypeError, ValueError):
+            at = float(failure["at"])
+            if math.isfinite(at):  # a comment written by another hand may hold anything
+                out[int(position)] = PayloadFailure(str(failure["error"]), at)
+        except (KeyError, TypeError, ValueError, ArithmeticError):
             continue
     return out
 
 
 def payload_failures_sql(table: str, failures: Mapping[int, PayloadFailure]) -> str:
-    """The ``COMMENT ON TABLE`` that keeps ``failures`` (or clears the comment)."""
+    """The ``COMMENT ON INDEX`` that keeps ``failures`` (or clears the comment)."""
     if not failures:
-        return f"COMMENT ON TABLE {table} IS NULL"
+        return f"COMMENT ON INDEX {table}_payload IS NULL"
     kept = json.dumps({
         "mark": PAYLOAD_FAILURES_MARK,
         "failed": {str(k): {"error": f.error, "at": round(f.at, 3)} for k, f in sorted(failures.items())},
     })  # ASCII: ensure_ascii
-    return f"COMMENT ON TABLE {table} IS '{kept.replace(chr(39), chr(39) * 2)}'"
+    return f"COMMENT ON INDEX {table}_payload IS '{kept.replace(chr(39), chr(39) * 2)}'"
 
 
 def offending_points_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
@@ -517,7 +522,7 @@ class PgVectorIndex(VectorIndex):
         rows = await session.execute(
             text(
                 "SELECT n.name, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
-                "WHERE p.index_relid = i.indexrelid), obj_description(to_regclass(n.t), 'pg_class') "
+                "WHERE p.index_relid = i.indexrelid), obj_description(to_regclass(n.t || '_payload'), 'pg_class') "
                 "FROM unnest(CAST(:names AS text[]), CAST(:tables AS text[])) AS n(name, t) "
                 "LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name)"
             ),
