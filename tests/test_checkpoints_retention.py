@@ -523,9 +523,10 @@ async def test_a_prune_of_a_long_delta_thread_leaves_the_event_loop_its_turns(
 
 async def test_a_long_run_is_deleted_a_page_of_keys_at_a_time(gateway: Gateway, namespace: str) -> None:
     """Deleting a run read the keys of all its checkpoints before deleting any: memory grew with
-    the run (30,000 checkpoints: a peak of 7.6 MiB on SQLite, 10.4 on PostgreSQL, under tracemalloc). Now the run's threads are locked, then its
-    keys are read and deleted ``DELETE_CHUNK`` at a time; another run's checkpoint in the same
-    thread stays, with the value it references."""
+    the run (30,000 checkpoints: a peak of 7.6 MiB on SQLite, 10.4 on PostgreSQL, under
+    tracemalloc). Now the run's threads are locked, then its keys are read and deleted
+    ``DELETE_CHUNK`` at a time; another run's checkpoint in the same thread stays, with the
+    value it references."""
     import tracemalloc
 
     from app.checkpoints.models import checkpoint_metadata_terms, checkpoints

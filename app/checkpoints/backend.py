@@ -11,10 +11,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import Text, and_, bindparam, case, cast, delete, exists, func, insert, literal, select, true
+from sqlalchemy import BigInteger, Text, and_, bindparam, case, cast, delete, exists, func, insert, literal, select, true, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
@@ -76,6 +76,16 @@ class CheckpointsBackend(Protocol):
     async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
         """Keep what the filter reads in step with a checkpoint just stored."""
 
+    def keys_in(self, table: FromClause) -> ColumnElement[bool]:
+        """``table``'s (thread_pk, checkpoint_ns, checkpoint_id) is one of the keys bound by ``keys_params``."""
+
+    def keys_params(self, keys: Sequence[tuple[int, str, str]]) -> dict[str, Any]:
+        """The bound values of ``keys_in`` for ``keys`` (at most ``DELETE_CHUNK`` of them)."""
+
+
+def _key(table: FromClause) -> ColumnElement[Any]:
+    return tuple_(table.c.thread_pk, table.c.checkpoint_ns, table.c.checkpoint_id)
+
 
 class PostgresBackend:
     def versions_of(self, table: FromClause) -> FromClause:
@@ -116,6 +126,18 @@ class PostgresBackend:
 
     async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
         return None  # the GIN index on metadata serves the filter
+
+    def keys_in(self, table: FromClause) -> ColumnElement[bool]:
+        # Three arrays, unnested: a list of 1,000 row values took PostgreSQL 225 ms to plan (an
+        # OR of 1,000 ANDs) for 15 ms of work.
+        k = func.unnest(
+            bindparam("key_pks", type_=postgresql.ARRAY(BigInteger)), bindparam("key_nss", type_=postgresql.ARRAY(Text)),
+            bindparam("key_ids", type_=postgresql.ARRAY(Text)),
+        ).table_valued("pk", "ns", "id").render_derived(name="k")
+        return _key(table).in_(select(k.c.pk, k.c.ns, k.c.id))
+
+    def keys_params(self, keys: Sequence[tuple[int, str, str]]) -> dict[str, Any]:
+        return {"key_pks": [k[0] for k in keys], "key_nss": [k[1] for k in keys], "key_ids": [k[2] for k in keys]}
 
 
 _TERM_KEY = (terms.c.thread_pk, terms.c.checkpoint_ns, terms.c.checkpoint_id)
@@ -178,6 +200,12 @@ class SqliteBackend:
         ]
         if rows:
             await conn.execute(self._insert_terms, rows)
+
+    def keys_in(self, table: FromClause) -> ColumnElement[bool]:
+        return _key(table).in_(bindparam("keys", expanding=True))
+
+    def keys_params(self, keys: Sequence[tuple[int, str, str]]) -> dict[str, Any]:
+        return {"keys": list(keys)}
 
 
 def backend_for(dialect: str) -> CheckpointsBackend:

@@ -280,9 +280,7 @@ class CheckpointsRepository:
         # parameters (a prune of 11,000 checkpoints was refused whole, and retried in vain).
         for start in range(0, len(keys), DELETE_CHUNK):
             deleted += await _delete_of_checkpoints(
-                conn,
-                lambda t: tuple_(t.c.thread_pk, t.c.checkpoint_ns, t.c.checkpoint_id).in_(bindparam("keys", expanding=True)),
-                {"keys": list(keys[start : start + DELETE_CHUNK])},
+                conn, self.backend.keys_in, self.backend.keys_params(keys[start : start + DELETE_CHUNK])
             )
         return deleted
 
