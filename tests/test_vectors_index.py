@@ -161,6 +161,15 @@ def index_problems(server: Server) -> list[str]:
 # --- fixtures ---------------------------------------------------------------------------------------
 
 
+def start_eager_builder(backend: Backend, log_path: Path, min_rows: int = 1200) -> Server:
+    """A gateway on ``backend`` whose index builder acts at once: a build ``min_rows`` points in
+    and 0.2 s after the last write, a sweep every second."""
+    return start_server(
+        backend, log_path, GATEWAY_VECTORS__INDEX_MIN_ROWS=str(min_rows),
+        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
+    )
+
+
 @pytest.fixture(scope="module")
 def own_backend(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """Migrated PostgreSQL databases no session-wide server uses (PostgreSQL only)."""

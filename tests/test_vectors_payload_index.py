@@ -33,7 +33,9 @@ from app.vectors.pgvector import PayloadFailure, _Positional, compile_filter as 
 from app.vectors.planner import EF_REFERENCE_ROWS, EF_SEARCH_MAX, ITERATIVE_SCAN_MAX, choose, ef_for
 from app.vectors.sqlite_vec import compile_filter as sqlite_compile
 from app.vectors.filters import SqlBuilder
-from tests.test_vectors_index import clustered, index_problems, own_backend, pg_connect, table_of  # noqa: F401
+from tests.test_vectors_index import (  # noqa: F401
+    clustered, index_problems, own_backend, pg_connect, start_eager_builder, table_of,
+)
 from tests.conftest import VECTOR_BACKENDS, Backend, start_server, stop_server
 
 pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
@@ -352,10 +354,7 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
     are built; filtered searches stay exact; the build is tried again after five sweeps' time,
     and succeeds once the point is deleted."""
     ns = f"f{uuid.uuid4().hex[:10]}"
-    server = start_server(
-        own_backend, tmp_path / "gateway.log", GATEWAY_VECTORS__INDEX_MIN_ROWS="1200",
-        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
-    )
+    server = start_eager_builder(own_backend, tmp_path / "gateway.log")
     try:
         async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
             data = clustered(1300, DIM, seed=5)

@@ -30,6 +30,7 @@ from tests.test_vectors_index import (  # noqa: F401
     log_lines,
     own_backend,
     pg_connect,
+    start_eager_builder,
     table_of,
     wait_until_indexed,
 )
@@ -193,10 +194,7 @@ async def test_a_collection_is_measured_again_when_it_doubles_or_loses_its_calib
     data, queries = held_out(3200, 1, seed=41)
     ns = f"r{uuid.uuid4().hex[:10]}"
     # Built at 1,500 points, not after the first batch of 1,000.
-    server = start_server(
-        own_backend, tmp_path / "gateway.log", GATEWAY_VECTORS__INDEX_MIN_ROWS="1200",
-        GATEWAY_VECTORS__INDEX_QUIET_SECONDS="0.2", GATEWAY_VECTORS__INDEX_SWEEP_SECONDS="1",
-    )
+    server = start_eager_builder(own_backend, tmp_path / "gateway.log")
     try:
         async with GatewayClient(server.url, ns, os.environ["GATEWAY_TEST_ADMIN_KEY"]) as gw:
             await gw.vectors.setup_collection("c", DIM)
