@@ -327,13 +327,19 @@ class CheckpointsRepository:
         return [r[0] for r in (await conn.execute(stmt.distinct(), params)).all()]
 
     async def run_checkpoints(
-        self, conn: AsyncConnection, ns: str, run_id: str, pks: Sequence[int], after: CheckpointKey | None, limit: int
+        self, conn: AsyncConnection, run_id: str, pks: Sequence[int], after: CheckpointKey | None, limit: int
     ) -> list[CheckpointKey]:
         """Up to ``limit`` keys of run ``run_id``'s checkpoints in threads ``pks`` (at most
-        ``DELETE_CHUNK``), in key order after ``after``: a run's keys a page at a time."""
+        ``DELETE_CHUNK``, of one namespace: ``run_threads``), in key order after ``after``: a
+        run's keys a page at a time. The checkpoints table alone, so that its primary key gives
+        the order: joined with the threads for the namespace, PostgreSQL sorted every remaining
+        match of the run for each page."""
         key = (cp.c.thread_pk, cp.c.checkpoint_ns, cp.c.checkpoint_id)
-        stmt, params = self._of_run(ns, run_id, *key)
-        stmt = stmt.where(cp.c.thread_pk.in_(bindparam("pks", expanding=True))).order_by(*key).limit(limit)
+        stmt = (
+            select(*key).where(cp.c.thread_pk.in_(bindparam("pks", expanding=True)), *self.backend.metadata_filter_shape(cp, 1))
+            .order_by(*key).limit(limit)
+        )
+        params = self.backend.metadata_filter_params({"run_id": run_id})
         if after is not None:
             stmt = stmt.where(tuple_(*key) > tuple_(*(bindparam(f"after{i}") for i in range(3))))
             params.update({f"after{i}": v for i, v in enumerate(after)})

@@ -206,7 +206,7 @@ class CheckpointsService:
             for start in range(0, len(pks), DELETE_CHUNK):
                 some = pks[start : start + DELETE_CHUNK]
                 after: CheckpointKey | None = None
-                while keys := await self.repo.run_checkpoints(conn, ns, run_id, some, after, DELETE_CHUNK):
+                while keys := await self.repo.run_checkpoints(conn, run_id, some, after, DELETE_CHUNK):
                     deleted += await self.repo.delete_checkpoints(conn, keys)
                     after = keys[-1]
         for pk in pks:
