@@ -33,6 +33,12 @@ leftovers of interrupted ones first. Each sweep looks again at every such collec
 statistics changed (``last_analyze``/``last_autoanalyze``) or that has an invalid subgraph
 nobody builds, so the subgraphs follow the data as autovacuum's ``ANALYZE`` sees it.
 
+A payload index that PostgreSQL refuses to build from the stored values (a key too large for a
+B-tree, stored before writes checked declared values) fails alone: its invalid leftover is
+dropped, the failure is kept as the payload GIN index's comment (``PayloadFailure``: describe
+shows the index ``failed``, naming points to fix), the rest of the check goes on, and the build is
+tried again ``FAILED_RETRY_SWEEPS`` sweep intervals later.
+
 Once the main graph is valid, and again when the collection has doubled or halved since, a check
 also measures its recall (``app.vectors.recall``: sampled points searched exactly and through the
 graph at growing ``ef_search``) before the subgraphs, and keeps the ``ef_search`` that reaches
