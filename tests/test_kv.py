@@ -233,13 +233,17 @@ async def test_an_entry_rewritten_while_the_sweep_deletes_it_stays(gw: GatewayCl
     from app.core.db.upsert import insert_builder
     from app.kv.repository import KvRepository
 
-    await gw.kv.set("ttl", "raced", "old", ttl_seconds=0.2)
-    await asyncio.sleep(0.4)
     engine = create_async_engine(backend.urls["metadata"])
     try:
         async with engine.connect() as writer, engine.connect() as sweeper:
+            # Locked while it is still live, then left to expire: locked after it expired, the
+            # gateway's own sweep could delete it first (seen once in CI: nothing was locked,
+            # and the test's sweep found nothing to wait for).
+            await gw.kv.set("ttl", "raced", "old", ttl_seconds=1.0)
             where = "namespace = :ns AND collection = 'ttl' AND key = 'raced'"
-            await writer.execute(text(f"SELECT 1 FROM kv_entries WHERE {where} FOR UPDATE"), {"ns": gw.namespace})
+            locked = await writer.execute(text(f"SELECT 1 FROM kv_entries WHERE {where} FOR UPDATE"), {"ns": gw.namespace})
+            assert locked.all() == [(1,)]
+            await asyncio.sleep(1.2)
             repo = KvRepository(insert_builder("postgresql"), fixed_statements("postgresql"))
 
             async def sweep() -> int:
