@@ -313,18 +313,14 @@ class CheckpointsRepository:
         )
         return (await conn.execute(stmt, {"pk": pk})).rowcount or 0
 
-    def _of_run(self, ns: str, run_id: str, *columns: Any) -> tuple[Any, dict[str, Any]]:
-        """``columns`` of the namespace's checkpoints whose metadata ``run_id`` is ``run_id``."""
-        stmt = (
-            select(*columns).select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
-            .where(threads.c.namespace == _NS, *self.backend.metadata_filter_shape(cp, 1))
-        )
-        return stmt, {"ns": ns, **self.backend.metadata_filter_params({"run_id": run_id})}
-
     async def run_threads(self, conn: AsyncConnection, ns: str, run_id: str) -> list[int]:
         """The threads (pks) that hold checkpoints of run ``run_id`` in the namespace."""
-        stmt, params = self._of_run(ns, run_id, cp.c.thread_pk)
-        return [r[0] for r in (await conn.execute(stmt.distinct(), params)).all()]
+        stmt = (
+            select(cp.c.thread_pk).distinct().select_from(cp.join(threads, threads.c.pk == cp.c.thread_pk))
+            .where(threads.c.namespace == _NS, *self.backend.metadata_filter_shape(cp, 1))
+        )
+        params = {"ns": ns, **self.backend.metadata_filter_params({"run_id": run_id})}
+        return [r[0] for r in (await conn.execute(stmt, params)).all()]
 
     async def run_checkpoints(
         self, conn: AsyncConnection, run_id: str, pks: Sequence[int], after: CheckpointKey | None, limit: int

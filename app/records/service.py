@@ -48,7 +48,7 @@ class RecordsService:
         if len(records) > limit:
             message = f"at most {limit} records per batch (got {len(records)})"
             raise PayloadTooLarge(f"records: {message}", errors=[{"loc": ["records"], "msg": message}])
-        # A record of more than twice a value's bound of JSON text (whitespace, escapes) is a 413:
+        # A record of more than three times a value's bound of JSON text (whitespace, escapes) is a 413:
         # no parse of it holds the event loop longer than that much text takes.
         literal = await literal_members(body, "records", 3 * self.limits.max_value_bytes + LITERAL_YIELD_CHARS)
         values = [r.value for r in records]

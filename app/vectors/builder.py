@@ -77,6 +77,7 @@ from app.vectors.pgvector import (
     calibration_statements,
     hnsw_index_name,
     hnsw_index_sql,
+    index_comment_sql,
     keyword_stats,
     offending_points_sql,
     parse_payload_failures,
@@ -436,8 +437,7 @@ class IndexBuilder:
             ef_search=ef, recall=ladder[ef], target=target, points=points, queries=len(sampled),
             seconds=time.perf_counter() - started, ladder=ladder,
         )
-        literal = result.comment().replace("'", "''")
-        await raw.execute(f"COMMENT ON INDEX {hnsw_index_name(coll)} IS '{literal}'")
+        await raw.execute(index_comment_sql(hnsw_index_name(coll), result.comment()))
         below = "" if result.recall >= target else f" (below the target {target}: the graph's best measured)"
         log.info(
             "vectors: calibrated the HNSW index of %s/%s: ef_search %d, recall@%d %.3f%s over %d sampled of %d points "

@@ -162,15 +162,21 @@ def parse_payload_failures(comment: str | None) -> dict[int, PayloadFailure]:
     return out
 
 
+def index_comment_sql(index: str, comment: str | None) -> str:
+    """``COMMENT ON INDEX`` setting ``comment`` (None: clearing it), quoted as a SQL literal
+    (``COMMENT`` takes no parameter)."""
+    if comment is None:
+        return f"COMMENT ON INDEX {index} IS NULL"
+    return f"COMMENT ON INDEX {index} IS '{comment.replace(chr(39), chr(39) * 2)}'"
+
+
 def payload_failures_sql(table: str, failures: Mapping[int, PayloadFailure]) -> str:
     """The ``COMMENT ON INDEX`` that keeps ``failures`` (or clears the comment)."""
-    if not failures:
-        return f"COMMENT ON INDEX {table}_payload IS NULL"
     kept = json.dumps({
         "mark": PAYLOAD_FAILURES_MARK,
         "failed": {str(k): {"error": f.error, "at": round(f.at, 3)} for k, f in sorted(failures.items())},
     })  # ASCII: ensure_ascii
-    return f"COMMENT ON INDEX {table}_payload IS '{kept.replace(chr(39), chr(39) * 2)}'"
+    return index_comment_sql(f"{table}_payload", kept if failures else None)
 
 
 def offending_points_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
