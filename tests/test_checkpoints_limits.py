@@ -112,6 +112,35 @@ async def test_pages_follow_the_cursor_to_the_end(small: httpx.AsyncClient, name
     assert none == []
 
 
+async def test_metadata_numbers_read_back_and_filter_alike_on_both_backends(http: httpx.AsyncClient, namespace: str) -> None:
+    """PostgreSQL keeps metadata as jsonb, whose numbers are the decimals written: 2.0**70, as
+    orjson writes it (``1.1805916207174113e21``), read back there as the integer
+    1180591620717411300000 (another number, and not a float), so a filter on 2**70 found it on
+    SQLite only; ``-0.0`` read back as ``0.0``. Floats are now stored as jsonb answers them back,
+    on both backends (``app.core.jsonvalue.jsonb_exact``)."""
+    base = f"/v1/{namespace}/checkpoints"
+    floats = {"big": 2.0**70, "e16": 1e16, "neg": -3.4e20, "zero": -0.0, "tiny": 5e-324, "huge": 1e300,
+              "deep": [1e20, {"z": -0.0}], "wide": 2**70}
+    r = await http.post(f"{base}/put", json=checkpoint(thread_id="nums", metadata=floats))
+    assert r.status_code == 200, r.text
+    got = (await http.get(f"{base}/tuple", params={"thread_id": "nums"})).json()["metadata"]
+    want = {**floats, "zero": 0.0, "deep": [1e20, {"z": 0.0}]}
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)  # an int is not a float here
+
+    async def found(flt: dict) -> list[str]:
+        r = await http.post(f"{base}/search", json={"thread_id": "nums", "filter": flt})
+        assert r.status_code == 200, r.text
+        return [p["checkpoint_id"] for p in r.json()["items"]]
+
+    assert await found({"big": 2**70}) == ["c1"]  # was none on PostgreSQL
+    assert await found({"big": 2.0**70}) == ["c1"]
+    assert await found({"big": 1180591620717411300000}) == []  # the decimal PostgreSQL answered
+    assert await found({"wide": 2.0**70}) == ["c1"]
+    assert await found({"e16": 10**16}) == ["c1"]
+    assert await found({"zero": 0}) == ["c1"]
+    assert await found({"huge": 1e300, "neg": -3.4e20, "tiny": 5e-324}) == ["c1"]
+
+
 async def test_copies_in_opposite_directions_at_once_all_succeed(http: httpx.AsyncClient, namespace: str) -> None:
     """Copies of a into b and of b into a, 20 pairs at once against the real server: each locks
     both threads in thread_id order, so none waits on the other in a cycle. Before, each held

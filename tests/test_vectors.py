@@ -4,6 +4,7 @@ scores, hybrid search, validation, idempotency, isolation and the seed's VectorS
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import struct
 import uuid
@@ -324,6 +325,59 @@ async def test_true_never_matches_one(gw: GatewayClient) -> None:
     assert await match({"v": {"$ne": 1}}) == {"0", "3", "4", "5", "6", "7", "8"}
     assert await match({"v": {"$gte": 0}}) == {"1", "2", "8"}
     assert await match({"v": {"$exists": False}}) == {"6"}
+
+
+def typed(value: object) -> str:
+    """JSON text that tells an int from a float and 0.0 from -0.0 (json.dumps writes each as it is)."""
+    return json.dumps(value, sort_keys=True)
+
+
+async def test_payload_numbers_read_back_and_compare_alike_on_both_backends(
+    gw: GatewayClient, http: httpx.AsyncClient, namespace: str
+) -> None:
+    """PostgreSQL keeps a payload as jsonb, whose numbers are the decimals written: 2.0**70, as
+    Python writes it (``1.1805916207174113e+21``), read back there as the integer
+    1180591620717411300000 (another number, and not a float) and compared as that, and ``-0.0``
+    as ``0.0``; SQLite kept the text and compared floats. An integer beyond 64 bits compared as a
+    float on SQLite and as a decimal on PostgreSQL. Now floats are stored as jsonb answers them
+    back, on both backends, and a payload integer beyond 64 bits is refused as a filter's is."""
+    await gw.vectors.setup_collection("n", 2, "l2")
+    payloads = [
+        {"v": 2.0**70}, {"v": 1e16}, {"v": -3.4e20}, {"v": -0.0}, {"v": 0}, {"v": 2**63 - 1},
+        {"v": 9007199254740993}, {"v": 1e300}, {"v": 1e-300}, {"v": 5e-324}, {"v": 0.1},
+        {"v": [1e20, {"w": -0.0, "x": 1.5e-7}]},
+    ]
+    ids = [str(i) for i in range(len(payloads))]
+    await gw.vectors.upsert_points("n", [[i, 0] for i in range(len(payloads))], payloads, ids)
+    expected = [{"v": 0.0} if p["v"] == -0.0 and isinstance(p["v"], float) else p for p in payloads]
+    expected[-1] = {"v": [1e20, {"w": 0.0, "x": 1.5e-7}]}
+    for pid, want in zip(ids, expected, strict=True):
+        got = await gw.vectors.get_point("n", pid, with_vector=False)
+        assert got is not None and typed(got["payload"]) == typed(want), (pid, got)
+    listed = await gw.vectors.list_points("n", limit=50)
+    assert typed([p["payload"] for p in sorted(listed["items"], key=lambda p: int(p["id"]))]) == typed(expected)
+
+    async def match(flt: dict) -> list[str]:
+        return sorted((h["id"] for h in await gw.vectors.search("n", [0, 0], 50, filters=flt)), key=int)
+
+    assert await match({"v": 2.0**70}) == ["0"]  # was none on PostgreSQL
+    assert await match({"v": 10**16}) == ["1"]
+    assert await match({"v": -0.0}) == ["3", "4"]
+    assert await match({"v": {"$gt": 9007199254740992.0}}) == ["0", "1", "5", "6", "7"]
+    assert await match({"v": {"$gte": 2.0**63}}) == ["0", "7"]
+    assert await match({"v": 9007199254740992.0}) == []
+    assert await match({"v": {"$lt": 1e-299, "$gt": 0}}) == ["8", "9"]
+    assert await match({"v": {"$in": [1e300, -3.4e20]}}) == ["2", "7"]
+    # An integer beyond 64 bits, anywhere in a payload: 422 naming it, and nothing stored.
+    url = vpath(namespace, "n", "points")
+    wide = {"points": [{"id": "ok", "vector": [0, 1]}, {"id": "w", "vector": [0, 1], "payload": {"a": {"b": [1, 2**64]}}}]}
+    r = await http.post(url, json=wide)
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json", r.text
+    assert r.json()["detail"].startswith("points.1.payload.a.b.1: integers must fit in 64 bits"), r.text
+    r = await http.patch(vpath(namespace, "n", "points", "0"), json={"payload": {"v": -(2**63) - 1}})
+    assert r.status_code == 422 and "payload.v" in r.json()["detail"], r.text
+    assert (await gw.vectors.describe_collection("n"))["count"] == len(payloads)
+    assert typed((await gw.vectors.get_point("n", "0"))["payload"]) == typed(expected[0])
 
 
 async def test_namespaces_are_isolated(server, api_key: str | None, client_transport: str) -> None:

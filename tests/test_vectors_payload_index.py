@@ -336,7 +336,7 @@ async def test_a_declared_fields_value_fits_its_index_on_both_backends(gw: Gatew
     # At the bound: stored, indexed, found through the declared index.
     fits = letters(MAX_DECLARED_VALUE_BYTES - 2)
     await gw.vectors.upsert_points("fit", [data[1]], [{"user": fits, "n": None}], ["edge"])
-    await gw.vectors.update_point("fit", "2", payload={"user": letters(MAX_DECLARED_VALUE_BYTES - 2), "n": 10**30})
+    await gw.vectors.update_point("fit", "2", payload={"user": letters(MAX_DECLARED_VALUE_BYTES - 2), "n": 2**63 - 1})
     found = await gw.vectors.search_explained("fit", data[1], 5, filters={"user": fits})
     assert [h["id"] for h in found["results"]] == ["edge"]
     assert (await gw.vectors.describe_collection("fit"))["count"] == 1101

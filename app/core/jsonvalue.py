@@ -13,6 +13,10 @@ Values stored as JSON text (kv, records) keep their numbers exactly as written: 
 parser hands each number over as its literal (``1e-400`` stays ``1e-400``, a 400-digit integer
 stays itself), and orjson writes the compact text with the literals embedded. A value over
 ``limits.max_value_bytes`` is a 413.
+
+Values that PostgreSQL keeps as jsonb (vector payloads, checkpoint metadata) are stored by both
+backends as ``jsonb_exact`` writes them: jsonb keeps a number as the decimal written, so a float
+written with a positive exponent would read back there as another number, and ``-0.0`` as ``0.0``.
 """
 
 from __future__ import annotations
@@ -274,11 +278,55 @@ def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
 
 
 def dumps_text(value: Any) -> str:
-    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included: orjson cannot
-    write those, and they are JSON all the same (Python's json writes them the same way)."""
+    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included (orjson cannot
+    write those, and they are JSON all the same: Python's json writes them the same way), with its
+    floats as PostgreSQL's jsonb keeps them (``jsonb_exact``)."""
     try:
-        return orjson.dumps(value).decode()
+        text = orjson.dumps(value).decode()
     except TypeError as exc:
         if "64-bit" not in str(exc):
             raise
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return jsonb_exact(text, value)
+
+
+# Where JSON text may hold a float that PostgreSQL's jsonb answers as another number: a positive
+# exponent (Python writes ``1e+16``, orjson ``1e16``) or a negative zero (strings' look-alikes
+# only cost a walk of the value).
+_JSONB_DRIFT = re.compile(r"[0-9][eE]\+?[0-9]|-0\.0(?![0-9])")
+
+
+def jsonb_float(x: float) -> str:
+    """A finite float as JSON text that PostgreSQL's jsonb answers back as the same float.
+
+    jsonb keeps a number as the decimal of the digits written: ``2.0**70``, written
+    ``1.1805916207174113e+21``, answered as the integer ``1180591620717411300000`` (no longer a
+    float, and a different number: 2**70 is 1180591620717411303424), and ``-0.0`` as ``0.0``.
+    Every float from 1e16 up is an integer (2**53 is 9.0e15), so it is written as that integer
+    exactly, with ``.0``; a negative zero as ``0.0``; any other float as Python writes it."""
+    if abs(x) >= 1e16:
+        return f"{int(x)}.0"
+    return "0.0" if x == 0.0 else repr(x)
+
+
+def _jsonb_floats(value: Any) -> Any:
+    if isinstance(value, float):
+        return orjson.Fragment(jsonb_float(value))
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return orjson.Fragment(str(value))  # orjson writes no integer beyond 64 bits
+    if isinstance(value, dict):
+        return {k: _jsonb_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonb_floats(v) for v in value]
+    return value
+
+
+def jsonb_exact(text: str, value: Any) -> str:
+    """``text`` (``value`` as compact JSON), or the same value written with its floats as
+    ``jsonb_float`` writes them where one would read back as another number from PostgreSQL's
+    jsonb (vector payloads, checkpoint metadata). Both backends store this text, so a value reads
+    back the same from either (SQLite keeps the text as written), and equal numbers compare equal
+    on both (jsonb compares the decimals written, SQLite the floats)."""
+    if _JSONB_DRIFT.search(text) is None:
+        return text
+    return orjson.dumps(_jsonb_floats(value)).decode()

@@ -131,12 +131,36 @@ def _check_key(where: str, key: str) -> None:
         raise InvalidInput(where, 'payload field names in filters must not contain ", \\ or control characters')
 
 
+WIDE_INTEGER = "integers must fit in 64 bits"
+"""Filters and payloads alike: SQLite compares an integer beyond 64 bits as the nearest float,
+PostgreSQL's jsonb as the decimal it is, so no such integer compares the same on both."""
+
+
+def is_wide(value: Any) -> bool:
+    """Whether ``value`` is an integer (not a bool) beyond 64 bits."""
+    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
+
+
+def find_wide_integer(value: Any, where: str) -> str | None:
+    """The place (``where.key.0``) of the first integer beyond 64 bits in a parsed JSON value."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, here = stack.pop()
+        if is_wide(item):
+            return here
+        if isinstance(item, dict):
+            stack.extend(reversed([(v, f"{here}.{k}") for k, v in item.items()]))
+        elif isinstance(item, list):
+            stack.extend(reversed([(v, f"{here}.{i}") for i, v in enumerate(item)]))
+    return None
+
+
 def _scalar(where: str, value: Any) -> Scalar:
     if value is None or isinstance(value, (str, bool)):
         return value
     if isinstance(value, int):
-        if not -(2**63) <= value < 2**63:
-            raise InvalidInput(where, "integers in filters must fit in 64 bits")
+        if is_wide(value):
+            raise InvalidInput(where, f"{WIDE_INTEGER} in filters")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -50,6 +50,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
+from app.core.jsonvalue import jsonb_exact
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
 from app.vectors import recall, subgraphs
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
@@ -341,8 +342,10 @@ class PgFilter(FilterSql):
             # The type test keeps a number 7 from matching "7" (``->>`` gives both as text).
             return (f"({keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text) "
                     f"AND jsonb_typeof(payload -> {key}) = 'string')")
-        hint = sql.bind(escape_json(json.dumps({node.key: node.value})))
-        exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(json.dumps(node.value)))} AS jsonb)"
+        # Numbers as payloads are stored (``jsonb_exact``): 2.0**70 written 1.1805916207174113e+21
+        # would be the decimal 1180591620717411300000 here, not the float a payload holds.
+        hint = sql.bind(escape_json(_jsonb({node.key: node.value})))
+        exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(_jsonb(node.value)))} AS jsonb)"
         return f"(payload @> CAST({hint} AS jsonb) AND {exact})"
 
     def compare(self, node: Compare) -> str:
@@ -354,7 +357,7 @@ class PgFilter(FilterSql):
                 f"((payload ->> {key}) COLLATE \"C\")"
             )
             return f"(jsonb_typeof(payload -> {key}) = 'string' AND {text_value} {op} CAST({value} AS text))"
-        value = self.sql.bind(json.dumps(node.value))
+        value = self.sql.bind(_jsonb(node.value))
         return f"(jsonb_typeof(payload -> {key}) = 'number' AND (payload -> {key}) {op} CAST({value} AS jsonb))"
 
     def exists(self, node: Exists) -> str:
@@ -368,6 +371,11 @@ class PgFilter(FilterSql):
             return True
         kind = self.declared.get(node.key)
         return kind is not None and kind != "bool" and serves_value(kind, node.value)
+
+
+def _jsonb(value: Any) -> str:
+    """A filter's operand as JSON text for jsonb, its numbers written as payloads' are."""
+    return jsonb_exact(json.dumps(value), value)
 
 
 class _Positional(SqlBuilder):

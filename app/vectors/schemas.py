@@ -183,7 +183,11 @@ class PointWrite(_Body):
     id: str | None = Field(default=None, description="Point id (1-1024 bytes); generated when absent.")
     vector: Vector | None = Field(default=None, examples=[[0.1, 0.2, 0.3]])
     vector_b64: str | None = Field(default=None, description="base64 of little-endian float32.")
-    payload: dict[str, Any] | None = Field(default=None, examples=[{"user_id": "u1", "text": "hello"}])
+    payload: dict[str, Any] | None = Field(
+        default=None, examples=[{"user_id": "u1", "text": "hello"}],
+        description="A JSON object. Integers must fit in 64 bits, as in filters (store a larger one as a string); "
+                    "numbers read back as sent, but -0.0 as 0.0.",
+    )
 
 
 class PointsUpsert(_Body):

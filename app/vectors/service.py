@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
-from app.core.jsonvalue import LONE_SURROGATE, find_invalid
+from app.core.jsonvalue import LONE_SURROGATE, find_invalid, jsonb_exact
 from app.core.names import key_problem
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.vectors import encoding, telemetry
@@ -35,7 +35,7 @@ from app.vectors.backend import (
     RegistryCache,
     VectorIndex,
 )
-from app.vectors.filters import Node, parse_filter
+from app.vectors.filters import WIDE_INTEGER, Node, find_wide_integer, parse_filter
 from app.vectors.planner import Plan, ef_for
 from app.vectors.payload_index import declared_value_problem
 from app.vectors.recall import K, Calibration
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
 _WORD = re.compile(r"\w+", re.UNICODE)
+_NINETEEN_DIGITS = re.compile(r"[0-9]{19}")  # where a payload's JSON may hold an integer beyond 64 bits
 IDEMPOTENCY_KEY_MAX = 255
 
 
@@ -325,13 +326,20 @@ class VectorService:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:  # the gate refuses these first (app.core.jsonvalue)
             raise InvalidInput(*(find_invalid(payload, where) or (where, LONE_SURROGATE))) from None
+        if _NINETEEN_DIGITS.search(text) is not None:
+            wide = find_wide_integer(payload, where)
+            if wide is not None:
+                raise InvalidInput(wide, f"{WIDE_INTEGER}, as in filters; store a larger one as a string")
         limit = self.settings.limits.max_value_bytes
         if size > limit:
             raise InvalidInput(where, f"must be at most {limit} bytes of JSON")
-        if size + encoding.written_out_growth(text, payload) > limit:
+        stored = jsonb_exact(text, payload or {})
+        if stored is not text:
+            size = len(stored.encode("utf-8"))
+        if size + encoding.written_out_growth(stored, payload) > limit:
             raise InvalidInput(where, f"must be at most {limit} bytes of JSON with its numbers written out in full "
                                "(1e+300 is 301 digits)")
-        return text
+        return stored
 
     def _point(self, info: CollectionInfo, pid: str | None, vec: array[float], payload: dict[str, Any] | None, where: str) -> PointIn:
         if pid is None:
