@@ -192,10 +192,11 @@ class CheckpointsRepository:
             func.row_number().over(partition_by=cp.c.checkpoint_ns, order_by=cp.c.checkpoint_id.desc()).label("nth"),
         ).where(cp.c.thread_pk == _PK).subquery("ranked")
         doomed = select(ranked.c.checkpoint_ns, ranked.c.checkpoint_id).where(ranked.c.nth > bindparam("keep", type_=Integer))
-        return await _delete_of_checkpoints(
-            conn, lambda t: and_(t.c.thread_pk == _PK, tuple_(t.c.checkpoint_ns, t.c.checkpoint_id).in_(doomed)),
-            {"pk": pk, "keep": keep},
-        )
+        async with self.backend.hash_joins(conn):
+            return await _delete_of_checkpoints(
+                conn, lambda t: and_(t.c.thread_pk == _PK, tuple_(t.c.checkpoint_ns, t.c.checkpoint_id).in_(doomed)),
+                {"pk": pk, "keep": keep},
+            )
 
     async def delta_channel_names(self, conn: AsyncConnection, pk: int) -> frozenset[str] | None:
         """The channels the thread's checkpoints count as delta channels (the keys of their
