@@ -19,8 +19,7 @@ from app.core.config import Settings
 from app.main import create_app
 from storage_gateway_client import GatewayClient, SortOrder
 from tests.conftest import Backend, Server, start_server, stop_server
-from app.core.jsonvalue import jsonb_exact
-from app.vectors.encoding import written_out_growth
+from app.core.jsonvalue import jsonb_text
 from tests.test_vectors_index import pg_connect, wait_until_indexed
 
 BUDGET = 10_000
@@ -322,15 +321,15 @@ async def test_a_payload_fits_its_limit_with_its_numbers_written_out(
 
 @pytest.mark.postgres_only  # the rule is Python's, on both backends; PostgreSQL's jsonb is what it follows
 async def test_numbers_written_out_are_what_postgresql_answers(backend: Backend, server: Server) -> None:
-    """What a payload stores (``jsonb_exact``) reads back from jsonb as the same float, and its
-    length with ``written_out_growth`` is what jsonb answers (one space after each comma)."""
+    """What a payload stores (``jsonb_text``) reads back from jsonb as the same float, and its
+    length with the growth counted is what jsonb answers."""
     conn = await pg_connect(backend)
     try:
         for f in WRITTEN:
-            text = jsonb_exact(json.dumps([f], separators=(",", ":")), [f])
-            answered = await conn.fetchval("SELECT CAST(CAST($1 AS jsonb) AS text)", text)
+            stored = jsonb_text(json.dumps([f], separators=(",", ":")), [f])
+            answered = await conn.fetchval("SELECT CAST(CAST($1 AS jsonb) AS text)", stored.text)
             back = json.loads(answered)
-            assert back == [f] and type(back[0]) is float, (f, text, answered)
-            assert len(text) + written_out_growth(text, [f]) == len(answered), (f, text, answered)
+            assert back == [f] and type(back[0]) is float, (f, stored, answered)
+            assert len(stored.text) + stored.growth == len(answered), (f, stored, answered)
     finally:
         await conn.close()

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
 
 from app.checkpoints.models import checkpoint_blobs as blobs
-from app.core.jsonvalue import dumps_text
+from app.core.jsonvalue import dumps_text, jsonb_text
 from app.checkpoints.models import checkpoint_metadata_terms as terms
 
 Scalar = str | int | float | bool | None
@@ -128,7 +128,8 @@ class PostgresBackend:
         return [table.c.metadata.op("@>")(self.json_param("mfilter"))] if keys else []
 
     def metadata_filter_params(self, filter: Mapping[str, Scalar]) -> dict[str, Any]:
-        return {"mfilter": dumps_text(dict(filter))}  # integers beyond 64 bits too, as metadata is written
+        value = dict(filter)  # written as metadata is (integers beyond 64 bits too): numbers then compare alike
+        return {"mfilter": jsonb_text(dumps_text(value), value).text}
 
     async def write_terms(self, conn: AsyncConnection, thread_pk: int, ns: str, checkpoint_id: str, metadata: Mapping[str, Any]) -> None:
         return None  # the GIN index on metadata serves the filter

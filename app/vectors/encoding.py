@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 import sys
 from array import array
 from typing import Any
@@ -21,8 +20,6 @@ from fastapi import Response
 from app.core.errors import InvalidInput
 
 _LITTLE = sys.byteorder == "little"
-# A digit, e- and a digit: where compact JSON may hold a number with a negative exponent.
-_EXPONENT = re.compile(r"[0-9][eE]-[0-9]")
 
 
 # Both backends compute distances in float32 (sqlite-vec; pgvector's accumulators): the squared
@@ -93,37 +90,3 @@ def raw_json(text: str) -> orjson.Fragment:
 
 def json_response(content: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
-
-
-def written_out_growth(text: str, value: Any) -> int:
-    """How many bytes longer ``text`` (``value`` as compact JSON, its floats from 1e16 up
-    written out already: ``app.core.jsonvalue.jsonb_exact``) is with its numbers written out in
-    full, as PostgreSQL's jsonb keeps and answers them: ``1e-300`` is 302 characters there (and
-    ``1e+300`` 301 digits, which ``jsonb_exact`` writes). A payload must fit
-    ``limits.max_value_bytes`` that way too, or a 1 MiB payload would read back as 43 MiB on
-    PostgreSQL (and the same on SQLite, to refuse the same payloads on both). 0 unless ``text``
-    has a negative exponent somewhere (strings included), which only then costs a walk of
-    ``value``."""
-    if _EXPONENT.search(text) is None:
-        return 0
-    growth, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float):
-            growth += _float_growth(repr(item))
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return growth
-
-
-def _float_growth(written: str) -> int:
-    """The characters ``written`` (a float's repr, as JSON writes it) gains written out in full."""
-    mantissa, e, exponent = written.lstrip("-").partition("e")
-    if not e or exponent[0] != "-":
-        return 0  # from 1e16 up (a positive exponent), jsonb_exact writes the float in full
-    power, digits = int(exponent), len(mantissa.replace(".", ""))
-    # Python writes a negative exponent only below 1e-4: 0.000ddd in full.
-    full = 2 + (-power - 1) + digits
-    return max(0, full - len(written.lstrip("-")))

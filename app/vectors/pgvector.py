@@ -50,7 +50,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
-from app.core.jsonvalue import jsonb_exact
+from app.core.jsonvalue import jsonb_text
 from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
 from app.vectors import recall, subgraphs
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
@@ -342,7 +342,7 @@ class PgFilter(FilterSql):
             # The type test keeps a number 7 from matching "7" (``->>`` gives both as text).
             return (f"({keyword_expr(node.key)} = CAST({sql.bind(escape_text(node.value))} AS text) "
                     f"AND jsonb_typeof(payload -> {key}) = 'string')")
-        # Numbers as payloads are stored (``jsonb_exact``): 2.0**70 written 1.1805916207174113e+21
+        # Numbers as payloads are stored (``jsonb_text``): 2.0**70 written 1.1805916207174113e+21
         # would be the decimal 1180591620717411300000 here, not the float a payload holds.
         hint = sql.bind(escape_json(_jsonb({node.key: node.value})))
         exact = f"(payload -> {key}) = CAST({sql.bind(escape_json(_jsonb(node.value)))} AS jsonb)"
@@ -375,7 +375,7 @@ class PgFilter(FilterSql):
 
 def _jsonb(value: Any) -> str:
     """A filter's operand as JSON text for jsonb, its numbers written as payloads' are."""
-    return jsonb_exact(json.dumps(value), value)
+    return jsonb_text(json.dumps(value), value).text
 
 
 class _Positional(SqlBuilder):

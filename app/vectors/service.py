@@ -7,6 +7,7 @@ looks at the dialect.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -21,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
-from app.core.jsonvalue import LONE_SURROGATE, find_invalid, jsonb_exact
+from app.core.jsonvalue import LITERAL_YIELD_CHARS, LONE_SURROGATE, find_invalid, jsonb_text
 from app.core.names import key_problem
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.vectors import encoding, telemetry
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NINETEEN_DIGITS = re.compile(r"[0-9]{19}")  # where a payload's JSON may hold an integer beyond 64 bits
 IDEMPOTENCY_KEY_MAX = 255
 
 
@@ -326,20 +326,19 @@ class VectorService:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:  # the gate refuses these first (app.core.jsonvalue)
             raise InvalidInput(*(find_invalid(payload, where) or (where, LONE_SURROGATE))) from None
-        if _NINETEEN_DIGITS.search(text) is not None:
-            wide = find_wide_integer(payload, where)
-            if wide is not None:
-                raise InvalidInput(wide, f"{WIDE_INTEGER}, as in filters; store a larger one as a string")
         limit = self.settings.limits.max_value_bytes
         if size > limit:
             raise InvalidInput(where, f"must be at most {limit} bytes of JSON")
-        stored = jsonb_exact(text, payload or {})
-        if stored is not text:
-            size = len(stored.encode("utf-8"))
-        if size + encoding.written_out_growth(stored, payload) > limit:
+        stored = jsonb_text(text, payload or {})
+        if stored.wide:
+            wide = find_wide_integer(payload, where)
+            raise InvalidInput(wide or where, f"{WIDE_INTEGER}, as in filters; store a larger one as a string")
+        if stored.text is not text:
+            size = len(stored.text.encode("utf-8"))
+        if size + stored.growth > limit:
             raise InvalidInput(where, f"must be at most {limit} bytes of JSON with its numbers written out in full "
-                               "(1e+300 is 301 digits)")
-        return stored
+                               "(1e-300 is 302 characters)")
+        return stored.text
 
     def _point(self, info: CollectionInfo, pid: str | None, vec: array[float], payload: dict[str, Any] | None, where: str) -> PointIn:
         if pid is None:
@@ -356,15 +355,27 @@ class VectorService:
             norm=encoding.norm(vec),
         )
 
-    def _points(self, info: CollectionInfo, body: PointsUpsert) -> list[PointIn]:
+    async def _points(self, info: CollectionInfo, body: PointsUpsert) -> list[PointIn]:
+        """The batch's points, checked and encoded, the event loop served between them every
+        ``LITERAL_YIELD_CHARS`` of payload JSON (8.4 MB of payloads in 7 points held it 355-369 ms)."""
         dim = info.vector_size
         nonzero = info.distance == "cosine"
         columnar = body.vectors is not None or body.vectors_b64 is not None
         if body.points is not None and (columnar or body.payloads is not None or body.ids is not None):
             raise InvalidInput("points", "send either `points` or the parallel lists, not both")
+        out: list[PointIn] = []
+        since = 0
+
+        async def add(point: PointIn) -> None:
+            nonlocal since
+            out.append(point)
+            since += len(point.payload_json) + 4 * dim
+            if since >= LITERAL_YIELD_CHARS:
+                since = 0
+                await asyncio.sleep(0)
+
         if body.points is not None:
             self._check_batch("points", len(body.points))
-            out = []
             for i, p in enumerate(body.points):
                 where = f"points.{i}"
                 if (p.vector is None) == (p.vector_b64 is None):
@@ -373,7 +384,7 @@ class VectorService:
                     vec = encoding.from_numbers(p.vector, dim, f"{where}.vector", nonzero=nonzero)
                 else:
                     vec = encoding.from_b64(p.vector_b64 or "", dim, f"{where}.vector_b64", nonzero=nonzero)
-                out.append(self._point(info, p.id, vec, p.payload, where))
+                await add(self._point(info, p.id, vec, p.payload, where))
             return out
         if body.vectors is not None and body.vectors_b64 is not None:
             raise InvalidInput("vectors", "give exactly one of vectors or vectors_b64")
@@ -395,16 +406,10 @@ class VectorService:
             raise InvalidInput("payloads", f"has {len(body.payloads)} items for {n} vectors; lengths must match")
         if body.ids is not None and len(body.ids) != n:
             raise InvalidInput("ids", f"has {len(body.ids)} items for {n} vectors; lengths must match")
-        return [
-            self._point(
-                info,
-                body.ids[i] if body.ids is not None else None,
-                vecs[i],
-                body.payloads[i] if body.payloads is not None else None,
-                f"points.{i}",
-            )
-            for i in range(n)
-        ]
+        for i in range(n):
+            payload = body.payloads[i] if body.payloads is not None else None
+            await add(self._point(info, body.ids[i] if body.ids is not None else None, vecs[i], payload, f"points.{i}"))
+        return out
 
     def _check_batch(self, field: str, n: int) -> None:
         limit = self.settings.limits.max_batch_items
@@ -426,7 +431,7 @@ class VectorService:
             replay = await self._claim_key(conn, namespace, collection, idempotency_key, raw_body)
             if replay is not None:
                 return replay, None
-        points = self._points(info, body)
+        points = await self._points(info, body)
         # One statement per batch; a repeated id in the batch: the last one wins.
         unique: dict[str, PointIn] = {}
         for p in points:
