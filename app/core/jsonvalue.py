@@ -279,8 +279,8 @@ def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
 
 
 def dumps_text(value: Any) -> str:
-    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included (orjson cannot
-    write those, and they are JSON all the same: Python's json writes them the same way)."""
+    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included: orjson cannot
+    write those, and they are JSON all the same (Python's json writes them the same way)."""
     try:
         return orjson.dumps(value).decode()
     except TypeError as exc:
@@ -293,6 +293,12 @@ def dumps_text(value: Any) -> str:
 # negative zero, or 19 digits in a row (an integer that may not fit 64 bits). A string that only
 # looks like one costs the walk, nothing else.
 _JSONB_LOOK = re.compile(r"[0-9][eE][-+]?[0-9]|-0\.0(?![0-9])|[0-9]{19}")
+
+
+def is_wide(value: Any) -> bool:
+    """Whether ``value`` is an integer (not a bool) beyond 64 bits: orjson writes none, and SQLite
+    compares one as the nearest float where PostgreSQL's jsonb compares the decimal it is."""
+    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
 
 
 def jsonb_float(x: float) -> str:
@@ -348,7 +354,7 @@ def jsonb_text(text: str, value: Any) -> JsonbText:
             if "e-" in written:
                 growth += _written_out_growth(written)
             return orjson.Fragment(written)
-        if isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item < 2**63:
+        if is_wide(item):
             wide = True
             return orjson.Fragment(str(item))  # orjson writes no integer beyond 64 bits
         if isinstance(item, dict):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.core.errors import InvalidInput
+from app.core.jsonvalue import is_wide
 from app.vectors.payload_index import PayloadKind
 
 Scalar = str | int | float | bool | None
@@ -132,13 +133,8 @@ def _check_key(where: str, key: str) -> None:
 
 
 WIDE_INTEGER = "integers must fit in 64 bits"
-"""Filters and payloads alike: SQLite compares an integer beyond 64 bits as the nearest float,
-PostgreSQL's jsonb as the decimal it is, so no such integer compares the same on both."""
-
-
-def is_wide(value: Any) -> bool:
-    """Whether ``value`` is an integer (not a bool) beyond 64 bits."""
-    return isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63
+"""Filters and payloads alike: no integer beyond 64 bits compares the same on both backends
+(``app.core.jsonvalue.is_wide``)."""
 
 
 def find_wide_integer(value: Any, where: str) -> str | None:
