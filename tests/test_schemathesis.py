@@ -43,6 +43,8 @@ MAX_EXAMPLES = 50
 SEED = "20261201"
 SEED_NS = "schemathesis-seed"
 AMBIGUOUS_ALLOW = (  # paths of POST routes that are also a {key}/{point_id} resource
+    "/v1/{namespace}/kv/{collection}/get",
+    "/v1/{namespace}/kv/{collection}/delete",
     "/v1/{namespace}/records/{collection}/trim",
     "/v1/{namespace}/vectors/{collection}/points/delete",
     "/v1/{namespace}/vectors/{collection}/points/list",
@@ -58,6 +60,7 @@ CROSS_CHECKED = (
     "PATCH /v1/{namespace}/vectors/{collection}/points/{point_id}",  # the same
     "POST /v1/{namespace}/vectors/{collection}/search",  # the same, for the query vector
     "PUT /v1/{namespace}/vectors/{collection}",  # each payload field indexed once (unique by a member)
+    "POST /v1/{namespace}/kv/{collection}",  # each key once in a batch (unique by a member)
     "POST /v1/{namespace}/checkpoints/threads/copy",  # the target thread differs from the source
     # a cursor continues the list it was made for: the same prefix / order / thread and filter
     "GET /v1/{namespace}/kv/{collection}",

@@ -6,6 +6,9 @@ Compare-and-swap is a single statement each time: ``UPDATE ... WHERE version IN 
 ``If-Match`` and ``INSERT ... ON CONFLICT DO UPDATE ... WHERE <expired or not matching>`` for
 ``If-None-Match``, so two racing writers can never both win.
 
+A batch (get, set or delete many keys) is SQLAlchemy Core in the request's transaction: an
+expanding ``IN`` of its keys, or one executemany of its entries.
+
 Every write stores a version it chose itself (``new_version``: random, as a new entry's always
 was), so no write needs ``RETURNING``: whether a conditional write happened is its row count. On
 SQLite a ``RETURNING`` statement keeps its write transaction open between its first step (the
@@ -116,6 +119,15 @@ class KvRepository:
         )
         self._replace_if = StatementShapes(fixed, _replace_if)
         self._list = StatementShapes(fixed, _list)
+        # Batches: run through SQLAlchemy in the request's transaction.
+        keys: BindParameter[str] = bindparam("keys", expanding=True)
+        self._upsert_many = self._upsert_statement(None)
+        self._delete_many = delete(t).where(in_scope(t, _NS, _C), t.c.key.in_(keys))
+        found = select(t.c.key, t.c.value, t.c.version, byte_length(t.c.value).label("weight")).where(
+            in_scope(t, _NS, _C), t.c.key.in_(keys), _live()
+        ).order_by(t.c.key)
+        # (key, value, version, weight, upto, within): a last row not within was cut (its value NULL)
+        self._get_many = budgeted(found, [("key", False)], _BUDGET, first_always=True, heavy=["value"])
 
     # --- statements ----------------------------------------------------------------------
 
@@ -157,6 +169,15 @@ class KvRepository:
         if cut:
             rows = rows[:-1]
         return [StoredEntry(r[0], r[1] if with_values else "", r[2]) for r in rows], cut
+
+    async def get_many(
+        self, conn: AsyncConnection, ns: str, c: str, keys: builtins.list[str], now: datetime, *, budget: int
+    ) -> tuple[builtins.list[StoredEntry], str | None]:
+        """The live entries of ``keys`` in key order, as many as weigh at most ``budget`` bytes
+        together (at least one), and the key of the first one left out for the budget (None: all read)."""
+        rows = (await conn.execute(self._get_many, {"ns": ns, "c": c, "keys": keys, "now": now, "budget": budget})).all()
+        cut = rows[-1][0] if rows and not rows[-1][-1] else None
+        return [StoredEntry(r[0], r[1], r[2]) for r in (rows[:-1] if cut is not None else rows)], cut
 
     # --- writes --------------------------------------------------------------------------
 
@@ -204,6 +225,19 @@ class KvRepository:
 
     async def delete(self, conn: StatementConnection, ns: str, c: str, k: str) -> None:
         await self._delete.rowcount(conn, {"ns": ns, "c": c, "k": k})
+
+    async def upsert_many(
+        self, conn: AsyncConnection, ns: str, c: str, items: builtins.list[tuple[str, str]], now: datetime,
+        expires: datetime | None,
+    ) -> builtins.list[int]:
+        """Set every ``(key, value)`` unconditionally in the caller's transaction (one
+        executemany); their new versions, in order."""
+        params = [self._params(ns, c, k, v, now, expires) for k, v in items]
+        await conn.execute(self._upsert_many, params)
+        return [p["nv"] for p in params]
+
+    async def delete_many(self, conn: AsyncConnection, ns: str, c: str, keys: builtins.list[str]) -> None:
+        await conn.execute(self._delete_many, {"ns": ns, "c": c, "keys": keys})
 
     async def sweep_expired(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired entries of any namespace; how many went."""

@@ -19,16 +19,96 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.http.limits import Body, accepts
+from app.core.http.planning import served_by_fastapi
 from app.core.http.routing import CapabilityRouter
 from app.core.names import KEY_PATTERN
-from app.kv.dependencies import KvServiceDep
-from app.kv.schemas import VALUE_REQUEST_BODY, VALUE_RESPONSE, KvPage
+from app.kv.dependencies import KvBatchConnection, KvBatchReadConnection, KvServiceDep
+from app.kv.schemas import (
+    VALUE_REQUEST_BODY,
+    VALUE_RESPONSE,
+    KvBatchRead,
+    KvBatchWrite,
+    KvBatchWritten,
+    KvEtag,
+    KvKeys,
+    KvPage,
+)
 
 log = logging.getLogger("app.kv")
 
 router = CapabilityRouter("kv", tags=["kv"])
 
 JSON = "application/json"
+
+
+# --- batches: many keys of one collection in one request -------------------------------------
+
+
+@router.post(
+    "/{collection}/get",
+    summary="Get many values",
+    response_model=KvBatchRead,
+    responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
+)
+@accepts(Body.JSON, read_only=True)
+@served_by_fastapi("a request body model")
+async def get_values(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    body: KvKeys,
+    conn: KvBatchReadConnection,
+    service: KvServiceDep,
+) -> Response:
+    """The entries `{key, value, etag}` of `keys` in one request (a `kv:read`): `missing` names the keys
+    without one, `unread` those left for another request once the answer's values reached `limits.max_page_bytes`."""
+    return Response(content=await service.get_many(conn, namespace, collection, body.keys), media_type=JSON)
+
+
+@router.post(
+    "/{collection}",
+    summary="Set many values",
+    response_model=KvBatchWritten,
+    responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
+)
+@accepts(Body.JSON)
+@served_by_fastapi("a request body model")
+async def set_values(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    body: KvBatchWrite,
+    request: Request,
+    conn: KvBatchConnection,
+    service: KvServiceDep,
+) -> KvBatchWritten:
+    """Upsert every entry of the batch atomically, unconditionally: all are stored, or (on any error) none."""
+    # The body was read once already; the service takes the values' numbers as written from it.
+    written = await service.set_many(
+        conn, namespace, collection, body.items, await request.body(), ttl_seconds=body.ttl_seconds
+    )
+    return KvBatchWritten(items=[KvEtag(key=k, etag=e) for k, e in written])
+
+
+@router.post(
+    "/{collection}/delete",
+    summary="Delete many values",
+    status_code=204,
+    responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
+)
+@accepts(Body.JSON)
+@served_by_fastapi("a request body model")
+async def delete_values(
+    namespace: NamespacePath,
+    collection: CollectionPath,
+    body: KvKeys,
+    conn: KvBatchConnection,
+    service: KvServiceDep,
+) -> Response:
+    """Delete every key of `keys` in one statement; 204 whether or not they existed."""
+    await service.delete_many(conn, namespace, collection, body.keys)
+    return Response(status_code=204)
+
+
+# --- one key ------------------------------------------------------------------------------
 
 
 @router.put(

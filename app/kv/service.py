@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, UTC
 
@@ -10,11 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.http.conditions import WriteConditions, quote_etag
 from app.core.config import KvSettings, LimitsSettings
-from app.core.errors import InvalidInput, NotFound, PreconditionFailed
-from app.core.jsonvalue import json_string, parse_value
+from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, PreconditionFailed
+from app.core.jsonvalue import LITERAL_YIELD_CHARS, encode_value, json_string, literal_members, parse_value
+from app.core.names import validate_key
 from app.core.http.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
 from app.core.db.statements import StatementConnection
 from app.kv.repository import KvRepository
+from app.kv.schemas import KvItemWrite
 
 
 def _utcnow() -> datetime:
@@ -128,6 +133,74 @@ class KvService:
         return KvListPage(
             '{"items":[' + ",".join(items) + '],"next_cursor":' + json.dumps(next_cursor) + "}"
         )
+
+    # --- batches ---------------------------------------------------------------------------
+
+    def _batch_size(self, field: str, n: int) -> None:
+        limit = self.limits.max_batch_items
+        if n > limit:
+            message = f"at most {limit} per batch (got {n})"
+            raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
+
+    def _keys(self, keys: Sequence[str]) -> builtins.list[str]:
+        """The keys checked, each once, in the order first named."""
+        self._batch_size("keys", len(keys))
+        return list(dict.fromkeys(validate_key(f"keys.{i}", k) for i, k in enumerate(keys)))
+
+    async def get_many(self, conn: AsyncConnection, ns: str, c: str, keys: Sequence[str]) -> str:
+        """``{"items": [...], "missing": [...], "unread": [...]}`` as JSON text: the entries found
+        in the order asked, up to ``limits.max_page_bytes`` of values (the keys past it unread)."""
+        wanted = self._keys(keys)
+        rows, cut = await self.repo.get_many(
+            conn, ns, c, sorted(wanted), _utcnow(), budget=self.limits.max_page_bytes
+        )
+        found = {r.key: r for r in rows}
+        # keys sort in the database as Python sorts str (UTF-8 byte order, COLLATE "C")
+        unread = [k for k in wanted if cut is not None and k >= cut]
+        missing = [k for k in wanted if k not in found and (cut is None or k < cut)]
+        items = [
+            f'{{"key":{json_string(r.key)},"value":{r.value},"etag":"\\"{r.version}\\""}}'
+            for r in (found[k] for k in wanted if k in found)
+        ]
+        return (
+            '{"items":[' + ",".join(items) + '],"missing":' + json.dumps(missing, ensure_ascii=False)
+            + ',"unread":' + json.dumps(unread, ensure_ascii=False) + "}"
+        )
+
+    async def set_many(
+        self, conn: AsyncConnection, ns: str, c: str, items: builtins.list[KvItemWrite], body: bytes, *,
+        ttl_seconds: float | None,
+    ) -> builtins.list[tuple[str, str]]:
+        """Validate every entry first, then write them all in the request's transaction;
+        ``(key, etag)`` of each. ``body`` (the request's JSON) gives the values with their
+        numbers as written."""
+        self._batch_size("items", len(items))
+        now = _utcnow()
+        expires = self._expiry(now, ttl_seconds)
+        max_value = self.limits.max_value_bytes
+        # An item of more than three times a value's bound of JSON text is a 413 (as in records).
+        literal = await literal_members(body, "items", 3 * max_value + LITERAL_YIELD_CHARS)
+        values = [item.value for item in items]
+        if literal is not None and len(literal) == len(values) and all(isinstance(x, dict) for x in literal):
+            values = [x["value"] for x in literal]
+        pairs: builtins.list[tuple[str, str]] = []
+        seen: set[str] = set()
+        since = 0
+        for i, (item, value) in enumerate(zip(items, values, strict=True)):
+            key = validate_key(f"items.{i}.key", item.key)
+            if key in seen:
+                raise InvalidInput(f"items.{i}.key", "names a key already in this batch (each key at most once)")
+            seen.add(key)
+            pairs.append((key, encode_value(f"items.{i}.value", value, max_value)))
+            since += len(pairs[-1][1])
+            if since >= LITERAL_YIELD_CHARS:  # the event loop's turn between values, as between their parses
+                since = 0
+                await asyncio.sleep(0)
+        versions = await self.repo.upsert_many(conn, ns, c, pairs, now, expires)
+        return [(k, etag_of(v)) for (k, _), v in zip(pairs, versions, strict=True)]
+
+    async def delete_many(self, conn: AsyncConnection, ns: str, c: str, keys: Sequence[str]) -> None:
+        await self.repo.delete_many(conn, ns, c, self._keys(keys))
 
     async def sweep(self, conn: AsyncConnection) -> int:
         return await self.repo.sweep_expired(conn, _utcnow(), self.settings.sweep_batch)

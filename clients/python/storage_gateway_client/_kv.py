@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._models import KvEntry, dump_json
@@ -12,6 +12,7 @@ from ._resource import Resource
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 PAGE_SIZE = 1000
+BATCH = 1000  # keys per batch request: the gateway's default limits.max_batch_items
 
 
 class KeyValueAPI(Resource):
@@ -63,6 +64,55 @@ class KeyValueAPI(Resource):
     async def delete(self, collection: str, key: str) -> None:
         """Delete ``key``; deleting a missing key is a no-op."""
         await self._transport.request("DELETE", self._path(collection, key))
+
+    # --- batches: many keys of one collection per request ----------------------------------
+
+    async def get_many(self, collection: str, keys: Iterable[str]) -> dict[str, KvEntry]:
+        """The live entries of ``keys`` by key (a missing key is absent). One request per
+        ``BATCH`` distinct keys, and one more for the keys an answer left unread (its values
+        reached the gateway's ``limits.max_page_bytes``)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, KvEntry] = {}
+        for start in range(0, len(wanted), BATCH):
+            pending = wanted[start:start + BATCH]
+            while pending:
+                response = await self._transport.request(
+                    "POST", self._path(collection, "get"), content=dump_json({"keys": pending}),
+                    headers=_JSON_HEADERS, idempotent=True,
+                )
+                body = json.loads(response.content)
+                for item in body["items"]:
+                    found[item["key"]] = KvEntry.model_validate(item)
+                pending = body["unread"]
+        return found
+
+    async def set_many(
+        self, collection: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]], *,
+        ttl_seconds: float | None = None,
+    ) -> dict[str, str]:
+        """Set every entry in one request, atomically (all or none; a key given twice keeps its
+        last value); the new ETags by key. At most the gateway's ``limits.max_batch_items``
+        entries (1000 by default): more is ``InvalidRequest`` (413)."""
+        pairs = dict(items.items() if isinstance(items, Mapping) else items)
+        if not pairs:
+            return {}
+        body: dict[str, Any] = {"items": [{"key": k, "value": v} for k, v in pairs.items()]}
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        # Setting the same values again leaves the same state (new ETags): safe to retry.
+        response = await self._transport.request(
+            "POST", self._path(collection), content=dump_json(body), headers=_JSON_HEADERS, idempotent=True
+        )
+        return {item["key"]: item["etag"] for item in json.loads(response.content)["items"]}
+
+    async def delete_many(self, collection: str, keys: Sequence[str]) -> None:
+        """Delete ``keys`` (missing ones are no-ops): one request per ``BATCH`` distinct keys."""
+        wanted = list(dict.fromkeys(keys))
+        for start in range(0, len(wanted), BATCH):
+            await self._transport.request(
+                "POST", self._path(collection, "delete"), content=dump_json({"keys": wanted[start:start + BATCH]}),
+                headers=_JSON_HEADERS, idempotent=True,
+            )
 
     async def get_all(self, collection: str) -> list[Any]:
         """Every value of the collection, ordered by key (the seed's ``get_all``)."""
