@@ -61,6 +61,7 @@ async def workload(client: httpx.AsyncClient, ns: str) -> None:
     await ok("POST", f"/v1/{ns}/vectors/v/points", headers={"Idempotency-Key": "i1"},
              json={"points": [{"id": "p", "vector": [1, 0], "payload": {"u": 1, "text": "tea"}}]})
     await ok("POST", f"/v1/{ns}/vectors/v/search", json={"vector": [1, 0], "query": "tea", "filters": {"u": 1}})
+    await ok("POST", f"/v1/{ns}/vectors/v/search", json={"vector": [1, 0], "with_vectors": True, "filters": {"u": 1}})
     await ok("PATCH", f"/v1/{ns}/vectors/v/points/p", json={"payload": {"u": 2}})
     await ok("GET", f"/v1/{ns}/vectors/v/points/p")
     await ok("POST", f"/v1/{ns}/vectors/v/points/list", json={"filters": {"u": 2}})

@@ -4,6 +4,7 @@ scores, hybrid search, validation, idempotency, isolation and the seed's VectorS
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import struct
@@ -586,3 +587,29 @@ async def test_a_namespace_holds_at_most_its_share_of_collections(backend, serve
             answers = await asyncio.gather(*(http.put(vpath(crowd, f"c{i}"), json=body) for i in range(6)))
             assert sorted(r.status_code for r in answers) == [201] * 3 + [409] * 3, [r.text for r in answers]
             assert len((await http.get(vpath(crowd))).json()["items"]) == 3
+
+
+async def test_a_search_answers_the_vectors_it_found_when_asked(http: httpx.AsyncClient, namespace: str) -> None:
+    """``with_vectors`` (what maximal marginal relevance needs of its candidates): each hit with its
+    stored vector, as JSON numbers or base64 float32, plain and hybrid; bounded by the answer's
+    ``limits.max_page_bytes`` (16 MiB), past which it is a 422 naming it."""
+    await http.put(vpath(namespace, "mmr"), json={"vector_size": 3, "distance": "cosine", "text_field": "text"})
+    points = [{"id": f"p{i}", "vector": [1.0, i / 4, 0.5], "payload": {"text": f"tea {i}"}} for i in range(4)]
+    r = await http.post(f"{vpath(namespace, 'mmr')}/points", json={"points": points}, headers={"Idempotency-Key": "m"})
+    assert r.status_code == 200, r.text
+    stored = {p["id"]: p["vector"] for p in points}
+    for extra in ({}, {"query": "tea"}):
+        r = await http.post(f"{vpath(namespace, 'mmr')}/search", json={"vector": [1, 0, 0.5], "limit": 3, "with_vectors": True, **extra})
+        hits = r.json()["results"]
+        assert len(hits) == 3 and all(h["vector"] == stored[h["id"]] for h in hits), r.text
+        r = await http.post(f"{vpath(namespace, 'mmr')}/search",
+                            json={"vector": [1, 0, 0.5], "limit": 3, "with_vectors": True, "vector_format": "b64", **extra})
+        assert all(
+            np.frombuffer(base64.b64decode(h["vector_b64"]), "<f4").tolist() == stored[h["id"]] for h in r.json()["results"]
+        )
+    r = await http.post(f"{vpath(namespace, 'mmr')}/search", json={"vector": [1, 0, 0.5], "limit": 3})
+    assert all("vector" not in h and "vector_b64" not in h for h in r.json()["results"])  # only when asked
+    await http.put(vpath(namespace, "wide"), json={"vector_size": 16000, "distance": "l2"})
+    r = await http.post(f"{vpath(namespace, 'wide')}/search", json={"vector": [0.5] * 16000, "limit": 200, "with_vectors": True})
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json", r.text
+    assert r.json()["errors"][0]["loc"][-1] == "with_vectors" and "max_page_bytes" in r.text

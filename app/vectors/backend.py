@@ -499,6 +499,18 @@ class VectorIndex(ABC):
         )
         return self._hits(rows)
 
+    async def vectors(
+        self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str]
+    ) -> dict[str, array[float]]:
+        """The stored vectors of the points of ``ids`` that exist, by id."""
+        if not ids:
+            return {}
+        among, listed = self._ids_in(ids)
+        rows = await session.execute(
+            text(f"SELECT id, embedding FROM {coll.data_table} WHERE {among}"), {"ids": listed}
+        )
+        return {r[0]: self._vector_out(r[1]) for r in rows}
+
     async def payloads(
         self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str], budget: int
     ) -> dict[str, str]:

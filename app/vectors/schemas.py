@@ -256,6 +256,15 @@ class SearchRequest(_Body):
         default=None, ge=1, le=1000, description="HNSW search breadth (pgvector); default: chosen by the planner."
     )
     explain: StrictBool = Field(default=False, description="Answer with the `plan` the search ran.")
+    with_vectors: StrictBool = Field(
+        default=False,
+        description="Answer every hit with its stored vector (e.g. for maximal marginal relevance): `vector`, or "
+        "`vector_b64` with `vector_format: b64`. At most `limits.max_page_bytes` of vectors per answer, counted as "
+        "`limit` x `vector_size` x 6 bytes (b64) or 24 (json); more is a 422.",
+    )
+    vector_format: Literal["json", "b64"] = Field(
+        default="json", description="How `with_vectors` answers the vectors: JSON numbers or base64 float32."
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -276,6 +285,8 @@ class SearchHit(BaseModel):
         description="The payload was left out: the answer's payloads reached `limits.max_page_bytes`. Read the point "
         "for it (the Python client does).",
     )
+    vector: list[float] | None = Field(default=None, description="The stored vector (`with_vectors`, json).")
+    vector_b64: str | None = Field(default=None, description="The stored vector (`with_vectors`, b64).")
 
 
 class SearchPlan(BaseModel):

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
+VECTOR_ANSWER_BYTES = {"b64": 6, "json": 24}  # what a dimension of a vector counts in a search answer (with_vectors)
 _WORD = re.compile(r"\w+", re.UNICODE)
 IDEMPOTENCY_KEY_MAX = 255
 
@@ -594,6 +595,16 @@ class VectorService:
             query_vec = encoding.from_numbers(body.vector, info.vector_size, "vector", nonzero=nonzero)
         else:
             query_vec = encoding.from_b64(body.vector_b64 or "", info.vector_size, "vector_b64", nonzero=nonzero)
+        if body.with_vectors:
+            per_dimension = VECTOR_ANSWER_BYTES[body.vector_format]
+            weight = body.limit * info.vector_size * per_dimension
+            if weight > limits.max_page_bytes:
+                raise InvalidInput(
+                    "with_vectors",
+                    f"an answer carries at most {limits.max_page_bytes} bytes of vectors (limits.max_page_bytes); "
+                    f"{body.limit} hits of {info.vector_size} dimensions count {weight} ({per_dimension} a dimension "
+                    f"as {body.vector_format}): ask for at most {max(1, limits.max_page_bytes // (info.vector_size * per_dimension))}",
+                )
         ef = body.ef_search
         # the first words only: a query's length is bounded, but not every word need be split out
         words = [m[0] for m in itertools.islice(_WORD.finditer(body.query or ""), MAX_QUERY_WORDS)] if info.text_field else []
@@ -608,10 +619,28 @@ class VectorService:
                 results.append(self._hit(h, score))
         else:
             results, plan = await self._hybrid(conn, info, query_vec, words, body.limit, flt, ef, threshold)
+        if body.with_vectors:
+            results = await self._with_vectors(conn, info, results, body.vector_format)
         telemetry.count_plan(info.id, plan)
         if body.explain:
             return {"results": results, "plan": plan.as_dict()}
         return {"results": results}
+
+    async def _with_vectors(
+        self, conn: AsyncConnection, info: CollectionInfo, results: list[dict[str, Any]], vector_format: str
+    ) -> list[dict[str, Any]]:
+        """``results`` with their stored vectors, read in one statement after the search; a point
+        deleted in between is left out."""
+        vectors = await self.index.vectors(conn, info, [r["id"] for r in results])
+        out = []
+        for hit in results:
+            vec = vectors.get(hit["id"])
+            if vec is not None:
+                hit["vector_b64" if vector_format == "b64" else "vector"] = (
+                    encoding.to_b64(vec) if vector_format == "b64" else vec.tolist()
+                )
+                out.append(hit)
+        return out
 
     def _hit(self, h: Hit, score: float) -> dict[str, Any]:
         if h.payload_json is None:  # past the answer's byte budget

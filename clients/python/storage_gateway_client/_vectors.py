@@ -211,12 +211,14 @@ class VectorsAPI(Resource):
         filters: Mapping[str, Any] | None = None,
         score_threshold: float | None = None,
         ef_search: int | None = None,
+        with_vectors: bool = False,
     ) -> list[dict[str, Any]]:
-        """Results ``{id, score, distance, payload}`` by descending score."""
+        """Results ``{id, score, distance, payload}`` by descending score; ``with_vectors``: each
+        with its stored ``vector`` too (a list of floats)."""
         results: list[dict[str, Any]] = (
             await self.search_explained(
                 collection, vector, limit, query=query, filters=filters, score_threshold=score_threshold,
-                ef_search=ef_search, explain=False,
+                ef_search=ef_search, explain=False, with_vectors=with_vectors,
             )
         )["results"]
         return results
@@ -232,9 +234,12 @@ class VectorsAPI(Resource):
         score_threshold: float | None = None,
         ef_search: int | None = None,
         explain: bool = True,
+        with_vectors: bool = False,
     ) -> dict[str, Any]:
         """The whole answer ``{results, plan}``: ``plan`` says how the gateway searched
         (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``).
+        ``with_vectors``: each hit comes with its stored ``vector`` (at most the gateway's
+        ``limits.max_page_bytes`` of vectors per answer: ``limit`` x dimensions x 6 bytes).
 
         An answer carries at most the gateway's ``limits.max_page_bytes`` of payloads; the hits
         past it come with ``payload_omitted``, and their payloads are read here point by point
@@ -255,10 +260,16 @@ class VectorsAPI(Resource):
             body["ef_search"] = ef_search
         if explain:
             body["explain"] = True
+        if with_vectors:
+            body["with_vectors"] = True
+            body["vector_format"] = "b64"
         response = await self._transport.request(
             "POST", self._path(collection, "search"), json=body, idempotent=True
         )
         explained: dict[str, Any] = response.json()
+        if with_vectors:
+            for hit in explained["results"]:
+                hit["vector"] = unpack_vector(hit.pop("vector_b64"))
         if any(hit.get("payload_omitted") for hit in explained["results"]):
             explained["results"] = await self._with_payloads(collection, explained["results"])
         return explained
