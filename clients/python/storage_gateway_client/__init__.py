@@ -1,6 +1,6 @@
 """Async client for storage-gateway."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError
@@ -25,6 +25,7 @@ from ._exceptions import (
 
 if TYPE_CHECKING:
     from ._checkpoints import GatewayCheckpointSaver
+    from ._langchain import GatewayByteStore, GatewayChatMessageHistory, GatewayVectorStore
 
 __all__ = [
     "AsyncPersistStore",
@@ -36,9 +37,12 @@ __all__ = [
     "FileList",
     "FilesUsage",
     "Forbidden",
+    "GatewayByteStore",
+    "GatewayChatMessageHistory",
     "GatewayCheckpointSaver",
     "GatewayClient",
     "GatewayError",
+    "GatewayVectorStore",
     "HTTPStatusError",
     "IntegrityError",
     "InvalidRequest",
@@ -62,10 +66,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> type["GatewayCheckpointSaver"]:
-    """``GatewayCheckpointSaver`` is imported on first use: it needs the ``langgraph`` extra."""
+_LANGCHAIN = ("GatewayVectorStore", "GatewayByteStore", "GatewayChatMessageHistory")
+
+
+def __getattr__(name: str) -> type[Any]:
+    """The LangGraph saver and the LangChain adapters are imported on first use: they need the
+    ``langgraph`` and ``langchain`` extras."""
     if name == "GatewayCheckpointSaver":
         from ._checkpoints import GatewayCheckpointSaver
 
         return GatewayCheckpointSaver
+    if name in _LANGCHAIN:
+        from . import _langchain
+
+        adapter: type[Any] = getattr(_langchain, name)
+        return adapter
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

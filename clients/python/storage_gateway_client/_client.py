@@ -55,6 +55,11 @@ class GatewayClient:
             headers["Authorization"] = f"Bearer {api_key}"
         self.base_url = base_url
         self.namespace = namespace
+        # What a sibling client for another event loop is made with (``sibling``).
+        self._options: dict[str, Any] = {
+            "api_key": api_key, "timeout": timeout, "retries": retries, "verify": verify,
+            "transport": transport if isinstance(transport, str) else None,
+        }
         self._transport = Transport(
             base_url,
             headers=headers,
@@ -68,6 +73,13 @@ class GatewayClient:
         self.kv = KeyValueAPI(self._transport, namespace)
         self.files = FilesAPI(self._transport, namespace)
         self.vectors = VectorsAPI(self._transport, namespace)
+
+    def sibling(self) -> GatewayClient:
+        """A new client for the same gateway and namespace with the same key, timeout, retries,
+        transport choice and ``verify``, with connections of its own: for use on another event
+        loop, since connections belong to the loop that opened them. (A ``http_client`` or
+        transport instance given to this client is not shared: the sibling makes its own.)"""
+        return GatewayClient(self.base_url, self.namespace, **self._options)
 
     def persist_store(self, namespace: str = "default") -> RemotePersistStore:
         """The seed's AsyncPersistStore on the kv collection ``namespace`` of this gateway namespace."""
