@@ -93,9 +93,9 @@ def _connection(
     ))
 
 
-# Every kv request, and every records request but a batch, is one statement on both backends:
+# Every kv and records request but a batch is one statement on both backends:
 # they run without BEGIN/COMMIT (two round trips fewer on PostgreSQL, eight thread hand-offs on
-# SQLite). A records batch is several statements and keeps its transaction. A checkpoint put
+# SQLite). A batch keeps its transaction (records here; kv's in app.kv.dependencies). A checkpoint put
 # or read is one statement on PostgreSQL and several on SQLite, where it keeps its transaction
 # (the `PgStatement` dependencies). Vector reads keep one too: SQLAlchemy begins it lazily and
 # searches run on the driver connection, so it sends nothing.

@@ -1,6 +1,6 @@
 """Fixed statements: the SQL of kv and records, built once and run the cheapest way the backend allows.
 
-Every kv request and every records request but a batch is one statement. Such a request
+Every kv and records request but a batch is one statement. Such a request
 borrows a connection from the database's SQLAlchemy pool without a SQLAlchemy ``Connection``
 around it (``app.core.dependencies``) and sends its statement with the driver, compiled once at
 start-up. Statements without BEGIN run in autocommit, which for one statement is the same thing
