@@ -272,3 +272,32 @@ async def test_the_readme_example_runs_as_printed(server: Server, namespace: str
     assert [(d.page_content, d.metadata) for d in scope["found"]] == [("tea is green", {"topic": "tea", "year": 2024})]  # type: ignore[attr-defined]
     assert scope["values"] == [b"\x00\x01", b"bytes", None]
     assert [(m.type, m.content) for m in scope["messages"]] == [("human", "hi"), ("ai", "hello!")]  # type: ignore[attr-defined]
+
+
+async def test_the_async_methods_never_go_through_an_executor(gw: GatewayClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangChain's defaults for async methods run the sync ones in a thread (``run_in_executor``);
+    every adapter's async path is its own."""
+    import langchain_core.chat_history
+    import langchain_core.stores
+    import langchain_core.vectorstores.base
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"run_in_executor{args[1:2]}")
+
+    for module in (langchain_core.vectorstores.base, langchain_core.stores, langchain_core.chat_history):
+        monkeypatch.setattr(module, "run_in_executor", refuse)
+    store = await GatewayVectorStore.afrom_documents(DOCS, DeterministicFakeEmbedding(size=8), client=gw, collection="native")
+    assert len(await store.asimilarity_search_with_relevance_scores("tea", k=2)) == 2
+    assert len(await store.amax_marginal_relevance_search("tea", k=2, fetch_k=4)) == 2
+    assert len(await store.asimilarity_search_by_vector([0.5] * 8, k=1)) == 1
+    assert [d.id for d in await store.aget_by_ids(["tea-2024"])] == ["tea-2024"]
+    await store.adelete(["tea-2024"])
+    await store.adelete_collection()
+    cache = GatewayByteStore(gw, "native")
+    await cache.amset([("k", b"v")])
+    assert await cache.amget(["k"]) == [b"v"] and [k async for k in cache.ayield_keys()] == ["k"]
+    await cache.amdelete(["k"])
+    history = GatewayChatMessageHistory(gw, "native")
+    await history.aadd_messages([HumanMessage("x")])
+    assert len(await history.aget_messages()) == 1
+    await history.aclear()
