@@ -23,7 +23,7 @@ THREE_VALUES = (b"\x00\xfe\xff\x80 binary", b"", "🎉 buzz".encode())
 
 class TestGatewayVectorStore(VectorStoreIntegrationTests):
     @pytest.fixture
-    async def vectorstore(self, server: Server, namespace: str) -> AsyncIterator[GatewayVectorStore]:  # type: ignore[override]
+    async def vectorstore(self, server: Server, namespace: str) -> AsyncIterator[GatewayVectorStore]:
         """An empty store: a fresh namespace; the collection is made by its first write."""
         async with GatewayClient(server.url, namespace, ADMIN_KEY) as client:
             store = GatewayVectorStore(client, "standard", self.get_embeddings())
@@ -33,7 +33,7 @@ class TestGatewayVectorStore(VectorStoreIntegrationTests):
 
 class TestGatewayByteStoreSync(BaseStoreSyncTests[bytes]):
     @pytest.fixture
-    def kv_store(self, server: Server, namespace: str) -> Iterator[GatewayByteStore]:  # type: ignore[override]
+    def kv_store(self, server: Server, namespace: str) -> Iterator[GatewayByteStore]:
         store = GatewayByteStore(GatewayClient(server.url, namespace, ADMIN_KEY), "bytes")
         yield store
         store.close()  # the sync methods' connections (the client given was never used)
@@ -45,7 +45,7 @@ class TestGatewayByteStoreSync(BaseStoreSyncTests[bytes]):
 
 class TestGatewayByteStoreAsync(BaseStoreAsyncTests[bytes]):
     @pytest.fixture
-    async def kv_store(self, server: Server, namespace: str) -> AsyncIterator[GatewayByteStore]:  # type: ignore[override]
+    async def kv_store(self, server: Server, namespace: str) -> AsyncIterator[GatewayByteStore]:
         async with GatewayClient(server.url, namespace, ADMIN_KEY) as client:
             yield GatewayByteStore(client, "bytes")
 
