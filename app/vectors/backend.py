@@ -59,6 +59,7 @@ class CollectionInfo:
     index: dict[str, Any]
     text_field: str | None
     created_at: datetime
+    text_language: str | None = None  # the stemmer of the text field's terms (``app.vectors.text``)
 
     @property
     def data_table(self) -> str:
@@ -80,13 +81,15 @@ class CollectionInfo:
 
 @dataclass
 class PointIn:
-    """A checked point to store: float32 vector, payload as compact JSON, and its hybrid text."""
+    """A checked point to store: float32 vector, payload as compact JSON, its hybrid text and
+    that text's terms (``app.vectors.text``: the service fills them; None: not indexed)."""
 
     id: str
     vector: array[float]
     payload_json: str
     text: str | None = None
     norm: float = 0.0
+    terms: builtins.list[str] | None = None
 
 
 @dataclass
@@ -120,6 +123,18 @@ class Search:
     budget: int  # bytes of payloads the hits may carry (``budgeted_hits``)
     where: str = ""  # the filter as SQL
     narrowed: bool = False  # an index narrows the rows the filter keeps
+
+
+@dataclass
+class TextRanking:
+    """A text search's answer: the best BM25 matches, best first, with their scores; the score
+    of each point asked for besides (0: none of the terms); and how many leading hits are proven
+    to be BM25's exact top (all of them, but on PostgreSQL when ``TEXT_CANDIDATES`` bounded the
+    search: see ``pgvector.py``)."""
+
+    hits: builtins.list[tuple[str, float]]
+    scores: dict[str, float]
+    exact: int
 
 
 class MissingTable(Exception):
@@ -252,24 +267,28 @@ class VectorIndex(ABC):
 
     @abstractmethod
     def _set_payload(
-        self, coll: CollectionInfo, payload_json: str, text_value: str | None, params: dict[str, Any]
+        self, coll: CollectionInfo, payload_json: str, terms: builtins.list[str] | None, params: dict[str, Any]
     ) -> builtins.list[str]:
-        """The SET clauses (their parameters added to ``params``) that replace a point's payload."""
+        """The SET clauses (their parameters added to ``params``) that replace a point's payload
+        (and, with a ``text_field``, its text's ``terms``)."""
 
     @abstractmethod
     async def _text_written(
-        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, str | None]]
+        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, builtins.list[str] | None]]
     ) -> None:
-        """After points of a collection with a ``text_field`` were written: their (id, text)."""
+        """After points of a collection with a ``text_field`` were written: their (id, terms)."""
 
     @abstractmethod
     async def _text_deleting(self, session: AsyncConnection, coll: CollectionInfo, where: str, params: dict[str, Any]) -> None:
         """Before the points matching ``where`` of a collection with a ``text_field`` are deleted."""
 
     @abstractmethod
-    def _text_query(self, coll: CollectionInfo, words: builtins.list[str], where: str) -> tuple[str, dict[str, Any]]:
-        """The full-text statement (ids of matches of any of ``words`` that match ``where``, best
-        first, at most ``:limit``) and its parameters."""
+    async def _text_rank(
+        self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
+        where: str, params: dict[str, Any], also: builtins.list[str],
+    ) -> TextRanking:
+        """The BM25 ranking of the points matching ``where`` (its parameters in ``params``) that
+        hold any of ``terms`` (at most ``limit``), and the scores of the points ``also``."""
 
     # --- the search's facts ---------------------------------------------------------------------------
 
@@ -338,7 +357,7 @@ class VectorIndex(ABC):
             return
         await self._insert(session, coll, points)
         if coll.text_field is not None:
-            await self._text_written(session, coll, [(p.id, p.text) for p in points])
+            await self._text_written(session, coll, [(p.id, p.terms) for p in points])
 
     async def get(
         self, session: AsyncConnection, coll: CollectionInfo, point_id: str, with_vector: bool
@@ -361,15 +380,16 @@ class VectorIndex(ABC):
         point_id: str,
         vector: PointIn | None,
         payload_json: str | None,
-        text_value: str | None,
+        terms: builtins.list[str] | None,
     ) -> bool:
-        """Replace the vector and/or payload of an existing point; False when it does not exist."""
+        """Replace the vector and/or payload of an existing point (with the payload, its text's
+        ``terms``); False when it does not exist."""
         sets = []
         params: dict[str, Any] = {"id": point_id}
         if vector is not None:
             sets += self._set_vector(vector, params)
         if payload_json is not None:
-            sets += self._set_payload(coll, payload_json, text_value, params)
+            sets += self._set_payload(coll, payload_json, terms, params)
         if not sets:
             sets.append("id = id")
         result = await session.execute(
@@ -377,7 +397,7 @@ class VectorIndex(ABC):
         )
         found = result.first() is not None
         if found and payload_json is not None and coll.text_field is not None:
-            await self._text_written(session, coll, [(point_id, text_value)])
+            await self._text_written(session, coll, [(point_id, terms)])
         return found
 
     async def delete(
@@ -474,17 +494,23 @@ class VectorIndex(ABC):
             return hits, plan
 
     async def text_search(
-        self, session: AsyncConnection, coll: CollectionInfo, words: builtins.list[str], limit: int, flt: Node | None
-    ) -> builtins.list[str]:
-        """Ids of the best full-text matches of ``words`` (any of them), best first."""
-        if coll.text_field is None or not words:
-            return []
+        self,
+        session: AsyncConnection,
+        coll: CollectionInfo,
+        terms: builtins.list[str],
+        limit: int,
+        flt: Node | None,
+        also: builtins.list[str] = [],  # noqa: B006 - never changed
+    ) -> TextRanking:
+        """The ``min(limit, matches)`` points matching ``flt`` that hold any of the query's
+        ``terms`` (``app.vectors.text.query_terms``), by descending BM25 score over the
+        collection's statistics (the filter chooses the points, never the statistics), and the
+        scores of the points ``also`` (a hybrid search's vector hits)."""
+        if coll.text_field is None or not terms:
+            return TextRanking([], {}, 0)
         sql = SqlBuilder()
         where = self._where(flt, sql, coll)
-        stmt, params = self._text_query(coll, words, where)
-        sql.params.update(params, limit=limit)
-        rows = await session.execute(text(stmt), sql.params)
-        return [r[0] for r in rows]
+        return await self._text_rank(session, coll, terms, int(limit), where, sql.params, also)
 
     async def distances(
         self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]

@@ -2,7 +2,8 @@
 
 ``vector_collections`` is the registry: one row per (namespace, collection) with the settings the
 collection was created with. Each collection's points live in tables the gateway creates at run
-time, named only from the registry's integer ``id`` (``vec_<id>``, ``fts_<id>``), so no user text
+time, named only from the registry's integer ``id`` (``vec_<id>``, ``fts_<id>``: the text half's
+FTS5 table on SQLite, its term statistics on PostgreSQL), so no user text
 ever reaches SQL as an identifier. ``vector_idempotency`` remembers the answer to point inserts
 sent with an ``Idempotency-Key`` so that a retry replays it instead of inserting twice.
 """
@@ -27,6 +28,7 @@ vector_collections = Table(
     Column("distance", String(16), nullable=False, comment="cosine, l2 or ip."),
     Column("index_options", JsonText, nullable=False, comment="JSON: index kind, m, ef_construction."),
     Column("text_field", KeyColumn, nullable=True, comment="Payload field indexed for hybrid search."),
+    Column("text_language", String(32), nullable=True, comment="Stemmer of the text field's terms (app.vectors.text)."),
     Column("created_at", UtcDateTime, nullable=False),
     UniqueConstraint("namespace", "collection"),
     sqlite_autoincrement=True,

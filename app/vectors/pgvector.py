@@ -17,6 +17,16 @@ Only the SQL and the PostgreSQL facts are here; the steps around them (the plan-
 sequence included) are ``VectorIndex``'s (``app.vectors.backend``), the filter walk
 ``FilterSql``'s (``app.vectors.filters``).
 
+A collection with a text field keeps each point's terms (``app.vectors.text``) with the row: ``tf``
+(term -> count, JSONB, a GIN index) and ``dl`` (its length). PostgreSQL has no BM25, so the
+collection's statistics are kept beside it in ``fts_<id>`` (documents and terms as ``term ''``,
+each term's document frequency), by statement triggers on the data table
+(``gateway_text_stats``): in the writing transaction, from the rows each statement inserted,
+updated or deleted, whatever the path (a delete by filter too), in up to ``TEXT_SHARDS`` rows a
+term so that concurrent writers rarely wait for each other. A text search reads the statistics
+of its terms, then scores the points that hold its rarest terms (MaxScore: see
+``_text_rank``) with the formula FTS5's ``bm25()`` uses on SQLite.
+
 Collections above HNSW's 2000-dimension limit get a ``halfvec`` expression index up to 4000
 dimensions on pgvector 0.7+, and exact search otherwise.
 
@@ -39,6 +49,7 @@ import sys
 import time
 import weakref
 from array import array
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -51,8 +62,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.statements import translate_driver_error
 from app.core.jsonvalue import jsonb_text
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
-from app.vectors import recall, subgraphs
+from app.vectors.backend import (
+    CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, TextRanking, VectorIndex,
+)
+from app.vectors import recall, subgraphs, text as bm25
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.estimate import KeywordStats, distinct_count, estimate
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
@@ -67,7 +80,37 @@ HALFVEC_MAX_DIMS = 4000
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "ip": "<#>"}
 _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
-TEXT_CONFIG = "english"
+# The text half (module docstring): at most about this many points are scored per text search
+# (the rarest terms' postings), unless the rarest term alone holds more.
+TEXT_CANDIDATES = 2000
+TEXT_SHARDS = 8
+# The trigger function of every text collection's statistics (made by migration 0009): the
+# terms and lengths of the rows a statement inserted, updated or deleted (its transition
+# tables) added to or taken from the statistics table named by the trigger's argument, in
+# the writer's shard, in term order (concurrent writers of a shard wait, never deadlock).
+TEXT_STATS_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION gateway_text_stats() RETURNS trigger LANGUAGE plpgsql AS $f$
+DECLARE
+  changes text;
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    changes := 'SELECT tf, dl, 1 AS sign FROM new_rows';
+  ELSIF TG_OP = 'DELETE' THEN
+    changes := 'SELECT tf, dl, -1 AS sign FROM old_rows';
+  ELSE
+    changes := 'SELECT tf, dl, 1 AS sign FROM new_rows UNION ALL SELECT tf, dl, -1 FROM old_rows';
+  END IF;
+  EXECUTE format(
+    'INSERT INTO %1$I AS s (term, shard, df, len) SELECT term, $1, sum(d), sum(l) FROM ('
+    'SELECT k.term, c.sign AS d, 0 AS l FROM (%2$s) c, jsonb_object_keys(c.tf) AS k(term) WHERE c.tf IS NOT NULL '
+    'UNION ALL SELECT '''', c.sign, c.sign * c.dl FROM (%2$s) c WHERE c.tf IS NOT NULL'
+    ') x GROUP BY term HAVING sum(d) <> 0 OR sum(l) <> 0 ORDER BY term '
+    'ON CONFLICT (term, shard) DO UPDATE SET df = s.df + EXCLUDED.df, len = s.len + EXCLUDED.len',
+    TG_ARGV[0], changes) USING CAST(pg_backend_pid() % {TEXT_SHARDS} AS smallint);
+  RETURN NULL;
+END
+$f$
+"""
 HNSW_KINDS = ("hnsw", "hnsw_halfvec")
 # PostgreSQL's planner switches turned off for the iterative walk's statement (``_walk_only``).
 WALK_ONLY = ("enable_seqscan", "enable_bitmapscan")
@@ -208,6 +251,29 @@ def keyword_stats(row: Any, rows: int, value: Callable[[str], str] = str) -> Key
 
 def hnsw_index_name(coll: CollectionInfo) -> str:
     return f"{coll.data_table}_hnsw"
+
+
+def text_statements(data_table: str, text_table: str) -> builtins.list[str]:
+    """What a text collection has beside its data table's ``tf`` and ``dl`` columns: their GIN
+    index, the statistics table and the triggers that keep it (one per kind of statement: a
+    trigger with transition tables has one)."""
+    out = [
+        f"CREATE INDEX {data_table}_tf ON {data_table} USING gin (tf)",
+        f'CREATE TABLE {text_table} (term text COLLATE "C" NOT NULL, shard smallint NOT NULL, '
+        "df bigint NOT NULL, len bigint NOT NULL, PRIMARY KEY (term, shard))",
+    ]
+    for kind, tables in (("insert", "NEW TABLE AS new_rows"), ("update", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
+                         ("delete", "OLD TABLE AS old_rows")):
+        out.append(
+            f"CREATE TRIGGER {data_table}_text_{kind} AFTER {kind.upper()} ON {data_table} REFERENCING {tables} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION gateway_text_stats('{text_table}')"
+        )
+    return out
+
+
+def _tf_json(terms: builtins.list[str] | None) -> str | None:
+    """A point's terms as the ``tf`` column holds them (JSON text: term -> count)."""
+    return None if not terms else json.dumps(Counter(terms), ensure_ascii=False, separators=(",", ":"))
 
 
 def hnsw_index_sql(coll: CollectionInfo) -> str:
@@ -457,25 +523,29 @@ class PgVectorIndex(VectorIndex):
     async def create(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         t = coll.data_table
         n = int(coll.vector_size)
-        tsv = ", tsv tsvector" if coll.text_field is not None else ""
+        terms = ", tf jsonb, dl integer" if coll.text_field is not None else ""
         await session.execute(
             text(
                 f'CREATE TABLE {t} (id text COLLATE "C" PRIMARY KEY, embedding vector({n}) NOT NULL, '
-                f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{tsv})"
+                f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{terms})"
             )
         )
         # No HNSW index yet (see the module's docstring): the builder adds it in the background.
         await session.execute(text(f"CREATE INDEX {t}_payload ON {t} USING gin (payload jsonb_path_ops)"))
         if coll.text_field is not None:
-            await session.execute(text(f"CREATE INDEX {t}_tsv ON {t} USING gin (tsv)"))
+            for stmt in text_statements(t, coll.text_table):
+                await session.execute(text(stmt))
 
     async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await self._exclusive(session, coll, f"DROP TABLE IF EXISTS {coll.data_table}")
+        await session.execute(text(f"DROP TABLE IF EXISTS {coll.text_table}"))
 
     async def reset(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         # The index goes too: an empty collection is below index_min_rows, and a reload is then
-        # bulk-inserted and indexed once instead of going into the graph row by row.
-        await self._exclusive(session, coll, f"TRUNCATE {coll.data_table}")
+        # bulk-inserted and indexed once instead of going into the graph row by row. TRUNCATE
+        # fires no trigger: the text statistics are emptied with the points.
+        tables = f"{coll.data_table}, {coll.text_table}" if coll.text_field is not None else coll.data_table
+        await self._exclusive(session, coll, f"TRUNCATE {tables}")
         await session.execute(text(f"DROP INDEX IF EXISTS {hnsw_index_name(coll)}"))
         # Likewise the payload subgraphs: the builder chooses them again from the new points.
         for name, _, _ in await _subgraph_indexes(session, coll):
@@ -603,15 +673,15 @@ class PgVectorIndex(VectorIndex):
             "payloads": [escape_json(p.payload_json) for p in points],
         }
         if coll.text_field is not None:
-            params["texts"] = [None if p.text is None else escape_text(p.text) for p in points]
-            params["cfg"] = TEXT_CONFIG
+            params["tfs"] = [_tf_json(p.terms) for p in points]
+            params["dls"] = [len(p.terms) if p.terms else None for p in points]
             stmt = (
-                f"INSERT INTO {t} (id, embedding, payload, tsv) "
-                "SELECT i, e, CAST(p AS jsonb), to_tsvector(CAST(:cfg AS regconfig), x) "
+                f"INSERT INTO {t} (id, embedding, payload, tf, dl) "
+                "SELECT i, e, CAST(p AS jsonb), CAST(f AS jsonb), l "
                 "FROM unnest(CAST(:ids AS text[]), CAST(:embs AS vector[]), CAST(:payloads AS text[]), "
-                "CAST(:texts AS text[])) AS u(i, e, p, x) "
+                "CAST(:tfs AS text[]), CAST(:dls AS integer[])) AS u(i, e, p, f, l) "
                 "ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-                "payload = EXCLUDED.payload, tsv = EXCLUDED.tsv"
+                "payload = EXCLUDED.payload, tf = EXCLUDED.tf, dl = EXCLUDED.dl"
             )
         else:
             stmt = (
@@ -628,28 +698,78 @@ class PgVectorIndex(VectorIndex):
         return ["embedding = CAST(:emb AS vector)"]
 
     def _set_payload(
-        self, coll: CollectionInfo, payload_json: str, text_value: str | None, params: dict[str, Any]
+        self, coll: CollectionInfo, payload_json: str, terms: builtins.list[str] | None, params: dict[str, Any]
     ) -> builtins.list[str]:
         params["payload"] = escape_json(payload_json)
         if coll.text_field is None:
             return ["payload = CAST(:payload AS jsonb)"]
-        params["cfg"] = TEXT_CONFIG
-        params["txt"] = None if text_value is None else escape_text(text_value)
-        return ["payload = CAST(:payload AS jsonb)", "tsv = to_tsvector(CAST(:cfg AS regconfig), CAST(:txt AS text))"]
+        params["tf"] = _tf_json(terms)
+        params["dl"] = len(terms) if terms else None
+        return ["payload = CAST(:payload AS jsonb)", "tf = CAST(:tf AS jsonb)", "dl = CAST(:dl AS integer)"]
 
     async def _text_written(
-        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, str | None]]
+        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, builtins.list[str] | None]]
     ) -> None:
-        pass  # the text's tsvector is a column of the row, written with it
+        pass  # the terms are columns of the row, written with it; the statistics by its triggers
 
     async def _text_deleting(self, session: AsyncConnection, coll: CollectionInfo, where: str, params: dict[str, Any]) -> None:
         pass  # likewise deleted with the row
 
-    def _text_query(self, coll: CollectionInfo, words: builtins.list[str], where: str) -> tuple[str, dict[str, Any]]:
-        return (
-            f"SELECT id FROM {coll.data_table}, to_tsquery(CAST(:cfg AS regconfig), CAST(:tq AS text)) tq "
-            f"WHERE tsv @@ tq AND {where} ORDER BY ts_rank_cd(tsv, tq) DESC, id LIMIT :limit"
-        ), {"cfg": TEXT_CONFIG, "tq": " | ".join(f"'{w}'" for w in words)}
+    async def _text_rank(
+        self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
+        where: str, params: dict[str, Any], also: builtins.list[str],
+    ) -> TextRanking:
+        """BM25 as FTS5 computes it, with MaxScore's bound: the terms sorted rarest first, the
+        points holding the rarest ones (``essential``: as many as keep their postings within
+        ``TEXT_CANDIDATES``, at least one) are scored on every term of the query and ranked; a
+        point holding none of them scores at most the sum of the other terms' upper bounds
+        (``app.vectors.text.upper_bound``), so every leading hit scoring above that sum is
+        BM25's exact answer (``exact``). With the essential terms all the query's, they all are."""
+        rows = await session.execute(
+            text(f"SELECT term, sum(df), sum(len) FROM {coll.text_table} WHERE term = ANY(CAST(:terms AS text[])) GROUP BY term"),
+            {"terms": ["", *terms]},
+        )
+        stats = {r[0]: (int(r[1]), int(r[2])) for r in rows}
+        n_docs, length = stats.get("", (0, 0))
+        present = sorted((t for t in terms if stats.get(t, (0, 0))[0] > 0), key=lambda t: (stats[t][0], t))
+        if n_docs <= 0 or not present:
+            return TextRanking([], {}, 0)
+        idf = {t: bm25.idf(n_docs, stats[t][0]) for t in present}
+        essential: builtins.list[str] = []
+        postings = 0
+        for t in present:
+            if essential and postings + stats[t][0] > TEXT_CANDIDATES:
+                break
+            essential.append(t)
+            postings += stats[t][0]
+        bound = sum(bm25.upper_bound(idf[t]) for t in present[len(essential):])
+        params = {**params, "k1": bm25.K1, "omb": 1 - bm25.B, "b": bm25.B, "avgdl": length / n_docs, "limit": limit}
+        parts = []
+        for i, t in enumerate(present):
+            params[f"t{i}"] = t
+            params[f"w{i}"] = idf[t] * (bm25.K1 + 1)
+            f = f"CAST(tf ->> CAST(:t{i} AS text) AS float8)"
+            parts.append(f"coalesce(CAST(:w{i} AS float8) * {f} / ({f} + norm), 0)")
+        scored = (
+            f"SELECT id, {' + '.join(parts)} AS score FROM (SELECT id, tf, "
+            "CAST(:k1 AS float8) * (CAST(:omb AS float8) + CAST(:b AS float8) * dl / CAST(:avgdl AS float8)) AS norm "
+            f"FROM {coll.data_table} WHERE {{}}) AS s"
+        )
+        ranked = await session.execute(
+            text(scored.format(f"tf ?| CAST(:essential AS text[]) AND {where}") + " ORDER BY score DESC, id LIMIT :limit"),
+            {**params, "essential": essential},
+        )
+        hits = [(r[0], float(r[1])) for r in ranked]
+        scores: dict[str, float] = {}
+        if also:
+            found = await session.execute(
+                text(scored.format("id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL")), {**params, "also": also}
+            )
+            scores = {r[0]: float(r[1]) for r in found}
+        exact = len(hits)
+        if bound > 0:
+            exact = next((i for i, (_, score) in enumerate(hits) if score <= bound), len(hits))
+        return TextRanking(hits, {pid: scores.get(pid, 0.0) for pid in also}, exact)
 
     # --- search --------------------------------------------------------------------------------
     #

@@ -16,12 +16,12 @@ from app.core.names import DocumentedKey
 from app.core.numbers import MAX_LIST_ITEMS, FiniteFloat, StrictBool, StrictInt
 from app.vectors.payload_index import FIELD_PATTERN, MAX_PAYLOAD_INDEXES, PayloadKind
 from app.vectors.planner import PlanKind
+from app.vectors.text import MAX_QUERY_TERMS, TextLanguage
 
 StrictNumber = Annotated[float, Strict()]  # NaN/infinity: refused with the vector's own message
 # Hard ceilings on request lists, so validation stops at the first element past them instead of
 # collecting an error per element (the settings' own, lower limits are checked by the service).
 MAX_VECTOR_LENGTH = 16000  # pgvector's largest vector
-MAX_QUERY_WORDS = 32  # words of a hybrid search's query that are searched
 MAX_QUERY_CHARS = 10_000
 Vector = Annotated[list[StrictNumber], Field(max_length=MAX_VECTOR_LENGTH, fail_fast=True)]
 DistanceName = Literal["cosine", "l2", "ip"]
@@ -90,8 +90,16 @@ class CollectionCreate(_Body):
         default=None,
         min_length=1,
         max_length=256,
-        description="Payload field indexed for full text; searches with a `query` then fuse both rankings.",
+        description="Payload field indexed for full text (a string, or a list of strings); searches with a `query` "
+        "then fuse both rankings. Its text is split into terms as on every backend: NFKC, case folded, runs of letters "
+        "and digits, each stemmed by `text_language`'s Snowball stemmer; ranked by BM25 (k1 1.2, b 0.75).",
         examples=["text"],
+    )
+    text_language: TextLanguage | None = Field(
+        default=None,
+        description="The Snowball stemmer of the text field's terms and queries (default english; `none`: words as "
+        "they are). Needs `text_field`; fixed at creation.",
+        examples=["english"],
     )
     payload_indexes: list[PayloadIndexCreate] | None = Field(
         default=None,
@@ -166,6 +174,7 @@ class CollectionRead(BaseModel):
     vector_size: int = Field(examples=[384])
     distance: DistanceName
     text_field: str | None = None
+    text_language: str | None = Field(default=None, description="The stemmer of the text field (null without one).")
     index: IndexRead
     payload_indexes: list[PayloadIndexRead] = Field(default_factory=list)
     count: int | None = Field(default=None, description="Number of points (describe only).")
@@ -247,7 +256,19 @@ class SearchRequest(_Body):
     vector_b64: str | None = Field(default=None, description="The query vector as base64 float32.")
     query: str | None = Field(
         default=None, max_length=MAX_QUERY_CHARS,
-        description=f"Text for hybrid search (needs a text_field); its first {MAX_QUERY_WORDS} words are searched.",
+        description=f"Text for hybrid search (needs a text_field): its first {MAX_QUERY_TERMS} distinct terms "
+        "(split and stemmed as the text field's) are ranked by BM25 and fused with the vector ranking.",
+    )
+    fusion: Literal["rrf", "weighted"] = Field(
+        default="rrf",
+        description="How a hybrid search fuses its halves: `rrf`, the sum of 1/(60 + rank) over the halves; `weighted`, "
+        "alpha * v + (1 - alpha) * t, v the vector score min-max normalised over the candidates, t the BM25 score "
+        "over the best candidate's.",
+    )
+    alpha: FiniteFloat | None = Field(
+        default=None, ge=0, le=1,
+        description="The vector half's weight in `weighted` fusion (default 0.5): 1 ranks by the vector alone, 0 by the "
+        "text alone (ties to the nearer point).",
     )
     limit: StrictInt = Field(default=10, ge=1, description="Most results (at most limits.max_page_size).")
     filters: Filters = None
@@ -255,7 +276,10 @@ class SearchRequest(_Body):
     ef_search: StrictInt | None = Field(
         default=None, ge=1, le=1000, description="HNSW search breadth (pgvector); default: chosen by the planner."
     )
-    explain: StrictBool = Field(default=False, description="Answer with the `plan` the search ran.")
+    explain: StrictBool = Field(
+        default=False,
+        description="Answer with the `plan` the search ran, and (hybrid) each hit's `debug`: its rank and score on each half.",
+    )
     with_vectors: StrictBool = Field(
         default=False,
         description="Answer every hit with its stored vector (e.g. for maximal marginal relevance): `vector`, or "
@@ -272,9 +296,26 @@ class SearchRequest(_Body):
     )
 
 
+class HalfScore(BaseModel):
+    rank: int | None = Field(description="The hit's rank in this half's ranking (1 is best); null: not among its candidates.")
+    score: float = Field(description="Vector: the score a vector search gives. Text: the BM25 score (0: none of the terms).")
+    normalised: float | None = Field(default=None, description="`weighted` fusion: the score as fused (0 to 1).")
+
+
+class HybridDebug(BaseModel):
+    """How a hybrid hit scored on each half (``explain``)."""
+
+    fusion: Literal["rrf", "weighted"]
+    vector: HalfScore
+    text: HalfScore
+    alpha: float | None = Field(default=None, description="`weighted` fusion: the vector half's weight.")
+
+
 class SearchHit(BaseModel):
     id: str
-    score: float = Field(description="Higher is better: 1-cosine distance, inner product, or -L2 (RRF when hybrid).")
+    score: float = Field(
+        description="Higher is better: 1-cosine distance, inner product, or -L2; hybrid: the fused score (rrf or weighted)."
+    )
     distance: float = Field(description="The raw distance (-inner product for ip).")
     payload: dict[str, Any] | None = Field(
         default_factory=dict,
@@ -287,6 +328,19 @@ class SearchHit(BaseModel):
     )
     vector: list[float] | None = Field(default=None, description="The stored vector (`with_vectors`, json).")
     vector_b64: str | None = Field(default=None, description="The stored vector (`with_vectors`, b64).")
+    debug: HybridDebug | None = Field(default=None, description="A hybrid search with `explain`: how the hit scored on each half.")
+
+
+class TextPlan(BaseModel):
+    """What a hybrid search's text half did (``explain``)."""
+
+    terms: list[str] = Field(description="The query's terms as searched (split, case folded and stemmed).")
+    fusion: Literal["rrf", "weighted"]
+    matched: int = Field(description="Points the text half ranked (at most its pool of candidates).")
+    exact: int = Field(
+        description="How many of them are proven BM25's exact top. All but where a PostgreSQL search of common "
+        "terms scored only the points holding its rarer ones: then those whose score no other point can reach."
+    )
 
 
 class SearchPlan(BaseModel):
@@ -301,6 +355,7 @@ class SearchPlan(BaseModel):
     rows: int | None = Field(default=None, description="The collection's estimated size (pgvector).")
     estimated_matches: int | None = Field(default=None, description="The filter's estimated matches.")
     fallback: bool = Field(default=False, description="The graph search found too few matches and was redone exactly.")
+    text: TextPlan | None = Field(default=None, description="A hybrid search: its text half.")
 
 
 class SearchResults(BaseModel):

@@ -1,23 +1,40 @@
 """The rules of the vectors capability: collections, checked points, search and hybrid fusion.
 
 SQL on per-collection tables is the backend's (``VectorIndex``); this module owns the registry
-rows, validation (sizes, finiteness, limits), ids, idempotent inserts and rank fusion, and never
-looks at the dialect.
+rows, validation (sizes, finiteness, limits), ids, idempotent inserts, the terms of each point's
+text (``app.vectors.text``: the same on both backends) and the fusion of a hybrid search's two
+rankings, and never looks at the dialect.
+
+Hybrid search (a ``query`` with terms, on a collection with a text field) is one path for every
+caller (the HTTP API, the client's vector store, the memory store and LangChain adapters built
+on it): the vector half's ``pool`` nearest points and the text half's ``pool`` best BM25 matches,
+both filtered before their limits, fused by
+
+- ``rrf`` (the default): the sum over the halves of ``1 / (RRF_K + rank)`` (a half that did not
+  rank the point adds nothing);
+- ``weighted``: ``alpha * v + (1 - alpha) * t``, where ``v`` is the vector score min-max
+  normalised over the candidates (both halves' points: the best 1, the worst 0; 1 for all when
+  they all score the same) and ``t`` the BM25 score divided by the best candidate's (a point
+  without any of the terms 0).
+
+Ties go to the nearer point, then the smaller id. ``explain`` gives each hit a ``debug`` object
+with its rank and score on each half (and the normalised scores of ``weighted``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
+import math
+from dataclasses import dataclass
 import json
-import re
 import uuid
 from array import array
 from collections.abc import Sequence
 from datetime import datetime, timedelta, UTC
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
@@ -26,6 +43,7 @@ from app.core.jsonvalue import LITERAL_YIELD_CHARS, LONE_SURROGATE, find_invalid
 from app.core.names import key_problem
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.vectors import encoding, telemetry
+from app.vectors.text import DEFAULT_LANGUAGE, document_terms, query_terms, text_of
 from app.vectors.backend import (
     CollectionInfo,
     Hit,
@@ -34,6 +52,7 @@ from app.vectors.backend import (
     PointIn,
     PointOut,
     RegistryCache,
+    TextRanking,
     VectorIndex,
 )
 from app.vectors.filters import WIDE_INTEGER, Node, find_wide_integer, parse_filter
@@ -42,7 +61,6 @@ from app.vectors.payload_index import declared_value_problem
 from app.vectors.recall import K, Calibration
 from app.vectors import repository
 from app.vectors.schemas import (
-    MAX_QUERY_WORDS,
     CollectionCreate,
     PointsDelete,
     PointsList,
@@ -57,8 +75,10 @@ if TYPE_CHECKING:
 RRF_K = 60
 HYBRID_POOL_FACTOR = 4
 VECTOR_ANSWER_BYTES = {"b64": 6, "json": 24}  # what a dimension of a vector counts in a search answer (with_vectors)
-_WORD = re.compile(r"\w+", re.UNICODE)
 IDEMPOTENCY_KEY_MAX = 255
+# A batch's texts are split into terms in a worker thread past this many characters (1 MB of
+# text is about 0.1 s of stemming), inline below it.
+TERMS_INLINE_CHARS = 16 * 1024
 
 
 def _now() -> datetime:
@@ -70,17 +90,6 @@ def _score(distance_name: str, distance: float) -> float:
     if distance_name == "cosine":
         return 1.0 - distance
     return -distance
-
-
-def _text_of(payload: dict[str, Any] | None, field: str | None) -> str | None:
-    if field is None or not payload:
-        return None
-    value = payload.get(field)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return " ".join(value)
-    return None
 
 
 class VectorService:
@@ -117,6 +126,7 @@ class VectorService:
             index=json.loads(row.index_options),
             text_field=row.text_field,
             created_at=row.created_at,
+            text_language=row.text_language,
         )
 
     async def find(
@@ -160,6 +170,7 @@ class VectorService:
             "vector_size": info.vector_size,
             "distance": info.distance,
             "text_field": info.text_field,
+            "text_language": info.text_language,
             "index": {
                 "kind": kind,
                 "m": idx.get("m") if kind != "exact" else None,
@@ -191,6 +202,8 @@ class VectorService:
             raise InvalidInput("vector_size", f"must be at most {limit}")
         if body.text_field is not None and key_problem(body.text_field):
             raise InvalidInput("text_field", key_problem(body.text_field) or "")
+        if body.text_language is not None and body.text_field is None:
+            raise InvalidInput("text_language", "applies to the text field: give text_field too")
         declared = [p.model_dump() for p in body.payload_indexes or []]
         seen: set[str] = set()
         for i, p in enumerate(declared):
@@ -233,6 +246,7 @@ class VectorService:
             distance=body.distance,
             index_options=json.dumps(options, sort_keys=True),
             text_field=body.text_field,
+            text_language=(body.text_language or DEFAULT_LANGUAGE) if body.text_field is not None else None,
             created_at=_now(),
         )
         if new_id is None:
@@ -253,6 +267,8 @@ class VectorService:
             differences.append(f"distance {existing.distance}")
         if body.text_field is not None and body.text_field != existing.text_field:
             differences.append(f"text_field {existing.text_field!r}")
+        if body.text_language is not None and body.text_language != existing.text_language:
+            differences.append(f"text_language {existing.text_language!r}")
         if body.payload_indexes is not None:
             wanted = [p.model_dump() for p in body.payload_indexes]
             have = [p.as_option() for p in existing.payload_indexes]
@@ -352,7 +368,7 @@ class VectorService:
             id=pid,
             vector=vec,
             payload_json=self._payload_json(info, payload, f"{where}.payload"),
-            text=_text_of(payload, info.text_field),
+            text=text_of(payload, info.text_field),
             norm=encoding.norm(vec),
         )
 
@@ -412,6 +428,21 @@ class VectorService:
             await add(self._point(info, body.ids[i] if body.ids is not None else None, vecs[i], payload, f"points.{i}"))
         return out
 
+    async def _with_terms(self, info: CollectionInfo, points: list[PointIn]) -> None:
+        """Each point's terms, from its text (a collection with a text field)."""
+        if info.text_field is None:
+            return
+        language = info.text_language or DEFAULT_LANGUAGE
+
+        def split() -> None:
+            for p in points:
+                p.terms = document_terms(p.text, language)
+
+        if sum(len(p.text) for p in points if p.text) > TERMS_INLINE_CHARS:
+            await anyio.to_thread.run_sync(split)
+        else:
+            split()
+
     def _check_batch(self, field: str, n: int) -> None:
         limit = self.settings.limits.max_batch_items
         if n > limit:
@@ -433,6 +464,7 @@ class VectorService:
             if replay is not None:
                 return replay, None
         points = await self._points(info, body)
+        await self._with_terms(info, points)
         # One statement per batch; a repeated id in the batch: the last one wins.
         unique: dict[str, PointIn] = {}
         for p in points:
@@ -509,9 +541,9 @@ class VectorService:
         if vec is not None:
             new_vector = PointIn(point_id, vec, "", None, encoding.norm(vec))
         payload_json = self._payload_json(info, body.payload, "payload") if body.payload is not None else None
-        found = await self.index.update(
-            conn, info, point_id, new_vector, payload_json, _text_of(body.payload, info.text_field)
-        )
+        changed = PointIn(point_id, array("f"), "", text_of(body.payload, info.text_field))
+        await self._with_terms(info, [changed])
+        found = await self.index.update(conn, info, point_id, new_vector, payload_json, changed.terms)
         if not found:
             raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
         point = await self.index.get(conn, info, point_id, False)
@@ -595,6 +627,8 @@ class VectorService:
             query_vec = encoding.from_numbers(body.vector, info.vector_size, "vector", nonzero=nonzero)
         else:
             query_vec = encoding.from_b64(body.vector_b64 or "", info.vector_size, "vector_b64", nonzero=nonzero)
+        if body.alpha is not None and body.fusion != "weighted":
+            raise InvalidInput("alpha", 'weighs the halves of fusion "weighted": give "fusion": "weighted" too')
         if body.with_vectors:
             per_dimension = VECTOR_ANSWER_BYTES[body.vector_format]
             weight = body.limit * info.vector_size * per_dimension
@@ -606,10 +640,10 @@ class VectorService:
                     f"as {body.vector_format}): ask for at most {max(1, limits.max_page_bytes // (info.vector_size * per_dimension))}",
                 )
         ef = body.ef_search
-        # the first words only: a query's length is bounded, but not every word need be split out
-        words = [m[0] for m in itertools.islice(_WORD.finditer(body.query or ""), MAX_QUERY_WORDS)] if info.text_field else []
+        terms = query_terms(body.query, info.text_language or DEFAULT_LANGUAGE) if body.query and info.text_field else []
         threshold = body.score_threshold
-        if not words:
+        text_plan: dict[str, Any] | None = None
+        if not terms:
             hits, plan = await self.index.search(conn, info, query_vec, body.limit, flt, ef, limits.max_page_bytes)
             results = []
             for h in hits:
@@ -618,12 +652,15 @@ class VectorService:
                     continue
                 results.append(self._hit(h, score))
         else:
-            results, plan = await self._hybrid(conn, info, query_vec, words, body.limit, flt, ef, threshold)
+            results, plan, text_plan = await self._hybrid(conn, info, query_vec, terms, body, flt)
         if body.with_vectors:
             results = await self._with_vectors(conn, info, results, body.vector_format)
         telemetry.count_plan(info.id, plan)
         if body.explain:
-            return {"results": results, "plan": plan.as_dict()}
+            explained = plan.as_dict()
+            if text_plan is not None:
+                explained["text"] = text_plan
+            return {"results": results, "plan": explained}
         return {"results": results}
 
     async def _with_vectors(
@@ -652,45 +689,94 @@ class VectorService:
         conn: AsyncConnection,
         info: CollectionInfo,
         vector: array[float],
-        words: list[str],
-        limit: int,
+        terms: list[str],
+        body: SearchRequest,
         flt: Node | None,
-        ef: int | None,
-        threshold: float | None,
-    ) -> tuple[list[dict[str, Any]], Plan]:
-        """Reciprocal rank fusion (k=60) of the vector ranking and the full-text ranking. The
-        rankings come without payloads; the answer's payloads are read once it is ranked, in its
-        order, up to the byte budget (``VectorIndex.payloads``). A point deleted meanwhile comes
-        without its payload, as one past the budget does (the client reads it, and leaves it out)."""
+    ) -> tuple[list[dict[str, Any]], Plan, dict[str, Any]]:
+        """The fusion (module docstring) of the vector ranking and the BM25 ranking of ``terms``,
+        and what the text half did. The rankings come without payloads; the answer's payloads are
+        read once it is ranked, in its order, up to the byte budget (``VectorIndex.payloads``). A
+        point deleted meanwhile comes without its payload, as one past the budget does (the
+        client reads it, and leaves it out)."""
         limits = self.settings.limits
-        pool = min(limits.max_page_size, max(limit * HYBRID_POOL_FACTOR, 20))
-        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, ef, 0)
-        text_ids = await self.index.text_search(conn, info, words, pool, flt)
+        pool = min(limits.max_page_size, max(body.limit * HYBRID_POOL_FACTOR, 20))
+        vector_hits, plan = await self.index.search(conn, info, vector, pool, flt, body.ef_search, 0)
+        ranking = await self.index.text_search(conn, info, terms, pool, flt, also=[h.id for h in vector_hits])
         by_id: dict[str, Hit] = {h.id: h for h in vector_hits}
-        fused: dict[str, float] = {}
-        for rank, h in enumerate(vector_hits):
-            fused[h.id] = fused.get(h.id, 0.0) + 1.0 / (RRF_K + rank + 1)
-        for rank, pid in enumerate(text_ids):
-            fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank + 1)
-        missing = [pid for pid in text_ids if pid not in by_id]
+        missing = [pid for pid, _ in ranking.hits if pid not in by_id]
         for h in await self.index.distances(conn, info, vector, missing):
             by_id[h.id] = h
         # a point the text search found and a delete took before its distance was read is not ranked
-        ranked = sorted((pid for pid in fused if pid in by_id), key=lambda pid: (-fused[pid], by_id[pid].distance, pid))
+        fused = _fuse(info, vector_hits, ranking, by_id, body.fusion, 0.5 if body.alpha is None else body.alpha)
+        ranked = sorted(fused, key=lambda pid: (-fused[pid].fused, by_id[pid].distance, pid))
+        threshold = body.score_threshold
         chosen: list[Hit] = []
         for pid in ranked:
             h = by_id[pid]
             if threshold is not None and _score(info.distance, h.distance) < threshold:
                 continue
             chosen.append(h)
-            if len(chosen) == limit:
+            if len(chosen) == body.limit:
                 break
         payloads = await self.index.payloads(conn, info, [h.id for h in chosen], limits.max_page_bytes)
         out = []
         for h in chosen:
             h.payload_json = payloads.get(h.id)
-            out.append(self._hit(h, fused[h.id]))
-        return out, plan
+            hit = self._hit(h, fused[h.id].fused)
+            if body.explain:
+                hit["debug"] = fused[h.id].debug(body.fusion)
+            out.append(hit)
+        return out, plan, {"terms": terms, "fusion": body.fusion, "matched": len(ranking.hits), "exact": ranking.exact}
+
+
+@dataclass
+class _Halves:
+    """How one candidate of a hybrid search scored on each half, and fused."""
+
+    vector_rank: int | None
+    vector_score: float
+    text_rank: int | None
+    text_score: float
+    vector_normalised: float = 0.0
+    text_normalised: float = 0.0
+    alpha: float = 0.0
+    fused: float = 0.0
+
+    def debug(self, fusion: str) -> dict[str, Any]:
+        vector: dict[str, Any] = {"rank": self.vector_rank, "score": self.vector_score}
+        text: dict[str, Any] = {"rank": self.text_rank, "score": self.text_score}
+        out: dict[str, Any] = {"fusion": fusion, "vector": vector, "text": text}
+        if fusion == "weighted":
+            vector["normalised"] = self.vector_normalised
+            text["normalised"] = self.text_normalised
+            out["alpha"] = self.alpha
+        return out
+
+
+def _fuse(
+    info: CollectionInfo, vector_hits: list[Hit], ranking: TextRanking, by_id: dict[str, Hit], fusion: str, alpha: float
+) -> dict[str, _Halves]:
+    """Each candidate (a point of either ranking whose distance is known) with its fused score."""
+    text_scores = {**ranking.scores, **dict(ranking.hits)}
+    vector_rank = {h.id: i + 1 for i, h in enumerate(vector_hits)}
+    text_rank = {pid: i + 1 for i, (pid, _) in enumerate(ranking.hits)}
+    out = {
+        pid: _Halves(vector_rank.get(pid), _score(info.distance, by_id[pid].distance), text_rank.get(pid), text_scores.get(pid, 0.0))
+        for pid in dict.fromkeys([*vector_rank, *text_rank]) if pid in by_id
+    }
+    if fusion == "rrf":
+        for c in out.values():
+            c.fused = sum(1.0 / (RRF_K + r) for r in (c.vector_rank, c.text_rank) if r is not None)
+        return out
+    lo = min((c.vector_score for c in out.values()), default=0.0)
+    hi = max((c.vector_score for c in out.values()), default=0.0)
+    best_text = max((c.text_score for c in out.values()), default=0.0)
+    for c in out.values():
+        c.vector_normalised = (c.vector_score - lo) / (hi - lo) if hi > lo and math.isfinite(hi - lo) else 1.0
+        c.text_normalised = c.text_score / best_text if best_text > 0 else 0.0
+        c.alpha = alpha
+        c.fused = alpha * c.vector_normalised + (1 - alpha) * c.text_normalised
+    return out
 
 
 def _subgraphs_read(counts: tuple[int, int] | None) -> dict[str, int] | None:

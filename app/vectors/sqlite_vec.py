@@ -4,7 +4,11 @@ Each collection is a table of float32 blobs (``vec_<id>``) with the payload as J
 is ``WHERE <filter> ORDER BY <distance> LIMIT k``, so a filtered search always returns
 ``min(limit, matches)`` points and recall is exact. sqlite-vec has cosine and L2 distances; the
 inner product is derived from the cosine distance and the stored norm of each vector. A
-collection with a ``text_field`` gets an FTS5 table (``fts_<id>``) keyed by the row id.
+collection with a ``text_field`` gets an FTS5 table (``fts_<id>``) keyed by the row id, given each
+point's terms (``app.vectors.text``) rather than its text: its ``ascii`` tokenizer splits them
+only at the spaces between them (a term holds letters and digits only, and FTS5's ``ascii``
+takes every other character than ASCII punctuation and spaces for part of a word), so FTS5
+indexes the gateway's terms, and ranks with its own ``bm25()``.
 
 Only the SQL and the SQLite facts are here; the steps around them are ``VectorIndex``'s
 (``app.vectors.backend``) and the filter walk is ``FilterSql``'s (``app.vectors.filters``).
@@ -25,7 +29,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.jsonvalue import jsonb_float
-from app.vectors.backend import CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, VectorIndex
+from app.vectors.backend import (
+    CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, TextRanking, VectorIndex,
+)
 from app.vectors.filters import COMPARE_SQL, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.payload_index import PayloadIndex, PayloadKind, create_index_sql, serves_value
@@ -102,6 +108,20 @@ class SqliteFilter(FilterSql):
         return kind is not None and node.value is not None and serves_value(kind, node.value)
 
 
+def fts_table_sql(text_table: str) -> str:
+    """The FTS5 table of a collection's terms (module docstring)."""
+    return f"CREATE VIRTUAL TABLE {text_table} USING fts5(body, tokenize='ascii')"
+
+
+def fts_body(terms: builtins.list[str]) -> str:
+    return " ".join(terms)
+
+
+def match_expression(terms: builtins.list[str]) -> str:
+    """An FTS5 query matching any of ``terms`` (letters and digits only: quoted, each one term)."""
+    return " OR ".join(f'"{t}"' for t in terms)
+
+
 def _blob(vec: array[float]) -> bytes:
     return vec.tobytes()
 
@@ -163,9 +183,7 @@ class SqliteVecIndex(VectorIndex):
         for index in coll.payload_indexes:  # an empty table: made at once, kept up as points come
             await session.execute(text(payload_index_sql(coll, index)))
         if coll.text_field is not None:
-            await session.execute(
-                text(f"CREATE VIRTUAL TABLE {coll.text_table} USING fts5(body, tokenize='porter unicode61')")
-            )
+            await session.execute(text(fts_table_sql(coll.text_table)))
 
     async def drop(self, session: AsyncConnection, coll: CollectionInfo) -> None:
         await session.execute(text(f"DROP TABLE IF EXISTS {coll.text_table}"))
@@ -204,13 +222,13 @@ class SqliteVecIndex(VectorIndex):
         return ["embedding = :e", "norm = :n"]
 
     def _set_payload(
-        self, coll: CollectionInfo, payload_json: str, text_value: str | None, params: dict[str, Any]
+        self, coll: CollectionInfo, payload_json: str, terms: builtins.list[str] | None, params: dict[str, Any]
     ) -> builtins.list[str]:
         params["p"] = payload_json
         return ["payload = :p"]
 
     async def _text_written(
-        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, str | None]]
+        self, session: AsyncConnection, coll: CollectionInfo, pairs: builtins.list[tuple[str, builtins.list[str] | None]]
     ) -> None:
         ids = orjson.dumps([i for i, _ in pairs]).decode()
         await session.execute(
@@ -220,7 +238,7 @@ class SqliteVecIndex(VectorIndex):
             ),
             {"ids": ids},
         )
-        bodies = orjson.dumps([[i, t] for i, t in pairs if t]).decode()
+        bodies = orjson.dumps([[i, fts_body(t)] for i, t in pairs if t]).decode()
         await session.execute(
             text(
                 f"INSERT INTO {coll.text_table} (rowid, body) SELECT v.rid, t.body FROM {coll.data_table} v "
@@ -236,12 +254,26 @@ class SqliteVecIndex(VectorIndex):
             params,
         )
 
-    def _text_query(self, coll: CollectionInfo, words: builtins.list[str], where: str) -> tuple[str, dict[str, Any]]:
+    async def _text_rank(
+        self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
+        where: str, params: dict[str, Any], also: builtins.list[str],
+    ) -> TextRanking:
+        """FTS5's ``bm25()`` (lower is better: its negation is the score) over every match: exact."""
         ft = coll.text_table
-        return (
-            f"SELECT v.id FROM {ft} JOIN {coll.data_table} v ON v.rid = {ft}.rowid "
-            f"WHERE {ft} MATCH :match AND {where} ORDER BY bm25({ft}), v.id LIMIT :limit"
-        ), {"match": " OR ".join(f'"{w}"' for w in words)}
+        matches = f"SELECT v.id, -bm25({ft}) AS score FROM {ft} JOIN {coll.data_table} v ON v.rid = {ft}.rowid WHERE {ft} MATCH :match"
+        match = match_expression(terms)
+        rows = await session.execute(
+            text(f"{matches} AND {where} ORDER BY bm25({ft}), v.id LIMIT :limit"), {**params, "match": match, "limit": limit}
+        )
+        hits = [(r[0], float(r[1])) for r in rows]
+        scores: dict[str, float] = {}
+        if also:
+            found = await session.execute(
+                text(f"{matches} AND v.id IN (SELECT value FROM json_each(:also))"),
+                {"match": match, "also": orjson.dumps(also).decode()},
+            )
+            scores = {r[0]: float(r[1]) for r in found}
+        return TextRanking(hits, {pid: scores.get(pid, 0.0) for pid in also}, len(hits))
 
     # --- search: exact, one statement on the request's connection ------------------------------
 
