@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
@@ -127,3 +128,56 @@ def start_server_unready(backend: Backend, log_path: Path):  # noqa: ANN201
             time.sleep(0.1)
     process.kill()
     raise RuntimeError(log_path.read_text())
+
+
+def test_text_collections_are_indexed_again_by_0009(fresh_backend: Backend, tmp_path: Path) -> None:
+    """A collection with a text field made before 0009 (its layout as 0009's downgrade leaves
+    it: ``tsv`` on PostgreSQL, a porter FTS5 table on SQLite) is indexed again with the
+    gateway's terms, and ranks as one made after it; its statistics go on from there."""
+    import sqlalchemy as sa
+    from app.main import create_app
+    from tests.conftest import in_process_settings
+    from tests.test_vectors_bm25 import reference
+
+    texts = {f"p{i}": f"note {i} about {'zeppelins' if i % 4 == 0 else 'the garden'}" for i in range(12)}
+    texts["l"] = "zeppelin zeppelin"
+
+    async def gateway(points: dict[str, str]) -> tuple[dict, dict]:
+        app = create_app(in_process_settings(fresh_backend, tmp_path))
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw"
+        ) as http:
+            path = "/v1/ns/vectors/t"
+            assert (await http.put(path, json={"vector_size": 2, "text_field": "text"})).status_code in (200, 201)
+            if points:
+                body = {"ids": list(points), "vectors": [[1, i] for i in range(len(points))],
+                        "payloads": [{"text": t if p != "l" else t.split()} for p, t in points.items()]}
+                assert (await http.post(f"{path}/points", json=body)).status_code == 200
+            r = await http.post(f"{path}/search", json={"vector": [1, 0], "query": "zeppelin garden", "limit": 20,
+                                                         "fusion": "weighted", "alpha": 0, "explain": True})
+            return {h["id"]: h["debug"]["text"]["score"] for h in r.json()["results"]}, (await http.get(path)).json()
+
+    async def columns() -> str:
+        dbs = Databases.open(settings_for(fresh_backend))
+        try:
+            async with dbs.engine(Database.vectors).connect() as conn:
+                if fresh_backend.is_postgres:
+                    found = await conn.execute(sa.text("SELECT string_agg(column_name, ',' ORDER BY column_name) FROM "
+                                                       "information_schema.columns WHERE table_name = 'vec_1'"))
+                else:
+                    found = await conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = 'fts_1'"))
+                return str(found.scalar())
+        finally:
+            await dbs.close()
+
+    alembic(fresh_backend, "upgrade", "head")
+    before, _ = asyncio.run(gateway(texts))
+    alembic(fresh_backend, "-x", "db=vectors", "downgrade", "0008")
+    assert "tsv" in asyncio.run(columns()) if fresh_backend.is_postgres else "porter" in asyncio.run(columns())
+    alembic(fresh_backend, "-x", "db=vectors", "upgrade", "head")
+    after, described = asyncio.run(gateway({}))
+    assert described["text_language"] == "english" and described["count"] == len(texts)
+    assert after == pytest.approx(before) and {p for p, s in after.items() if s > 0} == {p for p, s in reference(texts, "zeppelin garden").items() if s > 0}
+    more, _ = asyncio.run(gateway({"z": "zeppelin"}))
+    expected = reference({**texts, "z": "zeppelin"}, "zeppelin garden")
+    assert {p: s for p, s in more.items() if s > 0} == pytest.approx({p: s for p, s in expected.items() if s > 0})

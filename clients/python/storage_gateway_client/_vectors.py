@@ -68,14 +68,17 @@ class VectorsAPI(Resource):
         text_field: str | None = None,
         index: Mapping[str, Any] | None = None,
         payload_indexes: Sequence[PayloadIndex | Mapping[str, Any]] | None = None,
+        text_language: str | None = None,
     ) -> dict[str, Any]:
         """Create the collection, or ensure it exists with these settings (``Conflict`` if not).
 
         ``payload_indexes``: payload fields to index for filters, e.g.
         ``[PayloadIndex(field="user_id", kind="keyword")]`` or ``[{"field": "user_id", "kind": "keyword"}]``.
+        ``text_language``: the stemmer of ``text_field`` (default ``english``; ``none``: no stemming).
         """
         return await self.create_collection(
-            collection, vector_size, distance, text_field=text_field, index=index, payload_indexes=payload_indexes
+            collection, vector_size, distance, text_field=text_field, index=index, payload_indexes=payload_indexes,
+            text_language=text_language,
         )
 
     async def insert_vectors(self, collection: str, items: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -111,10 +114,13 @@ class VectorsAPI(Resource):
         text_field: str | None = None,
         index: Mapping[str, Any] | None = None,
         payload_indexes: Sequence[PayloadIndex | Mapping[str, Any]] | None = None,
+        text_language: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"vector_size": vector_size, "distance": distance}
         if text_field is not None:
             body["text_field"] = text_field
+        if text_language is not None:
+            body["text_language"] = text_language
         if index is not None:
             body["index"] = dict(index)
         if payload_indexes is not None:
@@ -211,14 +217,18 @@ class VectorsAPI(Resource):
         filters: Mapping[str, Any] | None = None,
         score_threshold: float | None = None,
         ef_search: int | None = None,
+        fusion: str | None = None,
+        alpha: float | None = None,
         with_vectors: bool = False,
     ) -> list[dict[str, Any]]:
-        """Results ``{id, score, distance, payload}`` by descending score; ``with_vectors``: each
+        """Results ``{id, score, distance, payload}`` by descending score. With ``query`` on a
+        collection with a text field the search is hybrid: ``fusion`` ``rrf`` (the default) or
+        ``weighted``, with ``alpha`` the vector half's weight (0 to 1). ``with_vectors``: each
         with its stored ``vector`` too (a list of floats)."""
         results: list[dict[str, Any]] = (
             await self.search_explained(
                 collection, vector, limit, query=query, filters=filters, score_threshold=score_threshold,
-                ef_search=ef_search, explain=False, with_vectors=with_vectors,
+                ef_search=ef_search, fusion=fusion, alpha=alpha, explain=False, with_vectors=with_vectors,
             )
         )["results"]
         return results
@@ -233,13 +243,16 @@ class VectorsAPI(Resource):
         filters: Mapping[str, Any] | None = None,
         score_threshold: float | None = None,
         ef_search: int | None = None,
+        fusion: str | None = None,
+        alpha: float | None = None,
         explain: bool = True,
         with_vectors: bool = False,
     ) -> dict[str, Any]:
         """The whole answer ``{results, plan}``: ``plan`` says how the gateway searched
-        (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``).
-        ``with_vectors``: each hit comes with its stored ``vector`` (at most the gateway's
-        ``limits.max_page_bytes`` of vectors per answer: ``limit`` x dimensions x 6 bytes).
+        (``kind``: exact_scan, filter_first, hnsw, hnsw_iterative or hnsw_subgraph; ``ef_search``; ``fallback``;
+        hybrid: ``text``, the query's terms as searched), and each hybrid hit's ``debug`` its rank
+        and score on each half. ``with_vectors``: each hit comes with its stored ``vector`` (at
+        most the gateway's ``limits.max_page_bytes`` of vectors per answer: ``limit`` x dimensions x 6 bytes).
 
         An answer carries at most the gateway's ``limits.max_page_bytes`` of payloads; the hits
         past it come with ``payload_omitted``, and their payloads are read here point by point
@@ -258,6 +271,10 @@ class VectorsAPI(Resource):
             body["score_threshold"] = score_threshold
         if ef_search is not None:
             body["ef_search"] = ef_search
+        if fusion is not None:
+            body["fusion"] = fusion
+        if alpha is not None:
+            body["alpha"] = alpha
         if explain:
             body["explain"] = True
         if with_vectors:
