@@ -751,21 +751,17 @@ class PgVectorIndex(VectorIndex):
             f = f"CAST(tf ->> CAST(:t{i} AS text) AS float8)"
             parts.append(f"coalesce(CAST(:w{i} AS float8) * {f} / ({f} + norm), 0)")
         scored = (
-            f"SELECT id, {' + '.join(parts)} AS score FROM (SELECT id, tf, "
+            f"SELECT id, {' + '.join(parts)} AS score, {{}} AS also FROM (SELECT id, tf, "
             "CAST(:k1 AS float8) * (CAST(:omb AS float8) + CAST(:b AS float8) * dl / CAST(:avgdl AS float8)) AS norm "
             f"FROM {coll.data_table} WHERE {{}}) AS s"
         )
-        ranked = await session.execute(
-            text(scored.format(f"tf ?| CAST(:essential AS text[]) AND {where}") + " ORDER BY score DESC, id LIMIT :limit"),
-            {**params, "essential": essential},
-        )
-        hits = [(r[0], float(r[1])) for r in ranked]
-        scores: dict[str, float] = {}
-        if also:
-            found = await session.execute(
-                text(scored.format("id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL")), {**params, "also": also}
-            )
-            scores = {r[0]: float(r[1]) for r in found}
+        stmt = f"({scored.format('FALSE', f'tf ?| CAST(:essential AS text[]) AND {where}')} ORDER BY score DESC, id LIMIT :limit)"
+        if also:  # the vector hits' scores, in the same statement
+            stmt += f" UNION ALL {scored.format('TRUE', 'id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL')}"
+        rows = (await session.execute(text(stmt), {**params, "essential": essential, "also": also})).all()
+        hits = [(r[0], float(r[1])) for r in rows if not r[2]]
+        hits.sort(key=lambda h: (-h[1], h[0]))  # UNION ALL keeps no order
+        scores = {r[0]: float(r[1]) for r in rows if r[2]}
         exact = len(hits)
         if bound > 0:
             exact = next((i for i, (_, score) in enumerate(hits) if score <= bound), len(hits))
