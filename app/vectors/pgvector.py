@@ -84,6 +84,10 @@ _OPCLASS = {"cosine": "cosine", "l2": "l2", "ip": "ip"}
 # (the rarest terms' postings), unless the rarest term alone holds more.
 TEXT_CANDIDATES = 2000
 TEXT_SHARDS = 8
+# A text collection's rows stay uncompressed up to a page: a row with a 384-d vector passes
+# PostgreSQL's default 2 kB, and a compressed ``tf`` was decompressed for each term a search
+# read from it (the GIN index's recheck, then each term's count): 1.7x the text half's time.
+TEXT_STORAGE = "toast_tuple_target = 8160"
 # The trigger function of every text collection's statistics (made by migration 0009): the
 # terms and lengths of the rows a statement inserted, updated or deleted (its transition
 # tables) added to or taken from the statistics table named by the trigger's argument, in
@@ -269,6 +273,44 @@ def text_statements(data_table: str, text_table: str) -> builtins.list[str]:
             f"FOR EACH STATEMENT EXECUTE FUNCTION gateway_text_stats('{text_table}')"
         )
     return out
+
+
+def text_rank_sql(coll: CollectionInfo, n_terms: int, where: str, also: bool) -> str:
+    """The text half's statement (``PgVectorIndex._text_rank``): the statistics of ``:terms``
+    (the collection's totals as the term ''), each term's weight (idf x (k1 + 1)), which are
+    essential (the rarest, and the next rarest while their postings stay within ``:budget``)
+    and the bound of the others, each read once (uncorrelated subqueries); then the ``:limit``
+    best points holding an essential term and matching ``where``, and (``also``) the scores of
+    the points ``:also``; columns id, score, whether an ``also`` row, the bound."""
+    t = coll.data_table
+    weight = "(SELECT w FROM w WHERE term = CAST(:t{i} AS text))"
+    tf = "CAST(tf ->> CAST(:t{i} AS text) AS float8)"
+    score = " + ".join(
+        f"coalesce({weight.format(i=i)} * {tf.format(i=i)} / ({tf.format(i=i)} + norm), 0)" for i in range(n_terms)
+    )
+    norm = ("CAST(:k1 AS float8) * (CAST(:omb AS float8) + CAST(:b AS float8) * dl / "
+            "(SELECT CAST(len AS float8) / NULLIF(n, 0) FROM tot))")
+    bound = "(SELECT coalesce(sum(w) FILTER (WHERE NOT essential), 0) FROM w)"
+    ranked = (
+        f"(SELECT id, {score} AS score, FALSE AS also, {bound} AS bound FROM (SELECT id, tf, {norm} AS norm FROM {t} "
+        f"WHERE tf ?| (SELECT array_agg(term) FROM w WHERE essential) AND {where}) AS s ORDER BY score DESC, id LIMIT :limit)"
+    )
+    if also:
+        ranked += (
+            f" UNION ALL SELECT id, {score}, TRUE, {bound} FROM (SELECT id, tf, {norm} AS norm FROM {t} "
+            "WHERE id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL) AS a"
+        )
+    return (
+        f"WITH st AS (SELECT term, CAST(sum(df) AS float8) AS df, CAST(sum(len) AS float8) AS len FROM {coll.text_table} "
+        "WHERE term = ANY(CAST(:terms AS text[])) GROUP BY term), "
+        "tot AS (SELECT coalesce(sum(df) FILTER (WHERE term = ''), 0) AS n, coalesce(sum(len) FILTER (WHERE term = ''), 0) "
+        "AS len FROM st), "
+        "w AS (SELECT st.term, greatest(ln(greatest((tot.n - st.df + 0.5) / (st.df + 0.5), 1e-9)), CAST(:floor AS float8)) "
+        "* CAST(:k1p1 AS float8) AS w, row_number() OVER (ORDER BY st.df, st.term) = 1 "
+        "OR sum(st.df) OVER (ORDER BY st.df, st.term) <= CAST(:budget AS float8) AS essential "
+        "FROM st, tot WHERE st.term <> '' AND st.df > 0 AND tot.n > 0) "
+        f"{ranked}"
+    )
 
 
 def _tf_json(terms: builtins.list[str] | None) -> str | None:
@@ -527,7 +569,7 @@ class PgVectorIndex(VectorIndex):
         await session.execute(
             text(
                 f'CREATE TABLE {t} (id text COLLATE "C" PRIMARY KEY, embedding vector({n}) NOT NULL, '
-                f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{terms})"
+                f"payload jsonb NOT NULL DEFAULT '{{}}'::jsonb{terms}){f' WITH ({TEXT_STORAGE})' if terms else ''}"
             )
         )
         # No HNSW index yet (see the module's docstring): the builder adds it in the background.
@@ -719,52 +761,22 @@ class PgVectorIndex(VectorIndex):
         self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
         where: str, params: dict[str, Any], also: builtins.list[str],
     ) -> TextRanking:
-        """BM25 as FTS5 computes it, with MaxScore's bound: the terms sorted rarest first, the
-        points holding the rarest ones (``essential``: as many as keep their postings within
-        ``TEXT_CANDIDATES``, at least one) are scored on every term of the query and ranked; a
-        point holding none of them scores at most the sum of the other terms' upper bounds
-        (``app.vectors.text.upper_bound``), so every leading hit scoring above that sum is
-        BM25's exact answer (``exact``). With the essential terms all the query's, they all are."""
-        rows = await session.execute(
-            text(f"SELECT term, sum(df), sum(len) FROM {coll.text_table} WHERE term = ANY(CAST(:terms AS text[])) GROUP BY term"),
-            {"terms": ["", *terms]},
-        )
-        stats = {r[0]: (int(r[1]), int(r[2])) for r in rows}
-        n_docs, length = stats.get("", (0, 0))
-        present = sorted((t for t in terms if stats.get(t, (0, 0))[0] > 0), key=lambda t: (stats[t][0], t))
-        if n_docs <= 0 or not present:
-            return TextRanking([], {}, 0)
-        idf = {t: bm25.idf(n_docs, stats[t][0]) for t in present}
-        essential: builtins.list[str] = []
-        postings = 0
-        for t in present:
-            if essential and postings + stats[t][0] > TEXT_CANDIDATES:
-                break
-            essential.append(t)
-            postings += stats[t][0]
-        bound = sum(bm25.upper_bound(idf[t]) for t in present[len(essential):])
-        params = {**params, "k1": bm25.K1, "omb": 1 - bm25.B, "b": bm25.B, "avgdl": length / n_docs, "limit": limit}
-        parts = []
-        for i, t in enumerate(present):
-            params[f"t{i}"] = t
-            params[f"w{i}"] = idf[t] * (bm25.K1 + 1)
-            f = f"CAST(tf ->> CAST(:t{i} AS text) AS float8)"
-            parts.append(f"coalesce(CAST(:w{i} AS float8) * {f} / ({f} + norm), 0)")
-        scored = (
-            f"SELECT id, {' + '.join(parts)} AS score, {{}} AS also FROM (SELECT id, tf, "
-            "CAST(:k1 AS float8) * (CAST(:omb AS float8) + CAST(:b AS float8) * dl / CAST(:avgdl AS float8)) AS norm "
-            f"FROM {coll.data_table} WHERE {{}}) AS s"
-        )
-        stmt = f"({scored.format('FALSE', f'tf ?| CAST(:essential AS text[]) AND {where}')} ORDER BY score DESC, id LIMIT :limit)"
-        if also:  # the vector hits' scores, in the same statement
-            stmt += f" UNION ALL {scored.format('TRUE', 'id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL')}"
-        rows = (await session.execute(text(stmt), {**params, "essential": essential, "also": also})).all()
+        """BM25 as FTS5 computes it, with MaxScore's bound, in one statement (``text_rank_sql``):
+        the terms sorted rarest first, the points holding the rarest ones (``essential``: as many
+        as keep their postings within ``TEXT_CANDIDATES``, at least one) are scored on every term
+        of the query and ranked; a point holding none of them scores at most the sum of the other
+        terms' upper bounds (``app.vectors.text.upper_bound``), so every leading hit scoring above
+        that sum is BM25's exact answer (``exact``). With the essential terms all the query's,
+        they all are."""
+        params = {**params, "terms": ["", *terms], "budget": TEXT_CANDIDATES, "floor": bm25.IDF_FLOOR,
+                  "k1p1": bm25.K1 + 1, "k1": bm25.K1, "omb": 1 - bm25.B, "b": bm25.B, "limit": limit, "also": also}
+        params |= {f"t{i}": t for i, t in enumerate(terms)}
+        rows = (await session.execute(text(text_rank_sql(coll, len(terms), where, bool(also))), params)).all()
         hits = [(r[0], float(r[1])) for r in rows if not r[2]]
         hits.sort(key=lambda h: (-h[1], h[0]))  # UNION ALL keeps no order
         scores = {r[0]: float(r[1]) for r in rows if r[2]}
-        exact = len(hits)
-        if bound > 0:
-            exact = next((i for i, (_, score) in enumerate(hits) if score <= bound), len(hits))
+        bound = float(rows[0][3]) if rows else 0.0
+        exact = next((i for i, (_, score) in enumerate(hits) if score <= bound), len(hits)) if bound > 0 else len(hits)
         return TextRanking(hits, {pid: scores.get(pid, 0.0) for pid in also}, exact)
 
     # --- search --------------------------------------------------------------------------------

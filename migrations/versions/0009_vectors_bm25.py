@@ -23,7 +23,7 @@ from typing import Any
 from alembic import op
 import sqlalchemy as sa
 
-from app.vectors.pgvector import TEXT_STATS_FUNCTION, text_statements
+from app.vectors.pgvector import TEXT_STATS_FUNCTION, TEXT_STORAGE, text_statements
 from app.vectors.sqlite_vec import fts_body, fts_table_sql
 from app.vectors.text import document_terms, text_of
 
@@ -86,6 +86,7 @@ def upgrade_vectors() -> None:
 def _upgrade_postgres(bind: sa.Connection, cid: int, field: str) -> None:
     t, s = f"vec_{cid}", f"fts_{cid}"
     op.execute(f"ALTER TABLE {t} ADD COLUMN tf jsonb, ADD COLUMN dl integer")
+    op.execute(f"ALTER TABLE {t} SET ({TEXT_STORAGE})")
     stmt = (f"SELECT id, CAST(payload -> CAST(:field AS text) AS text) FROM {t} "
             "WHERE CAST(:after AS text) IS NULL OR id > :after ORDER BY id LIMIT :page")
     for rows in _pages(bind, stmt, {"field": field}):
@@ -139,6 +140,7 @@ def downgrade_vectors() -> None:
                 op.execute(f"DROP TRIGGER IF EXISTS {t}_text_{event} ON {t}")
             op.execute(f"DROP TABLE IF EXISTS fts_{cid}")
             op.execute(f"ALTER TABLE {t} DROP COLUMN IF EXISTS tf, DROP COLUMN IF EXISTS dl, ADD COLUMN tsv tsvector")
+            op.execute(f"ALTER TABLE {t} RESET (toast_tuple_target)")
             value = "payload -> CAST(:field AS text)"
             bind.execute(sa.text(
                 f"UPDATE {t} SET tsv = to_tsvector('english', CASE jsonb_typeof({value}) "
