@@ -13,6 +13,9 @@ key scoped to the bench namespace; cells, at concurrency 1 and 8 (QPS, p50, p99 
 - ``hybrid``: with the query (RRF, limit 10): the vector half, the text half and the fusion;
 - ``hybrid tag=``: with a filter on one tag (0.5% of the documents) as well.
 
+The trees are loaded side by side and their cells measured one after the other (each cell:
+every tree, then the next cell), so that a busy machine weighs alike on both.
+
 The text half's cost is hybrid less vector. PostgreSQL runs with ``shared_buffers`` a quarter of
 RAM (pgserver's PostgreSQL 16, pgvector 0.6.2). The "before" tree is a worktree of the commit
 before BM25 with its own virtualenv::
@@ -111,7 +114,8 @@ def start_gateway(tree: Path, pg, tag: str, workdir: Path):
     raise RuntimeError(log.read_text())
 
 
-async def bench_tree(url: str, key: str, texts: list[str], data: np.ndarray, qtexts: list[str], qvecs: np.ndarray) -> dict:
+async def load_tree(url: str, key: str, texts: list[str], data: np.ndarray) -> dict:
+    """Load the collection (two batches in flight) and wait until its HNSW index is ready."""
     from storage_gateway_client import GatewayClient
 
     out: dict = {}
@@ -133,24 +137,28 @@ async def bench_tree(url: str, key: str, texts: list[str], data: np.ndarray, qte
         while (await gw.vectors.describe_collection("h"))["index"]["state"] != "ready":
             await asyncio.sleep(2)
         out["indexed_s"] = time.perf_counter() - t0
-        print(f"  loaded in {out['load_s']:.0f} s, indexed in {out['indexed_s']:.0f} s", flush=True)
-        items = list(range(len(qtexts)))
-
-        def searcher(query: bool, filtered: bool):
-            async def search(i: int) -> list[str]:
-                hits = await gw.vectors.search(
-                    "h", qvecs[i], K, query=qtexts[i] if query else None, filters={"tag": i % TAGS} if filtered else None,
-                )
-                return [h["id"] for h in hits]
-            return search
-
-        for cell, query, filtered in (("vector", False, False), ("hybrid", True, False), ("hybrid tag=", True, True)):
-            for c in (1, 8):
-                await timed_searches(searcher(query, filtered), items[:20], c, seconds=1)  # warm
-                qps, p50, p99, _ = await timed_searches(searcher(query, filtered), items, c)
-                out[f"{cell} c{c}"] = {"qps": qps, "p50": p50, "p99": p99}
-                print(f"  {cell:12} c{c}: {qps:7.1f} QPS  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms", flush=True)
+    print(f"  loaded in {out['load_s']:.0f} s, indexed in {out['indexed_s']:.0f} s", flush=True)
     return out
+
+
+CELLS = (("vector", False, False), ("hybrid", True, False), ("hybrid tag=", True, True))
+
+
+async def measure(url: str, key: str, cell: str, concurrency: int, qtexts: list[str], qvecs: np.ndarray) -> dict:
+    from storage_gateway_client import GatewayClient
+
+    _, query, filtered = next(c for c in CELLS if c[0] == cell)
+    async with GatewayClient(url, namespace=NAMESPACE, api_key=key, timeout=600) as gw:
+        async def search(i: int) -> list[str]:
+            hits = await gw.vectors.search(
+                "h", qvecs[i], K, query=qtexts[i] if query else None, filters={"tag": i % TAGS} if filtered else None,
+            )
+            return [h["id"] for h in hits]
+
+        items = list(range(len(qtexts)))
+        await timed_searches(search, items[:20], concurrency, seconds=1)  # warm
+        qps, p50, p99, _ = await timed_searches(search, items, concurrency)
+    return {"qps": qps, "p50": p50, "p99": p99}
 
 
 def main() -> None:
@@ -171,14 +179,25 @@ def main() -> None:
             data = clustered(n, DIM, seed=1)
             qvecs = clustered(QUERIES, DIM, seed=2)
             qtexts = queries(texts, QUERIES)
-            for name, tree in trees.items():
-                print(f"== {name} ({tree}), {n} documents", flush=True)
-                server, key = start_gateway(tree, pg, f"{name}_{n}", workdir)
-                try:
-                    results[f"{name} {n}"] = asyncio.run(bench_tree(server.url, key, texts, data, qtexts, qvecs))
-                finally:
+            servers = {}
+            try:
+                for name, tree in trees.items():
+                    print(f"== {name} ({tree}), {n} documents", flush=True)
+                    servers[name] = start_gateway(tree, pg, f"{name}_{n}", workdir)
+                    results[f"{name} {n}"] = asyncio.run(load_tree(servers[name][0].url, servers[name][1], texts, data))
+                # the trees' cells one after the other, so that the machine's load is alike for both
+                for cell, _, _ in CELLS:
+                    for c in (1, 8):
+                        for name, (server, key) in servers.items():
+                            r = results[f"{name} {n}"][f"{cell} c{c}"] = asyncio.run(
+                                measure(server.url, key, cell, c, qtexts, qvecs))
+                            print(f"  {name:8} {cell:12} c{c}: {r['qps']:7.1f} QPS  p50 {r['p50']:6.2f} ms  "
+                                  f"p99 {r['p99']:6.2f} ms", flush=True)
+            finally:
+                for server, _ in servers.values():
                     server.process.terminate()
                     server.process.wait(timeout=60)
+            for name in trees:
                 for db in ("metadata", "vectors", "checkpoints"):
                     pg.psql(f"DROP DATABASE IF EXISTS bhyb_{name}_{n}_{db};")
     finally:
