@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-bm25q-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     docs = stdlib_docs.documents()
     text_queries = stdlib_docs.text_queries(docs, args.text_queries)
     hybrid_queries = stdlib_docs.hybrid_queries(docs, args.hybrid_queries)

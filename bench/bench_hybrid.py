@@ -16,7 +16,9 @@ key scoped to the bench namespace; cells, at concurrency 1 and 8 (QPS, p50, p99 
 The trees are loaded side by side and their cells measured one after the other (each cell:
 every tree, then the next cell), so that a busy machine weighs alike on both.
 
-The text half's cost is hybrid less vector. PostgreSQL runs with ``shared_buffers`` a quarter of
+The text half's cost is hybrid less vector, and (this tree only) each half is also timed alone
+in the bench's process on one connection (``halves``: the vector search of the pool of 40 and
+the text search with the vector hits' scores, query by query in turn). PostgreSQL runs with ``shared_buffers`` a quarter of
 RAM (pgserver's PostgreSQL 16, pgvector 0.6.2). The "before" tree is a worktree of the commit
 before BM25 with its own virtualenv::
 
@@ -161,6 +163,49 @@ async def measure(url: str, key: str, cell: str, concurrency: int, qtexts: list[
     return {"qps": qps, "p50": p50, "p99": p99}
 
 
+async def halves(vectors_url: str, qtexts: list[str], qvecs: np.ndarray, rounds: int = 3) -> dict:
+    """Each half of this tree's hybrid search timed alone, in this process, on one connection:
+    ``VectorIndex.search`` and ``VectorIndex.text_search`` (with the vector hits' scores), the
+    pool a limit of 10 asks for (40), query by query in turn; p50 ms of each."""
+    from array import array
+
+    from sqlalchemy import text as sql
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from app.vectors.backend import CollectionInfo
+    from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
+    from app.vectors.text import query_terms
+
+    engine = create_async_engine(vectors_url)
+    install_vector_codec(engine, 100)
+    vector_ms, text_ms = [], []
+    try:
+        async with engine.connect() as conn:
+            row = (await conn.execute(sql("SELECT * FROM vector_collections WHERE namespace = :ns AND collection = 'h'"),
+                                      {"ns": NAMESPACE})).mappings().one()
+            info = CollectionInfo(
+                id=row["id"], namespace=row["namespace"], collection=row["collection"], vector_size=row["vector_size"],
+                distance=row["distance"], index=json.loads(row["index_options"]), text_field=row["text_field"],
+                created_at=row["created_at"], text_language=row["text_language"],
+            )
+            index = PgVectorIndex(await detect_version(conn))
+            await conn.rollback()
+            for _ in range(rounds):
+                for i, q in enumerate(qtexts):
+                    t0 = time.perf_counter()
+                    hits, _ = await index.search(conn, info, array("f", qvecs[i]), 4 * K, None, None, 0)
+                    t1 = time.perf_counter()
+                    await index.text_search(conn, info, query_terms(q, info.text_language or "english"), 4 * K, None,
+                                            also=[h.id for h in hits])
+                    t2 = time.perf_counter()
+                    await conn.rollback()  # the transaction SQLAlchemy began for the text half
+                    vector_ms.append((t1 - t0) * 1000)
+                    text_ms.append((t2 - t1) * 1000)
+    finally:
+        await engine.dispose()
+    return {"vector half p50": float(np.percentile(vector_ms, 50)), "text half p50": float(np.percentile(text_ms, 50))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="30000,300000")
@@ -193,6 +238,12 @@ def main() -> None:
                                 measure(server.url, key, cell, c, qtexts, qvecs))
                             print(f"  {name:8} {cell:12} c{c}: {r['qps']:7.1f} QPS  p50 {r['p50']:6.2f} ms  "
                                   f"p99 {r['p99']:6.2f} ms", flush=True)
+                for name, tree in trees.items():
+                    if tree == ROOT:  # this tree's code is the one this process can import
+                        r = results[f"{name} {n}"]["halves"] = asyncio.run(
+                            halves(servers[name][0].backend.urls["vectors"], qtexts, qvecs))
+                        print(f"  {name:8} halves alone: vector {r['vector half p50']:.2f} ms, "
+                              f"text {r['text half p50']:.2f} ms (p50)", flush=True)
             finally:
                 for server, _ in servers.values():
                     server.process.terminate()
@@ -213,6 +264,10 @@ def print_table(results: dict) -> None:
     print("|---|" + "---|" * len(cells))
     for name, r in results.items():
         print(f"| {name} | " + " | ".join(f"{r[c]['qps']:.0f} QPS, p50 {r[c]['p50']:.1f} ms" for c in cells) + " |")
+    for name, r in results.items():
+        if "halves" in r:
+            print(f"{name}: each half alone, p50: vector {r['halves']['vector half p50']:.2f} ms, "
+                  f"text {r['halves']['text half p50']:.2f} ms")
 
 
 if __name__ == "__main__":
