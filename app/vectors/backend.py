@@ -285,10 +285,11 @@ class VectorIndex(ABC):
     @abstractmethod
     async def _text_rank(
         self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
-        where: str, params: dict[str, Any], also: builtins.list[str],
+        flt: Node | None, also: builtins.list[str],
     ) -> TextRanking:
-        """The BM25 ranking of the points matching ``where`` (its parameters in ``params``) that
-        hold any of ``terms`` (at most ``limit``), and the scores of the points ``also``."""
+        """The BM25 ranking of the points matching ``flt`` that hold any of ``terms`` (at most
+        ``limit``), and the scores of the points ``also``; on the search's connection
+        (``_search_connection``), the filter bound as it binds parameters."""
 
     # --- the search's facts ---------------------------------------------------------------------------
 
@@ -508,9 +509,7 @@ class VectorIndex(ABC):
         scores of the points ``also`` (a hybrid search's vector hits)."""
         if coll.text_field is None or not terms:
             return TextRanking([], {}, 0)
-        sql = SqlBuilder()
-        where = self._where(flt, sql, coll)
-        return await self._text_rank(session, coll, terms, int(limit), where, sql.params, also)
+        return await self._text_rank(session, coll, terms, int(limit), flt, also)
 
     async def distances(
         self, session: AsyncConnection, coll: CollectionInfo, vector: array[float], ids: builtins.list[str]

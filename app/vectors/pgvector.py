@@ -44,6 +44,7 @@ import builtins
 import hashlib
 import json
 import math
+import re
 import struct
 import sys
 import time
@@ -275,13 +276,14 @@ def text_statements(data_table: str, text_table: str) -> builtins.list[str]:
     return out
 
 
-def text_rank_sql(coll: CollectionInfo, n_terms: int, where: str, also: bool) -> str:
+def text_rank_sql(coll: CollectionInfo, n_terms: int, where: str, also: bool, placeholders: Mapping[str, str]) -> str:
     """The text half's statement (``PgVectorIndex._text_rank``): the statistics of ``:terms``
     (the collection's totals as the term ''), each term's weight (idf x (k1 + 1)), which are
     essential (the rarest, and the next rarest while their postings stay within ``:budget``)
     and the bound of the others, each read once (uncorrelated subqueries); then the ``:limit``
     best points holding an essential term and matching ``where``, and (``also``) the scores of
-    the points ``:also``; columns id, score, whether an ``also`` row, the bound."""
+    the points ``:also``; columns id, score, whether an ``also`` row, the bound. Each ``:name``
+    is written as ``placeholders[name]`` (``where`` comes with its own)."""
     t = coll.data_table
     weight = "(SELECT w FROM w WHERE term = CAST(:t{i} AS text))"
     tf = "CAST(tf ->> CAST(:t{i} AS text) AS float8)"
@@ -293,14 +295,14 @@ def text_rank_sql(coll: CollectionInfo, n_terms: int, where: str, also: bool) ->
     bound = "(SELECT coalesce(sum(w) FILTER (WHERE NOT essential), 0) FROM w)"
     ranked = (
         f"(SELECT id, {score} AS score, FALSE AS also, {bound} AS bound FROM (SELECT id, tf, {norm} AS norm FROM {t} "
-        f"WHERE tf ?| (SELECT array_agg(term) FROM w WHERE essential) AND {where}) AS s ORDER BY score DESC, id LIMIT :limit)"
+        "WHERE tf ?| (SELECT array_agg(term) FROM w WHERE essential) AND <where>) AS s ORDER BY score DESC, id LIMIT :limit)"
     )
     if also:
         ranked += (
             f" UNION ALL SELECT id, {score}, TRUE, {bound} FROM (SELECT id, tf, {norm} AS norm FROM {t} "
             "WHERE id = ANY(CAST(:also AS text[])) AND tf IS NOT NULL) AS a"
         )
-    return (
+    statement = (
         f"WITH st AS (SELECT term, CAST(sum(df) AS float8) AS df, CAST(sum(len) AS float8) AS len FROM {coll.text_table} "
         "WHERE term = ANY(CAST(:terms AS text[])) GROUP BY term), "
         "tot AS (SELECT coalesce(sum(df) FILTER (WHERE term = ''), 0) AS n, coalesce(sum(len) FILTER (WHERE term = ''), 0) "
@@ -311,6 +313,7 @@ def text_rank_sql(coll: CollectionInfo, n_terms: int, where: str, also: bool) ->
         "FROM st, tot WHERE st.term <> '' AND st.df > 0 AND tot.n > 0) "
         f"{ranked}"
     )
+    return re.sub(r":(\w+)", lambda m: placeholders[m.group(1)], statement).replace("<where>", where)
 
 
 def _tf_json(terms: builtins.list[str] | None) -> str | None:
@@ -759,19 +762,30 @@ class PgVectorIndex(VectorIndex):
 
     async def _text_rank(
         self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
-        where: str, params: dict[str, Any], also: builtins.list[str],
+        flt: Node | None, also: builtins.list[str],
     ) -> TextRanking:
-        """BM25 as FTS5 computes it, with MaxScore's bound, in one statement (``text_rank_sql``):
-        the terms sorted rarest first, the points holding the rarest ones (``essential``: as many
-        as keep their postings within ``TEXT_CANDIDATES``, at least one) are scored on every term
-        of the query and ranked; a point holding none of them scores at most the sum of the other
-        terms' upper bounds (``app.vectors.text.upper_bound``), so every leading hit scoring above
-        that sum is BM25's exact answer (``exact``). With the essential terms all the query's,
-        they all are."""
-        params = {**params, "terms": ["", *terms], "budget": TEXT_CANDIDATES, "floor": bm25.IDF_FLOOR,
-                  "k1p1": bm25.K1 + 1, "k1": bm25.K1, "omb": 1 - bm25.B, "b": bm25.B, "limit": limit, "also": also}
-        params |= {f"t{i}": t for i, t in enumerate(terms)}
-        rows = (await session.execute(text(text_rank_sql(coll, len(terms), where, bool(also))), params)).all()
+        """BM25 as FTS5 computes it, with MaxScore's bound, in one statement (``text_rank_sql``)
+        on the search's driver connection, as the vector half runs: the terms sorted rarest
+        first, the points holding the rarest ones (``essential``: as many as keep their postings
+        within ``TEXT_CANDIDATES``, at least one) are scored on every term of the query and
+        ranked; a point holding none of them scores at most the sum of the other terms' upper
+        bounds (``app.vectors.text.upper_bound``), so every leading hit scoring above that sum
+        is BM25's exact answer (``exact``). With the essential terms all the query's, they all are."""
+        sql = _Positional(1)
+        where = self.filter_sql(sql, coll.declared).compile(flt)
+        args = list(sql.args)
+        values: dict[str, Any] = {
+            "terms": ["", *terms], "budget": float(TEXT_CANDIDATES), "floor": bm25.IDF_FLOOR, "k1p1": bm25.K1 + 1,
+            "k1": bm25.K1, "omb": 1 - bm25.B, "b": bm25.B, "limit": int(limit), **{f"t{i}": t for i, t in enumerate(terms)},
+        }
+        if also:
+            values["also"] = also
+        placeholders = {}
+        for name, value in values.items():
+            args.append(value)
+            placeholders[name] = f"${len(args)}"
+        async with self._search_connection(session) as conn:
+            rows = await conn.fetch(text_rank_sql(coll, len(terms), where, bool(also), placeholders), *args)
         hits = [(r[0], float(r[1])) for r in rows if not r[2]]
         hits.sort(key=lambda h: (-h[1], h[0]))  # UNION ALL keeps no order
         scores = {r[0]: float(r[1]) for r in rows if r[2]}

@@ -256,23 +256,26 @@ class SqliteVecIndex(VectorIndex):
 
     async def _text_rank(
         self, session: AsyncConnection, coll: CollectionInfo, terms: builtins.list[str], limit: int,
-        where: str, params: dict[str, Any], also: builtins.list[str],
+        flt: Node | None, also: builtins.list[str],
     ) -> TextRanking:
         """FTS5's ``bm25()`` (lower is better: its negation is the score) over every match: exact."""
+        sql = SqlBuilder()
+        where, params = self._where(flt, sql, coll), sql.params
         ft = coll.text_table
         matches = f"SELECT v.id, -bm25({ft}) AS score FROM {ft} JOIN {coll.data_table} v ON v.rid = {ft}.rowid WHERE {ft} MATCH :match"
         match = match_expression(terms)
-        rows = await session.execute(
-            text(f"{matches} AND {where} ORDER BY bm25({ft}), v.id LIMIT :limit"), {**params, "match": match, "limit": limit}
-        )
-        hits = [(r[0], float(r[1])) for r in rows]
         scores: dict[str, float] = {}
-        if also:
-            found = await session.execute(
-                text(f"{matches} AND v.id IN (SELECT value FROM json_each(:also))"),
-                {"match": match, "also": orjson.dumps(also).decode()},
+        async with self._search_connection(session) as conn:
+            rows = await conn.execute(
+                text(f"{matches} AND {where} ORDER BY bm25({ft}), v.id LIMIT :limit"), {**params, "match": match, "limit": limit}
             )
-            scores = {r[0]: float(r[1]) for r in found}
+            hits = [(r[0], float(r[1])) for r in rows]
+            if also:
+                found = await conn.execute(
+                    text(f"{matches} AND v.id IN (SELECT value FROM json_each(:also))"),
+                    {"match": match, "also": orjson.dumps(also).decode()},
+                )
+                scores = {r[0]: float(r[1]) for r in found}
         return TextRanking(hits, {pid: scores.get(pid, 0.0) for pid in also}, len(hits))
 
     # --- search: exact, one statement on the request's connection ------------------------------
