@@ -22,7 +22,7 @@ from tests.conftest import Server
 
 PUBLIC = [
     "AsyncPersistStore", "ClientClosed", "Conflict", "FileDownload", "FileHead", "FileInfo", "FileList",
-    "FilesUsage", "Forbidden", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "HTTPStatusError",
+    "FilesUsage", "Forbidden", "GatewayByteStore", "GatewayChatMessageHistory", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "GatewayVectorStore", "HTTPStatusError",
     "IntegrityError", "InvalidRequest", "KvEntry", "NotFound", "PayloadIndex", "PreconditionFailed", "RateLimited", "Record",
     "RemotePersistStore", "RemoteVectorStore", "SortOrder", "TransportError", "Unauthorized", "Unavailable",
     "VectorRecord", "VectorStoreProtocol", "VectorsAPI", "create_persist_store", "create_vector_store",

@@ -198,8 +198,10 @@ async def test_validation_names_the_offender(http: httpx.AsyncClient, gw: Gatewa
     # query was split into every word, 330 MB and seconds of the event loop)
     r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 0, 0], "query": "ab " * 3334})
     assert r.status_code == 422 and "query" in r.json()["detail"], r.text
-    # a search does not answer vectors: asking for them is refused, not ignored
+    # a search answers the hits' vectors when asked (max marginal relevance needs them), bounded by the page
     r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 2, 3], "with_vectors": True})
+    assert r.status_code == 200 and all(len(h["vector"]) == 3 for h in r.json()["results"]), r.text
+    r = await http.post(vpath(namespace, "c", "search"), json={"vector": [1, 2, 3], "with_vectors": "yes"})
     assert r.status_code == 422 and "with_vectors" in r.json()["detail"]
     # Through the client: wrong dimension, NaN, mismatched lengths.
     with pytest.raises(InvalidRequest) as exc:

@@ -100,6 +100,10 @@ def _connection(
 # (the `PgStatement` dependencies). Vector reads keep one too: SQLAlchemy begins it lazily and
 # searches run on the driver connection, so it sends nothing.
 MetadataStatement = Annotated[StatementConnection, _connection(Database.metadata, single_statement=True)]
+# A kv batch (get, set or delete many): its statements' shapes depend on how many keys it names
+# (an expanding IN, an executemany), so it runs through SQLAlchemy in one transaction.
+MetadataConnection = Annotated[AsyncConnection, _connection(Database.metadata)]
+MetadataReadConnection = Annotated[AsyncConnection, _connection(Database.metadata, read_only=True)]
 CheckpointsStatement = Annotated[StatementConnection, _connection(Database.checkpoints, single_statement=True)]
 CheckpointsConnection = Annotated[AsyncConnection, _connection(Database.checkpoints)]
 CheckpointsPgStatement = Annotated[

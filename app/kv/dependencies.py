@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.config import Database
-from app.core.dependencies import _connection
+from app.core.dependencies import MetadataConnection, MetadataReadConnection
 from app.core.state import service_of
 
 from app.kv.service import KvService
@@ -23,7 +21,6 @@ async def get_kv_service(request: Request) -> KvService:
 KvServiceDep = Annotated[KvService, Depends(get_kv_service)]
 
 # A batch (get, set or delete many) runs through SQLAlchemy in one transaction of the metadata
-# database: its statements' shapes depend on how many keys it names (an expanding IN, an
-# executemany), which the fixed single statements of the other kv routes cannot take.
-KvBatchConnection = Annotated[AsyncConnection, _connection(Database.metadata)]
-KvBatchReadConnection = Annotated[AsyncConnection, _connection(Database.metadata, read_only=True)]
+# database: its statements' shapes depend on how many keys it names.
+KvBatchConnection = MetadataConnection
+KvBatchReadConnection = MetadataReadConnection
