@@ -159,6 +159,29 @@ def cmd_files_migrate(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_delete_namespace(args: argparse.Namespace) -> None:
+    import json
+    import re
+
+    from app.core.names import NAME_PATTERN
+    from app.core.namespace_data import delete_namespace
+    from app.main import services
+
+    settings = load_settings(args.config)
+    if not re.fullmatch(NAME_PATTERN, args.namespace):
+        _fail(f"delete-namespace: {args.namespace!r} is not a namespace name")
+    if args.batch < 1 or (args.max_batches is not None and args.max_batches < 1):
+        _fail("delete-namespace: --batch and --max-batches must be at least 1")
+    asyncio.run(_preflight(settings, migrate_all=False))
+
+    async def run() -> dict[str, object]:
+        async with services(settings) as state:
+            report = await delete_namespace(state, args.namespace, batch=args.batch, max_batches=args.max_batches)
+        return {"namespace": report.namespace, "deleted": report.deleted, "done": report.done}
+
+    print(json.dumps(asyncio.run(run())))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from app.files.migrate import Target
 
@@ -194,6 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     move.add_argument("--limit", type=int, default=None, help="move at most this many files, then stop")
     move.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     move.set_defaults(func=cmd_files_migrate)
+
+    forget = sub.add_parser(
+        "delete-namespace",
+        help="delete every capability's data of one namespace, in batches (resumable: run it again "
+        "after an interruption); prints what was deleted, by capability, as JSON",
+    )
+    forget.add_argument("namespace", help="the namespace whose data to delete")
+    forget.add_argument("--batch", type=int, default=500, help="items deleted per transaction")
+    forget.add_argument("--max-batches", type=int, default=None,
+                        help="stop after this many batches (\"done\": false; run again to go on)")
+    forget.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
+    forget.set_defaults(func=cmd_delete_namespace)
 
     from app.auth.cli import add_parser as add_keys_parser
 

@@ -133,3 +133,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def app_factory() -> FastAPI:
     """Entry point for ``uvicorn --factory app.main:app_factory``."""
     return create_app()
+
+
+@asynccontextmanager
+async def services(settings: Settings) -> AsyncIterator[GatewayState]:
+    """The gateway's state with its databases open and every capability's service built by its
+    lifecycle, without HTTP and without background jobs: for commands that act on stored data
+    (``storage-gateway delete-namespace``) and for tests. Migrations are not run."""
+    state = GatewayState(
+        settings=settings,
+        capabilities=capabilities.load(settings.extra_capabilities),
+        rate_limiter=RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst),
+    )
+    databases = Databases.open(settings)
+    state.databases = databases
+    try:
+        async with AsyncExitStack() as stack:
+            for capability in state.capabilities:
+                state.services[capability.name] = await stack.enter_async_context(capability.lifecycle(state))
+            yield state
+    finally:
+        state.services.clear()
+        await databases.close()

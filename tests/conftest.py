@@ -8,7 +8,12 @@
   ``postgres_s3`` (``FILE_BACKENDS``): the same databases for metadata, file bytes in a bucket of
   a real S3 server (SeaweedFS, started once per run by ``seaweed``); and on ``sqlite_directory`` /
   ``postgres_directory``: file bytes in a local directory (``files.backend: directory``).
-- ``server``: one ``storage-gateway serve`` process per backend for the whole run.
+- ``server``: one ``storage-gateway serve`` process per backend for the whole run, serving the
+  built-in capabilities. A module that serves capabilities of its own names them in
+  ``EXTRA_CAPABILITIES`` and overrides ``server`` with ``serve_extra``; the shared tests it
+  imports (``tests/capability_checks.py``) then run on those.
+- ``capability``: the shared tests' parameter: each capability under test (the built-in ones, or
+  a module's ``EXTRA_CAPABILITIES``), as the served gateway has it.
 - ``namespace``: a fresh namespace per test: tests are isolated by name, never by order.
 - ``gw`` / ``http``: the Python client and a raw httpx client against that server; ``gw`` runs on
   each of the client's transports (``client_transport``: ``http11`` / ``httpx``).
@@ -16,6 +21,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -36,6 +42,7 @@ from sqlalchemy.engine import make_url
 from storage_gateway_client import GatewayClient
 
 if TYPE_CHECKING:
+    from app.core.capability import Capability
     from app.core.config import Settings
     from tests.s3server import SeaweedS3
 
@@ -79,9 +86,17 @@ class Server:
     url: str
     process: subprocess.Popen
     log_path: Path
+    extra_capabilities: tuple[str, ...] = ()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def capabilities(self) -> tuple[Capability, ...]:
+        """What it serves: the registry's built-in capabilities and its extra ones."""
+        from app.capabilities import load
+
+        return load(self.extra_capabilities)
 
 
 def free_port() -> int:
@@ -265,11 +280,16 @@ def in_process_settings(backend: Backend, tmp_path: Path, **extra: Any) -> Setti
 
 def start_server(
     backend: Backend, log_path: Path, *args: str, port: int | None = None, wrapper: tuple[str, ...] = (),
-    **extra_env: str,
+    extra_capabilities: tuple[str, ...] = (), **extra_env: str,
 ) -> Server:
-    """Start ``storage-gateway serve`` (behind ``wrapper``, e.g. ``unshare``) and wait until
+    """Start ``storage-gateway serve`` (behind ``wrapper``, e.g. ``unshare``), serving
+    ``extra_capabilities`` (import paths under the repository root) too, and wait until
     ``/readyz`` answers 200."""
     port = port or free_port()
+    if extra_capabilities:
+        extra_env = {
+            "GATEWAY_EXTRA_CAPABILITIES": json.dumps(list(extra_capabilities)), "PYTHONPATH": str(ROOT), **extra_env
+        }
     log = open(log_path, "wb")
     process = subprocess.Popen(
         [*wrapper, str(BIN / "storage-gateway"), "serve", "--port", str(port), *args],
@@ -282,7 +302,7 @@ def start_server(
             raise RuntimeError(f"gateway exited with {process.returncode}:\n{log_path.read_text()}")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return Server(backend, url, process, log_path)
+                return Server(backend, url, process, log_path, tuple(extra_capabilities))
         except httpx.TransportError:
             pass
         time.sleep(0.1)
@@ -306,6 +326,44 @@ def server(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     srv = start_server(backend, tmp_path_factory.mktemp("logs") / f"gateway-{backend.name}.log")
     yield srv
     stop_server(srv)
+
+
+def serve_extra(
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory, extra_capabilities: tuple[str, ...], **extra_env: str
+) -> Iterator[Server]:
+    """A module's ``server`` fixture when it serves ``EXTRA_CAPABILITIES``: a gateway of its own."""
+    result = run_cli(backend, "migrate")
+    assert result.returncode == 0, result.stderr
+    log = tmp_path_factory.mktemp("logs") / f"gateway-{backend.name}-extra.log"
+    srv = start_server(backend, log, extra_capabilities=extra_capabilities, **extra_env)
+    yield srv
+    stop_server(srv)
+
+
+def under_test(module: Any) -> tuple[str, ...]:
+    """The capabilities a test module's shared tests check: its ``EXTRA_CAPABILITIES``, else
+    every built-in one."""
+    from app.capabilities import BUILTIN, load
+
+    extra = tuple(getattr(module, "EXTRA_CAPABILITIES", ()))
+    if not extra:
+        return tuple(c.name for c in BUILTIN)
+    return tuple(c.name for c in load(extra)[len(BUILTIN):])
+
+
+@pytest.fixture
+def capability(server: Server, capability_name: str) -> Capability:
+    """The capability ``capability_name`` as ``server`` serves it."""
+    served = {c.name: c for c in server.capabilities}
+    assert capability_name in served, f"the gateway serves no {capability_name!r} ({', '.join(served)})"
+    return served[capability_name]
+
+
+@pytest.fixture
+def capabilities_under_test(request: pytest.FixtureRequest, server: Server) -> tuple[Capability, ...]:
+    """Every capability the module's shared tests check (see ``under_test``), as served."""
+    served = {c.name: c for c in server.capabilities}
+    return tuple(served[name] for name in under_test(request.module))
 
 
 @pytest.fixture
@@ -368,6 +426,8 @@ def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001
     marker = metafunc.definition.get_closest_marker("backends")
     if marker is not None and "backend" in metafunc.fixturenames:
         metafunc.definition.add_marker(pytest.mark.parametrize("backend", marker.args, indirect=True))
+    if "capability_name" in metafunc.fixturenames:  # a shared test: once per capability under test
+        metafunc.parametrize("capability_name", under_test(metafunc.module))
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001

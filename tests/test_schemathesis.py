@@ -11,16 +11,21 @@ What the configuration (``CONFIG``) says, and why each line is right rather than
   is false: nothing was written), and a 416 to a schema-valid ``Range`` past the end; a 412 is
   also how a write with a failed precondition refuses before it reads its (invalid) body.
 - Cursors are opaque tokens the server mints: no schema can describe which strings are cursors,
-  so every list is given a real cursor minted here from a real second page (and
-  ``test_cursors_are_refused_when_made_up`` checks that a made-up one is a 422).
-- ``CROSS_CHECKED`` operations have rules across fields or against stored state (a vector's
-  dimension is the collection's, a cursor continues the list it came from with the same prefix,
-  order or filter); positive_data_acceptance is off for those eight alone.
-- ``NUL_REFUSED`` operations take free-form JSON (checkpoint metadata) whose strings may not hold
-  U+0000, which no JSON Schema can say of an open object: no NUL is generated for those alone.
-- ``OPTIONS .../records/{c}/trim`` and ``.../points/delete|list`` answer ``Allow`` with the methods
-  of ``{key}`` / ``{point_id}`` too: that URL *is* also the record ``trim`` (GET/PUT/DELETE) and
-  the point ``delete``/``list``, so the header is accurate where the document lists one template.
+  so every list is given a real cursor minted from a real second page by its capability's
+  samples (``Samples.cursors``; a list without one fails here saying so), and
+  ``test_cursors_are_refused_when_made_up`` checks that a made-up one is a 422.
+- A capability's ``Samples.cross_checked`` operations have rules across fields or against stored
+  state (a vector's dimension is the collection's, a cursor continues the list it came from with
+  the same prefix, order or filter); positive_data_acceptance is off for those alone.
+- ``Samples.nul_refused`` operations take free-form JSON (checkpoint metadata) whose strings may
+  not hold U+0000, which no JSON Schema can say of an open object: no NUL is generated for those.
+- ``Samples.ambiguous_allow`` paths (``.../records/{c}/trim``, ``.../points/delete|list``) answer
+  ``Allow`` with the methods of ``{key}`` / ``{point_id}`` too: that URL *is* also the record
+  ``trim`` and the point ``delete``/``list``, so the header is accurate where the document lists
+  one template.
+
+It runs on the capabilities under test (``tests/conftest.py``): the whole document (admin routes
+included) for the built-in ones, only their own operations (by tag) for a module's extra ones.
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ import sys
 import time
 from pathlib import Path
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import httpx
 
+from app.capabilities import BUILTIN
+from app.core.capability import Capability
 from tests.conftest import ADMIN_KEY, Server
 
 # The coverage phase tries each schema's boundaries and refusals systematically; the fuzzing
@@ -42,108 +52,99 @@ from tests.conftest import ADMIN_KEY, Server
 MAX_EXAMPLES = 50
 SEED = "20261201"
 SEED_NS = "schemathesis-seed"
-AMBIGUOUS_ALLOW = (  # paths of POST routes that are also a {key}/{point_id} resource
-    "/v1/{namespace}/kv/{collection}/get",
-    "/v1/{namespace}/kv/{collection}/delete",
-    "/v1/{namespace}/records/{collection}/trim",
-    "/v1/{namespace}/vectors/{collection}/points/delete",
-    "/v1/{namespace}/vectors/{collection}/points/list",
-)
-# Checkpoint metadata is free-form JSON that no string in may hold U+0000 (PostgreSQL's JSONB cannot
-# store it; both backends refuse it with a 422 naming the field: tests/test_checkpoints_limits.py),
-# a rule on every nested string that JSON Schema cannot state for an open object.
-NUL_REFUSED = ("POST /v1/{namespace}/checkpoints/put",)
-# Operations where a schema-valid body can still be refused by a rule no JSON Schema can state, so
-# positive_data_acceptance is off for them (every other check still runs on them):
-CROSS_CHECKED = (
-    "POST /v1/{namespace}/vectors/{collection}/points",  # vectors must have the collection's dimension
-    "PATCH /v1/{namespace}/vectors/{collection}/points/{point_id}",  # the same
-    "POST /v1/{namespace}/vectors/{collection}/search",  # the same, for the query vector
-    "PUT /v1/{namespace}/vectors/{collection}",  # each payload field indexed once (unique by a member)
-    "POST /v1/{namespace}/kv/{collection}",  # each key once in a batch (unique by a member)
-    "POST /v1/{namespace}/checkpoints/threads/copy",  # the target thread differs from the source
-    # a cursor continues the list it was made for: the same prefix / order / thread and filter
-    "GET /v1/{namespace}/kv/{collection}",
-    "GET /v1/{namespace}/records/{collection}",
-    "POST /v1/{namespace}/checkpoints/search",
-)
 POSITIVE = ["2xx", "3xx", "401", "403", "404", "409", "412", "416", "429", "5xx"]
 NEGATIVE = ["400", "401", "403", "404", "405", "406", "409", "412", "413", "415", "422", "428", "429", "5xx"]
 
 
-def mint_cursors(server: Server) -> dict[str, dict[str, str]]:
-    """A real ``next_cursor`` of every kind of list: operation name -> parameter -> cursor."""
-    base = f"{server.url}/v1/{SEED_NS}"
-    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
-        def ok(r: httpx.Response) -> httpx.Response:
-            assert r.is_success, r.text
-            return r
+@dataclass
+class Plan:
+    """What schemathesis is told, gathered from the samples of the capabilities under test."""
 
-        for key in ("a", "b"):
-            ok(http.put(f"{base}/kv/c/{key}", json=1))
-            ok(http.put(f"{base}/records/c/{key}", json=1))
-            ok(http.put(f"{base}/files/c/{key}", content=b"x", headers={"Content-Type": "text/plain"}))
-            ok(http.put(f"{base}/vectors/c{key}", json={"vector_size": 2, "distance": "l2"}))
-            ok(http.post(f"{server.url}/v1/admin/keys", json={"namespace": SEED_NS, "scopes": ["kv:read"]}))
-        ok(http.post(f"{base}/vectors/ca/points", json={"points": [{"id": i, "vector": [1.0, 0.0]} for i in "ab"]}))
-        for checkpoint_id in ("1ef4f797-8335-6428-8001-8a1503f9b875", "1ef4f797-8335-6428-8002-8a1503f9b875"):
-            ok(http.post(f"{base}/checkpoints/put", json={
-                "thread_id": "t", "checkpoint_id": checkpoint_id, "checkpoint": {"type": "msgpack", "data": "kqNmb28="},
-            }))
+    cursors: dict[str, dict[str, str]] = field(default_factory=dict)
+    cross_checked: list[str] = field(default_factory=list)
+    nul_refused: list[str] = field(default_factory=list)
+    ambiguous_allow: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # empty: the whole document
 
-        def cursor(r: httpx.Response) -> str:
-            value = ok(r).json()["next_cursor"]
-            assert isinstance(value, str) and value
-            return value
 
-        page = {"limit": 1}
-        return {
-            "GET /v1/{namespace}/kv/{collection}": {"query.cursor": cursor(http.get(f"{base}/kv/c", params=page))},
-            "GET /v1/{namespace}/records/{collection}": {
-                "query.cursor": cursor(http.get(f"{base}/records/c", params=page)),
-            },
-            "GET /v1/{namespace}/files/{collection}": {"query.cursor": cursor(http.get(f"{base}/files/c", params=page))},
-            "GET /v1/{namespace}/vectors": {"query.cursor": cursor(http.get(f"{base}/vectors", params=page))},
-            "GET /v1/admin/keys": {"query.cursor": cursor(http.get(f"{server.url}/v1/admin/keys", params=page))},
-            "POST /v1/{namespace}/vectors/{collection}/points/list": {
-                "body.cursor": cursor(http.post(f"{base}/vectors/ca/points/list", json=page)),
-            },
-            "POST /v1/{namespace}/checkpoints/search": {
-                "body.cursor": cursor(http.post(f"{base}/checkpoints/search", json={"thread_id": "t", "limit": 1})),
-            },
-        }
+def cursor_operations(spec: dict[str, Any], capability: str) -> list[str]:
+    """Names ("GET /v1/...") of the operations of ``capability`` that take a ``cursor``."""
+    def has_cursor(op: dict[str, Any]) -> bool:
+        if any(p["name"] == "cursor" for p in op.get("parameters", [])):
+            return True
+        schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        if "$ref" in schema:
+            schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+        return "cursor" in schema.get("properties", {})
+
+    return [
+        f"{method.upper()} {path}" for path, item in spec["paths"].items()
+        if path.split("/")[2:4] == ["{namespace}", capability]
+        for method, op in item.items() if isinstance(op, dict) and has_cursor(op)
+    ]
+
+
+async def plan(server: Server, capabilities: tuple[Capability[Any], ...], everything: bool) -> Plan:
+    out = Plan(tags=[] if everything else [c.name for c in capabilities])
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+        spec = (await http.get("/openapi.json")).json()
+        for capability in capabilities:
+            samples = capability.samples_for("cursors")
+            minted = await samples.cursors(http, SEED_NS)
+            missing = [name for name in cursor_operations(spec, capability.name) if name not in minted]
+            assert not missing, (
+                f"the samples of {capability.name!r} mint no cursor for {missing}: return one from its Samples.cursors"
+            )
+            for name, parameters in minted.items():
+                assert all(isinstance(v, str) and v for v in parameters.values()), (name, parameters)
+            out.cursors.update(minted)
+            out.cross_checked += samples.cross_checked
+            out.nul_refused += samples.nul_refused
+            out.ambiguous_allow += samples.ambiguous_allow
+        if everything:  # the gateway's own list: API keys
+            for _ in range(2):
+                r = await http.post("/v1/admin/keys", json={"namespace": SEED_NS, "scopes": ["kv:read"]})
+                assert r.status_code == 201, r.text
+            page = (await http.get("/v1/admin/keys", params={"limit": 1})).json()
+            out.cursors["GET /v1/admin/keys"] = {"query.cursor": page["next_cursor"]}
+    return out
 
 
 def toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string of ASCII is a TOML basic string
 
 
-def config(cursors: dict[str, dict[str, str]]) -> str:
+def config(plan: Plan) -> str:
     lines = [
         "[checks.positive_data_acceptance]",
         f"expected-statuses = {json.dumps(POSITIVE)}",
         "[checks.negative_data_rejection]",
         f"expected-statuses = {json.dumps(NEGATIVE)}",
     ]
-    for name, parameters in cursors.items():
+    for name, parameters in plan.cursors.items():
         pairs = ", ".join(f"{toml_string(k)} = {toml_string(v)}" for k, v in parameters.items())
         lines += ["[[operations]]", f"include-name = {toml_string(name)}", f"parameters = {{ {pairs} }}"]
-    for name in CROSS_CHECKED:
+    for name in plan.cross_checked:
         lines += ["[[operations]]", f"include-name = {toml_string(name)}", "checks.positive_data_acceptance.enabled = false"]
-    for name in NUL_REFUSED:
+    for name in plan.nul_refused:
         lines += ["[[operations]]", f"include-name = {toml_string(name)}", "generation.allow-x00 = false"]
-    for path in AMBIGUOUS_ALLOW:
+    for path in plan.ambiguous_allow:
         lines += ["[[operations]]", f"include-path = {toml_string(path)}", "checks.allow_header_conformance.enabled = false"]
     return "\n".join(lines) + "\n"
 
 
-def test_every_operation_answers_as_documented(server: Server, tmp_path: Path) -> None:
-    (tmp_path / "schemathesis.toml").write_text(config(mint_cursors(server)))
+async def test_every_operation_answers_as_documented(
+    server: Server, tmp_path: Path, capabilities_under_test: tuple[Capability[Any], ...]
+) -> None:
+    everything = {c.name for c in capabilities_under_test} == {c.name for c in BUILTIN}
+    todo = await plan(server, capabilities_under_test, everything)
+    (tmp_path / "schemathesis.toml").write_text(config(todo))
     cli = Path(sys.executable).parent / "schemathesis"
     started = time.monotonic()
+    only = [arg for tag in todo.tags for arg in ("--include-tag", tag)]
     result = subprocess.run(
         [
-            str(cli), "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{server.url}/openapi.json",
+            str(cli), "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{server.url}/openapi.json", *only,
             "--header", f"Authorization: Bearer {ADMIN_KEY}",
             # every check runs: schemathesis's default (`--checks all` on the command line would
             # override the per-operation lines in the configuration); no stateful phase: the
@@ -168,7 +169,7 @@ def test_every_operation_answers_as_documented(server: Server, tmp_path: Path) -
     generated = re.search(r"(\d+) generated", result.stdout)
     assert generated, report
     assert not re.search(r"\b[1-9]\d* (failures?|errors?)\b", result.stdout.split("SUMMARY")[-1]), report
-    print(f"schemathesis on {server.backend.name}: {generated.group(1)} test cases in {elapsed:.0f} s")
+    print(f"schemathesis on {server.backend.name} ({todo.tags or 'everything'}): {generated.group(1)} test cases in {elapsed:.0f} s")
 
 
 def test_cursors_are_refused_when_made_up(server: Server) -> None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.checkpoints.backend import backend_for
 from app.checkpoints.models import checkpoint_retention, checkpoint_threads
 from app.checkpoints.reads import CheckpointReader
 from app.checkpoints.repository import CheckpointsRepository
 from app.checkpoints.router import router
+from app.checkpoints.samples import SAMPLES
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
-from app.core.capability import Capability, Periodic, in_batches
+from app.core.capability import Capability, Change, Periodic, in_batches
 from app.core.config import Database
+from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
 from app.core.db.statements import fixed_statements
 from app.core.db.upsert import insert_builder
@@ -43,6 +48,30 @@ def periodic(service: CheckpointsService, state: GatewayState) -> Iterator[Perio
     yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, sweep)
 
 
+class CheckpointsData(NamespaceData[CheckpointsService]):
+    """A namespace's threads, each with its checkpoints, channel values, pending writes and
+    metadata terms (keyed by the thread's ``pk``), ``batch`` threads a transaction; and its
+    retention settings."""
+
+    async def delete(
+        self, service: CheckpointsService, engine: AsyncEngine, namespace: str, batch: int
+    ) -> AsyncGenerator[Deleted, None]:
+        query = (
+            select(checkpoint_threads.c.pk)
+            .where(checkpoint_threads.c.namespace == namespace).order_by(checkpoint_threads.c.pk).limit(batch)
+        )
+        while True:
+            async with writer(engine).begin() as conn:
+                pks = list((await conn.execute(query)).scalars())
+                checkpoints = await service.repo.delete_threads(conn, pks, namespace)
+            if pks:
+                yield {"threads": len(pks), "checkpoints": checkpoints}
+            if len(pks) < batch:
+                break
+        async for deleted in delete_rows(engine, checkpoint_retention, namespace, batch):
+            yield deleted
+
+
 CAPABILITY = Capability(
     name="checkpoints",
     router=router,
@@ -54,4 +83,15 @@ CAPABILITY = Capability(
     tables=(checkpoint_threads, checkpoint_retention),
     summary="LangGraph graph state: threads, checkpoints, channel blobs and pending writes "
     "(the client's GatewayCheckpointSaver).",
+    samples=SAMPLES,
+    data=CheckpointsData(),
+    changes=(
+        Change("put", ("POST /put",)),
+        Change("writes", ("POST /writes",)),
+        Change("thread_delete", ("DELETE /threads",)),
+        Change("runs_delete", ("POST /runs/delete",)),
+        Change("thread_copy", ("POST /threads/copy",)),
+        Change("prune", ("POST /prune",), job="checkpoints-sweep"),
+        Change("retention", ("PUT /retention",)),
+    ),
 )

@@ -1,7 +1,8 @@
 """What a capability is: one descriptor that everything else reads.
 
-A capability is one package under ``app/`` (``kv``, ``records``, ...) whose ``__init__`` exports a
-``Capability``, and one line in ``app.capabilities``. From the descriptor:
+A capability is one package (``kv``, ``records``, ... under ``app/``, or a deployment's own)
+whose ``capability.py`` exports a ``Capability``, and one line in ``app.capabilities`` (or the
+``extra_capabilities`` setting). From the descriptor:
 
 - the app factory includes its router behind a gate on its name (``app.core.http.routing``), runs its
   lifecycle in the app's lifespan and its periodic tasks while the app runs (``app.main``);
@@ -10,8 +11,10 @@ A capability is one package under ``app/`` (``kv``, ``records``, ...) whose ``__
   read/write scope (GET/HEAD, or ``@accepts(read_only=True)``);
 - metrics and the access log label its requests by route template; OpenAPI documents its routes
   under its tag, described by ``summary``;
-- the shared tests (isolation matrix, scoping check) cover its ``tables``, which are also what a
-  namespace export or delete must include.
+- a database error of its own is answered as its ``errors`` say (``app.core.errors``);
+- the shared tests (``tests/capability_checks.py``) cover its ``tables`` with its ``samples``;
+- delete-namespace (and export/import, #47) walk its ``data``; the change log (#46) records its
+  ``changes``.
 
 Convention for service lifetimes: the lifecycle builds the capability's service once per process
 (the backend choice, caches, background workers); the service keeps no request state; a request's
@@ -34,6 +37,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.config import Database
 from app.core.db.databases import SQLITE_BEGIN_OPTION
+from app.core.errors import DatabaseErrorRule
+from app.core.namespace_data import NamespaceData, TableData
+from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
     from app.core.http.routing import CapabilityRouter
@@ -62,6 +68,17 @@ Lifecycle = Callable[["GatewayState"], AbstractAsyncContextManager[S]]
 """Builds the capability's service once the databases are open; cleans up on exit."""
 
 
+@dataclass(frozen=True)
+class Change:
+    """A kind of write that the change log (#46) records: its ``kind`` (``"set"``), the routes
+    that make it (``"PUT /{collection}/{key}"``: method and path under the capability's prefix),
+    and the periodic job that makes it too, if one does (``"kv-sweep"``: expiry)."""
+
+    kind: str
+    routes: tuple[str, ...] = ()
+    job: str | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class Capability(Generic[S]):
     """One capability, as the app factory, auth, the gate, OpenAPI and the shared tests see it."""
@@ -73,8 +90,16 @@ class Capability(Generic[S]):
     summary: str
     tables: tuple[Table, ...] = ()
     """Its namespaced tables: every statement on them is scoped (tests/test_scoping.py); a
-    namespace's export and delete must cover them."""
+    namespace's data is their rows unless ``data`` says more."""
     periodic: Callable[[S, GatewayState], Iterable[Periodic]] = field(default=lambda service, state: ())
+    samples: Samples = NO_SAMPLES
+    """Sample data and requests for the shared tests (``app.core.samples``)."""
+    data: NamespaceData[S] | None = None
+    """How a namespace's data is exported, imported and deleted; default: ``TableData(tables)``."""
+    changes: tuple[Change, ...] = ()
+    """Every kind of write it makes: each writing route belongs to one (tests/test_capabilities.py)."""
+    errors: tuple[DatabaseErrorRule, ...] = ()
+    """Database errors of its own answered as 4xx (tried before the gateway's own rules)."""
 
     def __post_init__(self) -> None:
         if self.router.capability != self.name:
@@ -82,6 +107,19 @@ class Capability(Generic[S]):
         for table in self.tables:
             if "namespace" not in table.c:
                 raise ValueError(f"capability {self.name!r}: table {table.name} has no namespace column")
+        if self.data is None:
+            object.__setattr__(self, "data", TableData(self.tables))
+
+    @property
+    def namespace_data(self) -> NamespaceData[S]:
+        data = self.data
+        assert data is not None  # set by __post_init__
+        return data
+
+    def samples_for(self, *needed: str) -> Samples:
+        """Its samples, which must define each of ``needed`` (else ``MissingSample`` says what to write)."""
+        self.samples.require(self.name, *needed)
+        return self.samples
 
 
 

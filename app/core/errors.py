@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -120,6 +122,12 @@ class InvalidInput(ProblemError):
             f"{field}: {message}", errors=[{"loc": loc, "msg": message}], **kwargs
         )
         self.field = field
+
+
+class OutOfRange(ProblemError):
+    """A number the database cannot hold (beyond 64-bit integers): the request, not the server."""
+
+    status, code, title = 422, "out_of_range", "Unprocessable Content"
 
 
 class TooManyRequests(ProblemError):
@@ -265,6 +273,80 @@ async def app_error_response(scope: Scope, exc: Exception) -> Response | None:
     return None
 
 
+@dataclass(frozen=True)
+class DatabaseErrorRule:
+    """A database error a capability's own statements can cause, answered as ``problem()``
+    instead of a 500 (``Capability.errors``). It matches an error by the name of a constraint
+    (a PostgreSQL error's ``constraint_name``, or the name in SQLite's message), by PostgreSQL's
+    SQLSTATE, or by a fragment of SQLite's message; each one given must match."""
+
+    problem: Callable[[], ProblemError]
+    constraint: str | None = None
+    sqlstate: str | None = None
+    sqlite_message: str | None = None
+
+    def matches(self, exc: BaseException) -> bool:
+        if self.constraint is None and self.sqlstate is None and self.sqlite_message is None:
+            return False
+        errors = list(_driver_errors(exc))
+        if self.sqlstate is not None and not any(getattr(e, "sqlstate", None) == self.sqlstate for e in errors):
+            return False
+        if self.sqlite_message is not None and not any(self.sqlite_message in _sqlite_text(e) for e in errors):
+            return False
+        if self.constraint is not None and not any(
+            getattr(e, "constraint_name", None) == self.constraint or f"failed: {self.constraint}" in _sqlite_text(e)
+            for e in errors
+        ):
+            return False
+        return True
+
+
+def _driver_errors(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the driver's error SQLAlchemy wraps, and what that one wraps (asyncpg's own)."""
+    yield exc
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else None
+    if orig is not None:
+        yield orig
+        if orig.__cause__ is not None:
+            yield orig.__cause__
+
+
+def _sqlite_text(exc: BaseException) -> str:
+    return str(exc) if getattr(exc, "sqlite_errorcode", None) is not None else ""
+
+
+INTEGER_OUT_OF_RANGE = DatabaseErrorRule(
+    lambda: OutOfRange("a number is out of range: integers are stored in 64 bits"), sqlstate="22003"
+)
+"""PostgreSQL's numeric_value_out_of_range, whichever capability's statement met it."""
+
+
+def database_problem(exc: BaseException, rules: tuple[DatabaseErrorRule, ...] = ()) -> ProblemError | None:
+    """What ``exc`` means to the client, if it is a database error ``rules`` (a capability's own,
+    tried first) or the gateway's own rules name: an integer beyond 64 bits (PostgreSQL's 22003,
+    or Python's ``OverflowError`` binding one to SQLite) is a 422 on both backends."""
+    for rule in (*rules, INTEGER_OUT_OF_RANGE):
+        if rule.matches(exc):
+            return rule.problem()
+    if any(isinstance(e, OverflowError) for e in _driver_errors(exc)):
+        return OutOfRange("a number is out of range: integers are stored in 64 bits")
+    return None
+
+
+def _rules_of(request: Request) -> tuple[DatabaseErrorRule, ...]:
+    """The error rules of the capability whose route ``request`` matched (``/v1/{namespace}/<name>/...``)."""
+    template = getattr(request.scope.get("route"), "path_format", "") or ""
+    parts = template.split("/")
+    state = getattr(request.app.state, "gateway", None)
+    if len(parts) < 4 or parts[1] != "v1" or state is None:
+        return ()
+    for capability in state.capabilities:
+        if capability.name == parts[3]:
+            rules: tuple[DatabaseErrorRule, ...] = capability.errors
+            return rules
+    return ()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Render every error, including FastAPI's own, as problem+json."""
 
@@ -294,6 +376,9 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        problem = database_problem(exc, _rules_of(request))
+        if problem is not None:
+            return render(problem, request)
         kind = disk_full_kind(exc)
         if kind is not None:  # before "unavailable": a full disk is not worth a retry in 2 s
             space = disk_space_of(request)

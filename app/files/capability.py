@@ -4,15 +4,21 @@ metadata database (chunks), an S3 bucket or a local directory (``files.backend``
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from app.core.capability import Capability, Periodic
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.capability import Capability, Change, Periodic
 from app.core.config import Database
+from app.core.http.conditions import WriteConditions
+from app.core.namespace_data import Deleted, NamespaceData
 from app.core.state import GatewayState
 from app.files.backend import backend_for
 from app.files.models import files
 from app.files.router import router
+from app.files.samples import SAMPLES
 from app.files.s3 import S3Objects
 from app.files.service import FilesService
 
@@ -47,6 +53,28 @@ def periodic(service: FilesService, state: GatewayState) -> Iterator[Periodic]:
     yield Periodic("files-sweeper", state.settings.files.sweep_interval_seconds, sweep, at_start=True)
 
 
+class FilesData(NamespaceData[FilesService]):
+    """A namespace's files: their rows and, wherever each version's bytes are (chunks, the
+    bucket, the directory), their bytes, removed as a DELETE of each file removes them."""
+
+    async def delete(
+        self, service: FilesService, engine: AsyncEngine, namespace: str, batch: int
+    ) -> AsyncGenerator[Deleted, None]:
+        query = (
+            select(files.c.collection, files.c.file_id, files.c.size)
+            .where(files.c.namespace == namespace).order_by(files.c.collection, files.c.file_id).limit(batch)
+        )
+        while True:
+            async with engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+            for row in rows:  # each in a write transaction of its own, its bytes dropped after it
+                await service.delete(namespace, row.collection, row.file_id, WriteConditions())
+            if rows:
+                yield {"files": len(rows), "bytes": sum(row.size for row in rows)}
+            if len(rows) < batch:
+                return
+
+
 CAPABILITY = Capability(
     name="files",
     router=router,
@@ -56,4 +84,10 @@ CAPABILITY = Capability(
     # file_chunks and file_uploads are keyed by ids that only a scoped files row hands out
     tables=(files,),
     summary="Streamed file uploads and downloads with Range, ETags and conditional requests.",
+    samples=SAMPLES,
+    data=FilesData(),
+    changes=(
+        Change("save", ("PUT /{collection}/{file_id}", "POST /{collection}")),
+        Change("delete", ("DELETE /{collection}/{file_id}",)),
+    ),
 )

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.capability import Capability, Periodic, in_batches
+from app.core.capability import Capability, Change, Periodic, in_batches
 from app.core.config import Database
 from app.core.state import GatewayState
 from app.core.db.statements import fixed_statements
@@ -16,6 +16,7 @@ from app.core.db.upsert import insert_builder
 from app.kv.models import kv_entries
 from app.kv.repository import KvRepository
 from app.kv.router import router
+from app.kv.samples import SAMPLES
 from app.kv.service import KvService
 
 log = logging.getLogger("app.kv")
@@ -53,4 +54,10 @@ CAPABILITY = Capability(
     periodic=periodic,
     tables=(kv_entries,),
     summary="JSON values by key in collections, with ETags, compare-and-set and optional expiry.",
+    samples=SAMPLES,
+    changes=(
+        Change("set", ("PUT /{collection}/{key}",)),
+        Change("delete", ("DELETE /{collection}/{key}",)),
+        Change("expire", job="kv-sweep"),
+    ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from app.core.capability import Capability
+from app.core.capability import Capability, Change
 from app.core.config import Database
 from app.core.state import GatewayState
 from app.core.db.statements import fixed_statements
@@ -13,6 +13,7 @@ from app.core.db.upsert import insert_builder
 from app.records.models import records
 from app.records.repository import RecordsRepository
 from app.records.router import router
+from app.records.samples import SAMPLES
 from app.records.service import RecordsService
 
 
@@ -31,4 +32,10 @@ CAPABILITY = Capability(
     lifecycle=lifecycle,
     tables=(records,),
     summary="JSON records per collection, ordered by key: batches, ordered pages with cursors, trim.",
+    samples=SAMPLES,
+    changes=(
+        Change("upsert", ("PUT /{collection}/{key}", "POST /{collection}")),
+        Change("delete", ("DELETE /{collection}/{key}",)),
+        Change("trim", ("POST /{collection}/trim",)),
+    ),
 )

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 
-from app.core.capability import Capability
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.capability import Capability, Change
 from app.core.config import Database
+from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
 from app.vectors.backend import RegistryCache
 from app.vectors.models import vector_collections, vector_idempotency
 from app.vectors.router import router
+from app.vectors.samples import SAMPLES
 from app.vectors.service import VectorService
 
 log = logging.getLogger("app.vectors")
@@ -55,6 +60,32 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
         await builder.stop()
 
 
+class VectorsData(NamespaceData[VectorService]):
+    """A namespace's collections, each with the tables and indexes of its points (dropped as a
+    DELETE of the collection drops them, one collection a transaction), and its
+    Idempotency-Key answers."""
+
+    async def delete(
+        self, service: VectorService, engine: AsyncEngine, namespace: str, batch: int
+    ) -> AsyncGenerator[Deleted, None]:
+        first = (
+            select(vector_collections.c.collection)
+            .where(vector_collections.c.namespace == namespace).order_by(vector_collections.c.collection).limit(1)
+        )
+        while True:
+            async with writer(engine).begin() as conn:
+                name = (await conn.execute(first)).scalar_one_or_none()
+                info = await service.find(conn, namespace, name, lock=True) if name is not None else None
+                points = await service.index.count(conn, info) if info is not None else 0
+                if name is not None:
+                    await service.drop(conn, namespace, name)
+            if name is None:
+                break
+            yield {"collections": 1, "points": points}
+        async for deleted in delete_rows(engine, vector_idempotency, namespace, batch):
+            yield deleted
+
+
 CAPABILITY = Capability(
     name="vectors",
     router=router,
@@ -64,4 +95,14 @@ CAPABILITY = Capability(
     # only a scoped vector_collections row hands out
     tables=(vector_collections, vector_idempotency),
     summary="Collections of vectors with JSON payloads: filtered, hybrid and batched search.",
+    samples=SAMPLES,
+    data=VectorsData(),
+    changes=(
+        Change("collection_create", ("PUT /{collection}",)),
+        Change("collection_drop", ("DELETE /{collection}",)),
+        Change("points_upsert", ("POST /{collection}/points", "PATCH /{collection}/points/{point_id}")),
+        Change("points_delete", (
+            "POST /{collection}/points/delete", "DELETE /{collection}/points/{point_id}", "POST /{collection}/reset",
+        )),
+    ),
 )
