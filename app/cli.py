@@ -167,11 +167,11 @@ def cmd_delete_namespace(args: argparse.Namespace) -> None:
     from app.core.namespace_data import delete_namespace
     from app.main import services
 
-    settings = load_settings(args.config)
     if not re.fullmatch(NAME_PATTERN, args.namespace):
         _fail(f"delete-namespace: {args.namespace!r} is not a namespace name")
     if args.batch < 1 or (args.max_batches is not None and args.max_batches < 1):
         _fail("delete-namespace: --batch and --max-batches must be at least 1")
+    settings = load_settings(args.config)
     asyncio.run(_preflight(settings, migrate_all=False))
 
     async def run() -> dict[str, object]:

@@ -3,7 +3,9 @@
 Every revision has ``upgrade_<db>()``/``downgrade_<db>()`` per database (Alembic's multidb
 layout). ``-x db=NAME`` (or ``config.attributes["db"]``) limits a run to one database; the
 gateway passes its own connection in ``config.attributes["connection"]`` when it migrates
-itself at start-up.
+itself at start-up. ``alembic revision --autogenerate [-x db=NAME] -m msg`` compares each
+database with its ``MetaData`` and writes what differs into that database's functions of the new
+revision (the ``<db>_upgrades`` / ``<db>_downgrades`` tokens of ``script.py.mako``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def run_on(connection: Connection, db: Database) -> None:
         include_object=include_object,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        upgrade_token=f"{db.value}_upgrades",
+        downgrade_token=f"{db.value}_downgrades",
     )
     with context.begin_transaction():
         context.run_migrations(engine_name=db.value)

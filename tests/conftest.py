@@ -363,7 +363,7 @@ def capability(server: Server, capability_name: str) -> Capability:
 def capabilities_under_test(request: pytest.FixtureRequest, server: Server) -> tuple[Capability, ...]:
     """Every capability the module's shared tests check (see ``under_test``), as served."""
     served = {c.name: c for c in server.capabilities}
-    return tuple(served[name] for name in under_test(request.module))
+    return tuple(served[name] for name in request.param)
 
 
 @pytest.fixture
@@ -428,6 +428,9 @@ def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001
         metafunc.definition.add_marker(pytest.mark.parametrize("backend", marker.args, indirect=True))
     if "capability_name" in metafunc.fixturenames:  # a shared test: once per capability under test
         metafunc.parametrize("capability_name", under_test(metafunc.module))
+    if "capabilities_under_test" in metafunc.fixturenames:  # named in the id, for -k
+        names = under_test(metafunc.module)
+        metafunc.parametrize("capabilities_under_test", [names], ids=["+".join(names)], indirect=True)
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001

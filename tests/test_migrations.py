@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
 
 import app.models  # noqa: F401
 from app.core.config import Database, Settings
@@ -181,3 +183,63 @@ def test_text_collections_are_indexed_again_by_0009(fresh_backend: Backend, tmp_
     more, _ = asyncio.run(gateway({"z": "zeppelin"}))
     expected = reference({**texts, "z": "zeppelin"}, "zeppelin garden")
     assert {p: s for p, s in more.items() if s > 0} == pytest.approx({p: s for p, s in expected.items() if s > 0})
+
+
+# What a new capability's table looks like to autogenerate, registered only in the subprocess.
+PROBE = """
+import sys
+import sqlalchemy as sa
+from alembic.config import main
+from app.core.config import Database
+from app.core.db.tables import METADATA
+
+sa.Table(
+    "autogen_probe", METADATA[Database.checkpoints],
+    sa.Column("namespace", sa.String(128), primary_key=True),
+    sa.Column("n", sa.BigInteger(), nullable=False),
+)
+main(argv=sys.argv[1:], prog="alembic")
+"""
+
+
+def test_autogenerate_writes_a_new_table_into_its_database(fresh_backend: Backend, tmp_path: Path) -> None:
+    """``alembic revision --autogenerate -x db=checkpoints`` writes the table a capability added
+    into ``upgrade_checkpoints()`` / ``downgrade_checkpoints()`` of the new revision, and nothing
+    into the other databases' functions; the revision then runs both ways."""
+    alembic(fresh_backend, "-x", "db=checkpoints", "upgrade", "head")
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    ini = tmp_path / "alembic.ini"  # the repository's, with the new revision kept out of the tree
+    ini.write_text((ROOT / "alembic.ini").read_text().replace(
+        "script_location = %(here)s/migrations",
+        f"script_location = {ROOT / 'migrations'}\nversion_locations = {ROOT / 'migrations' / 'versions'} {versions}",
+    ).replace("path_separator = os", "path_separator = space"))
+    args = ["-c", str(ini), "-x", "db=checkpoints", "revision", "--autogenerate", "-m", "probe",
+            "--rev-id", "probe", "--version-path", str(versions)]
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], cwd=ROOT, env=gateway_env(fresh_backend),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    [written] = versions.glob("probe_*.py")
+    source = written.read_text()
+    functions = dict(re.findall(r"\ndef (\w+)\(\) -> None:\n(.*?)(?=\n\n\ndef |\Z)", source, flags=re.S))
+    assert "op.create_table('autogen_probe'" in functions["upgrade_checkpoints"], source
+    assert "op.drop_table('autogen_probe')" in functions["downgrade_checkpoints"], source
+    for db in ("metadata", "vectors"):
+        assert functions[f"upgrade_{db}"].strip() == "pass" and functions[f"downgrade_{db}"].strip() == "pass", source
+    alembic(fresh_backend, "-c", str(ini), "-x", "db=checkpoints", "upgrade", "head")
+    assert asyncio.run(revisions(fresh_backend))["checkpoints"] == "probe"
+    assert "autogen_probe" in asyncio.run(table_names(fresh_backend, Database.checkpoints))
+    alembic(fresh_backend, "-c", str(ini), "-x", "db=checkpoints", "downgrade", "-1")
+    assert asyncio.run(revisions(fresh_backend))["checkpoints"] == head_revision()
+    assert "autogen_probe" not in asyncio.run(table_names(fresh_backend, Database.checkpoints))
+
+
+async def table_names(backend: Backend, db: Database) -> list[str]:
+    dbs = Databases.open(settings_for(backend))
+    try:
+        async with dbs.engine(db).connect() as conn:
+            return await conn.run_sync(lambda sync: inspect(sync).get_table_names())
+    finally:
+        await dbs.close()

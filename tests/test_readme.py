@@ -1,10 +1,13 @@
-"""The README is a contract with newcomers: its curl examples work as printed, and its
-configuration table lists every setting the code has."""
+"""The README is a contract with newcomers: its snippets run as printed, in order, against a
+gateway started as `make run` starts it (SQLite, no keys on loopback): the curl examples first,
+then each Python snippet as a script; and its configuration table lists every setting the code
+has."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from app.core.ops.settings_doc import rows
@@ -15,6 +18,10 @@ README = (ROOT / "README.md").read_text()
 
 def shell_blocks() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", README, flags=re.S)
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def curl_lines() -> list[str]:
@@ -29,9 +36,11 @@ def test_every_setting_is_in_the_configuration_table() -> None:
         assert f"| `{yaml_key}` | `{env}` |" in README, f"README misses {env}"
 
 
-def test_curl_examples_work_as_printed(tmp_path: Path) -> None:
+def test_snippets_run_as_printed_in_order(tmp_path: Path) -> None:
     commands = curl_lines()
     assert len(commands) >= 12
+    scripts = python_blocks()
+    assert len(scripts) == 2
     backend = Backend("sqlite", {"GATEWAY_DATA_DIR": str(tmp_path)})
     server = start_server(backend, tmp_path / "log", GATEWAY_AUTH__MODE="disabled")
     port = server.url.rsplit(":", 1)[1]
@@ -47,5 +56,13 @@ def test_curl_examples_work_as_printed(tmp_path: Path) -> None:
             ["curl", "-s", f"127.0.0.1:{port}/v1/my_plugin/files/docs/readme.md"], capture_output=True, timeout=30
         ).stdout
         assert out == (ROOT / "README.md").read_bytes()
+        outputs = []
+        for n, script in enumerate(scripts):
+            path = tmp_path / f"snippet{n}.py"
+            path.write_text(script.replace("localhost:8000", f"127.0.0.1:{port}"))
+            result = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert result.returncode == 0, (script, result.stdout, result.stderr)
+            outputs.append(result.stdout)
+        assert outputs == ["dark 2 ['m1']\n", "{'answer': 'yes'}\n3 checkpoints\n"], outputs
     finally:
         stop_server(server)

@@ -164,6 +164,19 @@ async def in_batches(engine: AsyncEngine, step: Callable[[AsyncConnection], Awai
             return
 
 
+async def create_tables(state: GatewayState, database: Database, *tables: Table) -> None:
+    """Create ``tables`` in ``database`` where they do not exist yet: the migration of a capability
+    kept outside the gateway's tree (its tables on a ``MetaData`` of its own, which the gateway's
+    Alembic revisions do not know), run by its lifecycle. One gateway process at a time should
+    start with a new table (PostgreSQL: two racing ``CREATE TABLE`` statements, one fails)."""
+    engine = state.databases.engine(database)
+    # IMMEDIATE: another gateway on the same SQLite files may be writing (a deferred transaction
+    # that read the schema could not then take the write lock: SQLITE_BUSY without waiting)
+    async with engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}).begin() as conn:
+        for table in tables:
+            await conn.run_sync(table.create, checkfirst=True)
+
+
 def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[Any], ...]:
     """The capabilities in order, refusing a bad name or two with one name (gates would shadow)."""
     out: dict[str, Capability[Any]] = {}

@@ -26,7 +26,19 @@ S3_MAX_PARTS = 10_000  # parts of one S3 multipart upload
 
 
 class Database(StrEnum):
-    """The three databases of the seed's multi-database layout."""
+    """The three databases of the seed's multi-database layout, and what each holds.
+
+    - ``metadata``: kv values, files (their rows, and their bytes when ``files.backend`` is
+      ``database``) and API keys;
+    - ``vectors``: vector collections, one table of points each, and Idempotency-Key answers;
+    - ``checkpoints``: LangGraph checkpoints (threads, checkpoints, channel values, pending
+      writes) and records.
+
+    Records live in the checkpoints database because the product contract puts them there
+    (CONTRACT.md section 1, after the seed's layout), so an operator's three databases stay the
+    ones the seed names; a capability's ``database`` says where it lives
+    (``app.core.capability``).
+    """
 
     metadata = "metadata"
     vectors = "vectors"

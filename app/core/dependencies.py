@@ -101,7 +101,8 @@ def _connection(
 # searches run on the driver connection, so it sends nothing.
 MetadataStatement = Annotated[StatementConnection, _connection(Database.metadata, single_statement=True)]
 # A kv batch (get, set or delete many): its statements' shapes depend on how many keys it names
-# (an expanding IN, an executemany), so it runs through SQLAlchemy in one transaction.
+# (an expanding IN, an executemany), so it runs through SQLAlchemy in one transaction; so does a
+# capability written as plain SQLAlchemy (tests/counters).
 MetadataConnection = Annotated[AsyncConnection, _connection(Database.metadata)]
 MetadataReadConnection = Annotated[AsyncConnection, _connection(Database.metadata, read_only=True)]
 CheckpointsStatement = Annotated[StatementConnection, _connection(Database.checkpoints, single_statement=True)]
