@@ -17,7 +17,7 @@ from sqlalchemy import inspect
 import app.models  # noqa: F401
 from app.core.config import Database, Settings
 from app.core.db.databases import Databases
-from app.core.db.migrations import current_revision, head_revision, include_object
+from app.core.db.migrations import current_revision, head_revision, include_object, upgrade
 from app.core.db.tables import METADATA
 from tests.conftest import ROOT, Backend, gateway_env, start_server, stop_server
 
@@ -206,7 +206,7 @@ def test_autogenerate_writes_a_new_table_into_its_database(fresh_backend: Backen
     """``alembic revision --autogenerate -x db=checkpoints`` writes the table a capability added
     into ``upgrade_checkpoints()`` / ``downgrade_checkpoints()`` of the new revision, and nothing
     into the other databases' functions; the revision then runs both ways."""
-    alembic(fresh_backend, "-x", "db=checkpoints", "upgrade", "head")
+    asyncio.run(upgrade_one(fresh_backend, Database.checkpoints))
     versions = tmp_path / "versions"
     versions.mkdir()
     ini = tmp_path / "alembic.ini"  # the repository's, with the new revision kept out of the tree
@@ -234,6 +234,14 @@ def test_autogenerate_writes_a_new_table_into_its_database(fresh_backend: Backen
     alembic(fresh_backend, "-c", str(ini), "-x", "db=checkpoints", "downgrade", "-1")
     assert asyncio.run(revisions(fresh_backend))["checkpoints"] == head_revision()
     assert "autogen_probe" not in asyncio.run(table_names(fresh_backend, Database.checkpoints))
+
+
+async def upgrade_one(backend: Backend, db: Database) -> None:
+    dbs = Databases.open(settings_for(backend))
+    try:
+        await upgrade(dbs, db)
+    finally:
+        await dbs.close()
 
 
 async def table_names(backend: Backend, db: Database) -> list[str]:

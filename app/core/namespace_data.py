@@ -105,7 +105,7 @@ async def export_table(conn: AsyncConnection, table: Table, namespace: str, batc
         query = select(*columns).where(table.c.namespace == namespace).order_by(*key).limit(batch)
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
-        rows = [dict(row._mapping) for row in await conn.execute(query)]
+        rows = [dict(row) for row in (await conn.execute(query)).mappings()]
         if not rows:
             return
         yield Rows(table.name, tuple(rows))
