@@ -6,7 +6,6 @@ trips, and the chat history's order across concurrent writers and two processes,
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import hashlib
 import math
@@ -258,20 +257,6 @@ async def test_two_processes_write_one_session_in_order(gw: GatewayClient, serve
     batches = [tuple(rest[i:i + 2]) for i in range(0, 80, 2)]
     for who in (0, 1):  # each batch whole, each process's batches in its order
         assert [b for b in batches if b[0].startswith(f"{who} ")] == [(f"{who} {b} 0", f"{who} {b} 1") for b in range(20)]
-
-
-async def test_the_readme_example_runs_as_printed(server: Server, namespace: str) -> None:
-    """The README's LangChain block, run as printed (top-level ``await``) against the test
-    gateway: its URL, namespace and key are the only things changed."""
-    readme = (ROOT / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "GatewayVectorStore" in b]
-    source = block.replace('"http://localhost:8000", namespace="my_plugin"', f'{server.url!r}, namespace={namespace!r}, api_key={ADMIN_KEY!r}')
-    assert source != block
-    scope: dict[str, object] = {}
-    await eval(compile(source, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), scope)
-    assert [(d.page_content, d.metadata) for d in scope["found"]] == [("tea is green", {"topic": "tea", "year": 2024})]  # type: ignore[attr-defined]
-    assert scope["values"] == [b"\x00\x01", b"bytes", None]
-    assert [(m.type, m.content) for m in scope["messages"]] == [("human", "hi"), ("ai", "hello!")]  # type: ignore[attr-defined]
 
 
 async def test_the_async_methods_never_go_through_an_executor(gw: GatewayClient, monkeypatch: pytest.MonkeyPatch) -> None:

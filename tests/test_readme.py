@@ -16,6 +16,14 @@ from tests.conftest import ROOT, Backend, start_server, stop_server
 README = (ROOT / "README.md").read_text()
 
 
+# What each Python snippet prints, in the README's order.
+EXPECTED_OUTPUTS = [
+    "dark 2 ['m1']\n",
+    "{'answer': 'yes'}\n3 checkpoints\n",
+    "tea is green {'topic': 'tea', 'year': 2024} [b'\\x00\\x01', b'bytes', None] ['hi', 'hello!']\n",
+]
+
+
 def shell_blocks() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", README, flags=re.S)
 
@@ -40,7 +48,7 @@ def test_snippets_run_as_printed_in_order(tmp_path: Path) -> None:
     commands = curl_lines()
     assert len(commands) >= 12
     scripts = python_blocks()
-    assert len(scripts) == 2
+    assert len(scripts) == len(EXPECTED_OUTPUTS)
     backend = Backend("sqlite", {"GATEWAY_DATA_DIR": str(tmp_path)})
     server = start_server(backend, tmp_path / "log", GATEWAY_AUTH__MODE="disabled")
     port = server.url.rsplit(":", 1)[1]
@@ -63,6 +71,6 @@ def test_snippets_run_as_printed_in_order(tmp_path: Path) -> None:
             result = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
             assert result.returncode == 0, (script, result.stdout, result.stderr)
             outputs.append(result.stdout)
-        assert outputs == ["dark 2 ['m1']\n", "{'answer': 'yes'}\n3 checkpoints\n"], outputs
+        assert outputs == EXPECTED_OUTPUTS, outputs
     finally:
         stop_server(server)

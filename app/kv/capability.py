@@ -56,8 +56,8 @@ CAPABILITY = Capability(
     summary="JSON values by key in collections, with ETags, compare-and-set and optional expiry.",
     samples=SAMPLES,
     changes=(
-        Change("set", ("PUT /{collection}/{key}",)),
-        Change("delete", ("DELETE /{collection}/{key}",)),
+        Change("set", ("PUT /{collection}/{key}", "POST /{collection}")),
+        Change("delete", ("DELETE /{collection}/{key}", "POST /{collection}/delete")),
         Change("expire", job="kv-sweep"),
     ),
 )
