@@ -413,7 +413,7 @@ HTTPX_TRANSPORT_BACKEND = "sqlite"
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001
-    # A second statement on a single-statement connection raises (app.core.db.statements), in the
+    # A second statement on a single-statement connection raises (app.core.fast.fixed_statements), in the
     # test process and in every gateway process the tests start; not in the benches.
     os.environ.setdefault("GATEWAY_STRICT_STATEMENTS", "1")
 

@@ -13,7 +13,6 @@ import ast
 import dataclasses
 import gc
 import inspect
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +35,7 @@ def parameters(function: Any) -> list[str]:
 
 
 def test_fastapi_dependant_has_exactly_the_fields_planning_knows() -> None:
-    """``app.core.http.planning`` plans an allow-list of these; a new one must be looked at."""
+    """``app.core.fast.plans`` plans an allow-list of these; a new one must be looked at."""
     from fastapi.dependencies.models import Dependant
 
     assert dataclasses.is_dataclass(Dependant)
@@ -101,41 +100,6 @@ def test_fastapi_model_field_has_what_a_plan_reads() -> None:
     info = field.field_info
     assert info.in_.value == "query" and callable(info.is_required) and hasattr(info, "validate_default")
     assert field.validate("v", {}, loc=("query", "q")) == ("v", [])
-
-
-def test_fastapi_names_the_included_route_while_building_its_handler() -> None:
-    """``_effective_route_context_var``: set to the included route (prefix, router dependencies,
-    ``original_route``) while ``include_router`` calls ``get_route_handler()`` without arguments."""
-    import fastapi.routing
-
-    assert isinstance(fastapi.routing._effective_route_context_var, ContextVar)
-    assert parameters(APIRoute.get_route_handler) == ["self"]
-    seen: list[Any] = []
-
-    class Recording(APIRoute):
-        def get_route_handler(self) -> Any:
-            seen.append(fastapi_.included_route(self))
-            return super().get_route_handler()
-
-    async def dep() -> None:
-        return None
-
-    router = APIRouter(route_class=Recording)
-
-    @router.get("/x")
-    async def endpoint() -> Response:
-        return Response()
-
-    app = FastAPI()
-    app.include_router(router, prefix="/v1", dependencies=[Depends(dep)])
-    assert seen == [None]  # declared on the router: no inclusion yet
-    from fastapi.testclient import TestClient
-
-    assert TestClient(app).get("/v1/x").status_code == 200  # FastAPI builds included handlers lazily
-    included = [s for s in seen if s is not None]
-    assert included, "include_router no longer names the route it builds a handler for"
-    assert included[0].path_format == "/v1/x" and included[0].original_route is router.routes[0]
-    assert any(sub.call is dep for sub in included[0].dependant.dependencies)
 
 
 # --- starlette ----------------------------------------------------------------------------
@@ -287,12 +251,13 @@ async def test_sqlalchemy_asyncpg_adapter_raises_the_dbapi_error_for_an_asyncpg_
 
     from app.core.config import Database
     from app.core.db.databases import Databases
+    from app.core.fast.one_statement import borrow_driver_connection
     from app.core.fences.sqlalchemy_ import close_pooled, raise_as_dbapi_error
     from tests.test_migrations import settings_for
 
     databases = Databases.open(settings_for(backend))
     try:
-        conn = await databases.borrow_driver_connection(Database.metadata)
+        conn = await borrow_driver_connection(databases.engine(Database.metadata))
         assert conn is not None
         dbapi = databases.engine(Database.metadata).dialect.loaded_dbapi
         with pytest.raises(dbapi.Error) as raised:
@@ -321,20 +286,21 @@ async def test_sqlalchemy_pool_invalidate_recycles_older_connections(backend: Ba
     """``recycle_pool_generation``: a connection opened before it is not lent out again."""
     from app.core.config import Database
     from app.core.db.databases import Databases
+    from app.core.fast.one_statement import borrow_driver_connection
     from app.core.fences.sqlalchemy_ import close_pooled, recycle_pool_generation
     from tests.test_migrations import settings_for
 
     databases = Databases.open(settings_for(backend))
     try:
-        first = await databases.borrow_driver_connection(Database.metadata)
+        first = await borrow_driver_connection(databases.engine(Database.metadata))
         assert first is not None
         driver = first.driver_connection
         await close_pooled(first)  # back in the pool
-        second = await databases.borrow_driver_connection(Database.metadata)
+        second = await borrow_driver_connection(databases.engine(Database.metadata))
         assert second is not None and second.driver_connection is driver  # the pool lends it again
         recycle_pool_generation(second, RuntimeError("disconnect"))
         await close_pooled(second)
-        third = await databases.borrow_driver_connection(Database.metadata)
+        third = await borrow_driver_connection(databases.engine(Database.metadata))
         assert third is not None and third.driver_connection is not driver
         await close_pooled(third)
     finally:
@@ -358,20 +324,21 @@ def test_sqlalchemy_ddl_if_is_stored_where_the_fence_reads_it() -> None:
 
 @pytest.mark.postgres_only  # SQLite has no driver path
 async def test_asyncpg_refuses_a_value_it_cannot_encode_with_a_public_sqlstate_22_error(backend: Backend) -> None:
-    """What ``app.core.db.statements`` once told apart with the private ``asyncpg.exceptions._base
+    """What ``app.core.fast.fixed_statements`` once told apart with the private ``asyncpg.exceptions._base
     .DataError``: asyncpg raises the public ``asyncpg.exceptions.DataError`` (a PostgresError,
     SQLSTATE 22000) before sending anything, so the connection is not suspect and stays usable."""
     import asyncpg
 
     from app.core.config import Database
     from app.core.db.databases import Databases
+    from app.core.fast.fixed_statements import _connection_suspect
+    from app.core.fast.one_statement import borrow_driver_connection
     from app.core.fences.sqlalchemy_ import close_pooled
-    from app.core.db.statements import _connection_suspect
     from tests.test_migrations import settings_for
 
     databases = Databases.open(settings_for(backend))
     try:
-        conn = await databases.borrow_driver_connection(Database.metadata)
+        conn = await borrow_driver_connection(databases.engine(Database.metadata))
         assert conn is not None
         with pytest.raises(asyncpg.PostgresError) as raised:
             await conn.driver_connection.fetchrow("SELECT $1::int", "not a number")

@@ -99,7 +99,7 @@ async def test_a_missing_file_is_a_503_never_other_bytes(server: object, backend
 def test_a_download_reads_its_row_on_the_loops_thread_when_bytes_are_in_files(
     server: object, backend: Backend, namespace: str
 ) -> None:
-    """Files outside the database: the row alone is read inline (``app.core.db.inline``, no
+    """Files outside the database: the row alone is read inline (``app.core.fast.inline_sqlite``, no
     hand-off to aiosqlite's thread); chunks in the database are never read inline."""
     from tests.test_inline_reads import moved, outcomes
 
@@ -118,10 +118,10 @@ def test_an_uploads_version_swap_commits_on_the_loops_thread_when_bytes_are_outs
     server: object, backend: Backend, namespace: str
 ) -> None:
     """On SQLite with file bytes outside the database, the swap of a new version (read the row,
-    check the conditions, write the row) is one inline transaction (``app.core.db.inline``):
+    check the conditions, write the row) is one inline transaction (``app.core.fast.inline_sqlite``):
     SQLite's write lock is never held across an ``await``. A refused condition changes nothing;
     a lock held elsewhere sends the swap through the pool, which waits for it."""
-    from app.core.db.inline import LOCK_TRIES
+    from app.core.fast.inline_sqlite import LOCK_TRIES
     from app.core.db.sqlite import SQLITE
     from tests.test_inline_reads import write_outcomes
 

@@ -15,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.core.config import Settings
-from app.core.db import statements
+from app.core.fast import fixed_statements as statements
 from app.files.backend import backend_for
 from app.files.s3 import ObjectMissing, S3Objects
 from app.files.service import FilesService

@@ -1,9 +1,9 @@
-"""Planned route handlers (``app.core.http.planning``) answer exactly as FastAPI's own would.
+"""Planned route handlers (``app.core.fast.plans``) answer exactly as FastAPI's own would.
 
-The same endpoints are served twice, by a router of ``PlannedRoute``s and by a plain FastAPI
-router, and every answer (values, 422 problem details, headers) must be identical; then the
-gateway's own hot routes must really be planned, since that is what the kv/records benchmark
-relies on.
+The same endpoints are served twice, marked ``@fast`` behind a capability gate and by a plain
+FastAPI router, and every answer (values, 422 problem details, headers) must be identical; then
+the gateway's own hot routes must really be planned, and no other, since that is what the
+benchmarks rely on and what a plain capability's author is promised.
 """
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, R
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from app.auth.ratelimit import RateLimiter
+from app.core.config import Settings
 from app.core.errors import InvalidInput, install_error_handlers
-from app.core.http.planning import served_by_fastapi
-from app.core.http.routing import CapabilityRouter, PlannedRoute, UnplannedRoute
+from app.core.fast import fast
+from app.core.fast.plans import FastPathRefused
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter, GatewayRoute, include_capability
+from app.core.state import GatewayState
 from app.main import create_app
 
 CALLS: list[str] = []
@@ -50,7 +55,8 @@ async def tagged(x_tag: Annotated[str | None, Header()] = None) -> str | None:
 
 
 def endpoints(router: APIRouter) -> None:
-    @router.get("/items/{ns}/{key}")
+    @router.get("/{ns}/{key}")
+    @fast()
     async def get_item(
         ns: Annotated[str, Path(pattern=r"^[a-z]+$")],
         k: Annotated[str, Depends(key)],
@@ -68,48 +74,58 @@ def endpoints(router: APIRouter) -> None:
             "color": color, "flag": flag, "ratio": ratio, "method": request.method,
         })
 
-    class Body(BaseModel):
+    class Item(BaseModel):
         n: int
 
     @router.post("/bodies/{ns}")
-    @served_by_fastapi("a body")
-    async def with_body(ns: str, body: Body) -> Response:  # a body: FastAPI's handler serves it
-        return JSONResponse({"ns": ns, "n": body.n})
+    @accepts(Body.JSON)
+    @fast()
+    async def with_body(ns: str, body: Item, tag: Annotated[str | None, Depends(tagged)]) -> Response:
+        return JSONResponse({"ns": ns, "n": body.n, "tag": tag})
 
     @router.get("/models/{ns}")
-    @served_by_fastapi("returns a model")
-    async def returns_model(ns: str) -> dict:  # not a Response: FastAPI's handler serves it
+    async def returns_model(ns: str) -> dict:  # plain: FastAPI's handler serves it
         return {"ns": ns}
 
 
-def make_app(route_class: type) -> FastAPI:
+async def allow(request: Request, gate: str, reads: bool) -> None:
+    return None
+
+
+def make_app(gated: bool) -> FastAPI:
+    """The endpoints behind a capability gate (``@fast`` routes planned), or on a plain FastAPI router."""
     app = FastAPI()
     install_error_handlers(app)
-    router = APIRouter(route_class=route_class)
-    endpoints(router)
-    app.include_router(router, prefix="/v1", dependencies=[Depends(counted)])
+    if gated:
+        app.state.gateway = GatewayState(settings=Settings(), capabilities=(), rate_limiter=RateLimiter(0, 1))
+        router = CapabilityRouter("items", dependencies=[Depends(counted)])
+        endpoints(router)
+        include_capability(app, router, "/v1/{namespace}", allow)
+    else:
+        plain = APIRouter(prefix="/items", dependencies=[Depends(counted)])
+        endpoints(plain)
+        app.include_router(plain, prefix="/v1/{namespace}")
     return app
 
 
 REQUESTS = [
-    ("GET", "/v1/items/abc/key1", {}),
-    ("GET", "/v1/items/abc/key1?limit=10&color=blue&flag=yes&ratio=0.5", {"x-tag": "t1"}),
-    ("GET", "/v1/items/abc/key1?limit=0", {}),
-    ("GET", "/v1/items/abc/key1?limit=11&color=green&flag=maybe&ratio=-1", {}),
-    ("GET", "/v1/items/ABC/k", {}),
-    ("GET", "/v1/items/abc/forbidden", {}),
-    ("GET", "/v1/items/abc/key1?limit=abc", {}),
-    ("POST", "/v1/items/abc/key1", {}),
-    ("POST", "/v1/bodies/abc", {"content-type": "application/json"}),
-    ("GET", "/v1/models/abc", {}),
+    ("GET", "/v1/x/items/abc/key1", {}),
+    ("GET", "/v1/x/items/abc/key1?limit=10&color=blue&flag=yes&ratio=0.5", {"x-tag": "t1"}),
+    ("GET", "/v1/x/items/abc/key1?limit=0", {}),
+    ("GET", "/v1/x/items/abc/key1?limit=11&color=green&flag=maybe&ratio=-1", {}),
+    ("GET", "/v1/x/items/ABC/k", {}),
+    ("GET", "/v1/x/items/abc/forbidden", {}),
+    ("GET", "/v1/x/items/abc/key1?limit=abc", {}),
+    ("POST", "/v1/x/items/bodies/abc", {"content-type": "application/json", "x-tag": "t2"}),
+    ("GET", "/v1/x/items/models/abc", {}),
 ]
 
 
 @pytest.mark.parametrize(("method", "url", "headers"), REQUESTS)
 async def test_planned_answers_equal_fastapis(method: str, url: str, headers: dict) -> None:
     answers = []
-    for route_class in (PlannedRoute, APIRouter().route_class):
-        app = make_app(route_class)
+    for gated in (True, False):
+        app = make_app(gated)
         CALLS.clear()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             content = b'{"n": 3}' if method == "POST" else None
@@ -122,31 +138,38 @@ async def test_planned_answers_equal_fastapis(method: str, url: str, headers: di
 
 
 def planned_paths(app: FastAPI) -> set[tuple[str, str]]:
-    """(method, path) of every planned route: included ones (FastAPI's effective route
-    contexts) and the capabilities' own (``CapabilityRoutes``)."""
+    """(method, path) of every planned route (the capabilities' gates hold them)."""
     found = set()
     for route in app.router.routes:
-        candidates = [*getattr(route, "effective_route_contexts", list)(), *getattr(route, "routes", [])]
-        for context in candidates:
+        for context in getattr(route, "routes", []):
             if getattr(context, "planned", False):
                 found |= {(m, context.path_format) for m in context.methods}
     return found
 
 
-def test_the_test_app_plans_only_what_it_supports() -> None:
-    assert planned_paths(make_app(PlannedRoute)) == {("GET", "/v1/items/{ns}/{key}")}
-    assert planned_paths(make_app(APIRouter().route_class)) == set()
+def test_the_test_app_plans_only_what_is_marked() -> None:
+    assert planned_paths(make_app(True)) == {
+        ("GET", "/v1/{namespace}/items/{ns}/{key}"), ("POST", "/v1/{namespace}/items/bodies/{ns}"),
+    }
+    assert planned_paths(make_app(False)) == set()
 
 
-def test_the_gateways_kv_and_records_routes_are_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+HOT = {
+    *{(m, "/v1/{namespace}/kv/{collection}/{key}") for m in ("GET", "PUT", "DELETE")},
+    *{(m, "/v1/{namespace}/records/{collection}/{key}") for m in ("GET", "PUT", "DELETE")},
+    ("GET", "/v1/{namespace}/kv/{collection}"),
+    ("GET", "/v1/{namespace}/records/{collection}"),
+    ("POST", "/v1/{namespace}/vectors/{collection}/search"),
+    *{("POST", f"/v1/{{namespace}}/checkpoints/{p}") for p in ("put", "writes", "search")},
+    ("GET", "/v1/{namespace}/checkpoints/tuple"),
+}
+
+
+def test_the_gateways_hot_routes_are_planned_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
-    planned = planned_paths(create_app())
-    for method in ("GET", "PUT", "DELETE"):
-        assert (method, "/v1/{namespace}/kv/{collection}/{key}") in planned
-        assert (method, "/v1/{namespace}/records/{collection}/{key}") in planned
-    assert ("GET", "/v1/{namespace}/kv/{collection}") in planned
-    assert ("GET", "/v1/{namespace}/records/{collection}") in planned
-    assert isinstance(CapabilityRouter("kv").route_class(path="/x", endpoint=plain), PlannedRoute)
+    assert planned_paths(create_app()) == HOT
+    monkeypatch.setenv("GATEWAY_FAST_PATHS__PLANS", "false")
+    assert planned_paths(create_app(Settings())) == set()
 
 
 async def plain() -> Response:
@@ -161,37 +184,44 @@ def sync_dependency() -> int:
     return 1
 
 
-def test_a_route_that_cannot_be_planned_fails_when_declared_unless_it_opts_out() -> None:
-    router = CapabilityRouter("t")
+def test_a_fast_route_that_cannot_be_planned_fails_at_start_up_and_a_plain_one_is_served() -> None:
+    def app_with(declare: object) -> FastAPI:
+        app = FastAPI()
+        app.state.gateway = GatewayState(settings=Settings(), capabilities=(), rate_limiter=RateLimiter(0, 1))
+        router = CapabilityRouter("t")
+        declare(router)  # type: ignore[operator]
+        include_capability(app, router, "/v1/{namespace}", allow)
+        return app
 
-    with pytest.raises(UnplannedRoute, match=r"\['POST'\] /t/a cannot be planned: .*body_params.*@served_by_fastapi"):
-        @router.post("/a")
-        async def takes_a_body(body: TBody) -> Response:
-            return Response()
-
-    with pytest.raises(UnplannedRoute, match=r"/t/b cannot be planned: .*does not return a Response"):
+    def returns_a_dict(router: APIRouter) -> None:
         @router.get("/b")
+        @fast()
         async def returns_a_dict() -> dict:
             return {}
 
-    with pytest.raises(UnplannedRoute, match=r"/t/c cannot be planned: .*sync_dependency is not an async function"):
+    def uses_a_sync_dependency(router: APIRouter) -> None:
         @router.get("/c")
+        @fast()
         async def uses_a_sync_dependency(n: Annotated[int, Depends(sync_dependency)]) -> Response:
             return Response()
 
-    @router.post("/d")
-    @served_by_fastapi("a body")
-    async def opts_out(body: TBody) -> Response:
-        return Response()
+    def plain_routes(router: APIRouter) -> None:
+        @router.post("/d")
+        @accepts(Body.JSON)
+        async def takes_a_body(body: TBody) -> dict:
+            return {"n": body.n}
 
-    with pytest.raises(UnplannedRoute, match=r"/t/e is marked @served_by_fastapi\('stale'\) but can be planned"):
         @router.get("/e")
-        @served_by_fastapi("stale")
-        async def could_be_planned() -> Response:
-            return Response()
+        async def uses_a_sync_dependency(n: Annotated[int, Depends(sync_dependency)]) -> dict:
+            return {"n": n}
 
-    served = {r.path: r.planned for r in router.routes if isinstance(r, PlannedRoute)}
-    assert served == {"/t/d": False}
+    with pytest.raises(FastPathRefused, match=r"\['GET'\] /v1/\{namespace\}/t/b is marked @fast but cannot be planned: .*does not return a Response.*Remove @fast"):
+        app_with(returns_a_dict)
+    with pytest.raises(FastPathRefused, match=r"/t/c is marked @fast but cannot be planned: .*sync_dependency is not an async function"):
+        app_with(uses_a_sync_dependency)
+    app = app_with(plain_routes)
+    served = {r.path: r.planned for gate in app.router.routes for r in getattr(gate, "routes", []) if isinstance(r, GatewayRoute)}
+    assert served == {"/v1/{namespace}/t/d": False, "/v1/{namespace}/t/e": False}
 
 
 def test_planning_is_an_allow_list_of_dependant_fields() -> None:
@@ -199,7 +229,7 @@ def test_planning_is_an_allow_list_of_dependant_fields() -> None:
     import dataclasses
 
     from app.core.fences.fastapi_ import Dependant
-    from app.core.http.planning import unplannable_because
+    from app.core.fast.plans import unplannable_because
 
     assert unplannable_because(Dependant(call=plain)) is None
     Newer = dataclasses.make_dataclass("Newer", [("extra", list, dataclasses.field(default_factory=list))], bases=(Dependant,))
@@ -207,34 +237,21 @@ def test_planning_is_an_allow_list_of_dependant_fields() -> None:
     assert unplannable_because(Newer(call=plain, extra=[1])) == "plain uses extra"
 
 
-def test_every_gateway_route_is_planned_or_opts_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    """create_app() succeeding is the check; here, which ones opt out (each says why)."""
-    from app.core.http.planning import opted_out
-    from app.core.http.routing import api_routes
-
-    monkeypatch.setenv("GATEWAY_AUTH__MODE", "disabled")
-    routes = [r for r in api_routes(create_app().router.routes) if isinstance(r, PlannedRoute)]
-    assert routes and all(r.planned != bool(opted_out(r.endpoint)) for r in routes)
-    planned = planned_paths(create_app())
-    for method in ("GET", "HEAD", "PUT", "DELETE"):  # files routes too, now that their service dependency is async
-        assert (method, "/v1/{namespace}/files/{collection}/{file_id}") in planned
-
-
 def test_a_dependency_runs_once_per_request_and_not_after_its_parameters_failed() -> None:
     import asyncio
 
     async def run() -> list[str]:
-        app = make_app(PlannedRoute)
+        app = make_app(True)
         CALLS.clear()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
-            ok = await http.get("/v1/items/abc/key1")
+            ok = await http.get("/v1/x/items/abc/key1")
             assert ok.status_code == 200 and ok.json()["both"] == "counted:KEY1"
             calls = list(CALLS)
-            bad = await http.get("/v1/items/abc/k")  # key too short: uses_counted_and_key is not called
+            bad = await http.get("/v1/x/items/abc/k")  # key too short: uses_counted_and_key is not called
             assert bad.status_code == 422
         return calls
 
-    assert asyncio.run(run()) == ["/v1/items/abc/key1"]  # router-level, endpoint and nested uses: one call
+    assert asyncio.run(run()) == ["/v1/x/items/abc/key1"]  # router-level, endpoint and nested uses: one call
 
 
 def test_dependency_overrides_are_honoured_on_planned_routes() -> None:
@@ -244,12 +261,12 @@ def test_dependency_overrides_are_honoured_on_planned_routes() -> None:
         return "FAKE"
 
     async def run() -> tuple[dict, dict]:
-        app = make_app(PlannedRoute)
+        app = make_app(True)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
             app.dependency_overrides[key] = fake_key
-            overridden = (await http.get("/v1/items/abc/key1")).json()
+            overridden = (await http.get("/v1/x/items/abc/key1")).json()
             app.dependency_overrides.clear()
-            planned = (await http.get("/v1/items/abc/key1")).json()
+            planned = (await http.get("/v1/x/items/abc/key1")).json()
         return overridden, planned
 
     overridden, planned = asyncio.run(run())

@@ -1,4 +1,4 @@
-"""SQLite statements of one-statement requests on the event loop's thread (``app.core.db.inline``).
+"""SQLite statements of one-statement requests on the event loop's thread (``app.core.fast.inline_sqlite``).
 
 Through the real server: kv and record reads are answered inline (no pooled connection, no
 hand-off to aiosqlite's thread), see what was just written, and a read past its budget is sent
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.db.inline import (
+from app.core.fast.inline_sqlite import (
     CHECKPOINT_EVERY, CHECKPOINT_EVERY_BYTES, LOCK_TRIES, SKIP_AFTER_OVER_BUDGET, InlineStatements, LockHeld,
 )
 from app.core.db.sqlite import SQLITE

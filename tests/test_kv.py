@@ -229,7 +229,7 @@ async def test_an_entry_rewritten_while_the_sweep_deletes_it_stays(gw: GatewayCl
     expiry is checked again on the row deleted. Made certain with a row lock: the sweep waits
     on the row while the rewrite commits. Before, the entry was gone (PostgreSQL only: SQLite's
     sweep holds the write lock)."""
-    from app.core.db.statements import fixed_statements
+    from app.core.fast.fixed_statements import fixed_statements
     from app.core.db.upsert import insert_builder
     from app.kv.repository import KvRepository
 
@@ -490,7 +490,7 @@ def test_a_kv_write_has_committed_when_its_first_step_returns(tmp_path) -> None:
     another connection, which waits for no lock, must be able to write straight after it."""
     import sqlean
 
-    from app.core.db.statements import fixed_statements
+    from app.core.fast.fixed_statements import fixed_statements
     from app.core.db.upsert import insert_builder
     from app.kv.repository import KvRepository
 

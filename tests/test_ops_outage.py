@@ -197,7 +197,7 @@ def test_a_hung_database_is_503_within_the_statement_timeout_then_recovers(
     """A network that silently drops packets (here: the gateway's PostgreSQL backends stopped
     with SIGSTOP) is bounded by the statement timeout and answered 503, never 500; the stalled
     connections are not used again once the database answers. kv reads run on the driver
-    path of app.core.db.statements, vector searches on pgvector's."""
+    path of app.core.fast.fixed_statements, vector searches on pgvector's."""
     import os
     import signal
 

@@ -20,7 +20,7 @@ from sqlalchemy import event
 
 import app.models  # noqa: F401
 from app.capabilities import BUILTIN
-from app.core.db import statements
+from app.core.fast import fixed_statements as statements
 from app.core.config import Settings
 from app.core.db.tables import METADATA
 from app.core.capability import Capability
@@ -44,8 +44,8 @@ async def capture_statements(
     settings: Settings, run: Callable[[httpx.AsyncClient], Awaitable[None]], routes: set[tuple[str, str]] | None = None
 ) -> tuple[list[tuple[str, Any]], list[str]]:
     """Every statement the app sends while ``run`` drives it in-process: (statement, parameters),
-    and the statements sent on the driver path (``app.core.db.statements``); the (method, route
-    template) of each request goes into ``routes``."""
+    and the statements sent on the driver path (``app.core.fast.fixed_statements``); the (method,
+    route template) of each request goes into ``routes``."""
     app = create_app(settings)
 
     async def recording(scope: Any, receive: Any, send: Any) -> None:

@@ -1,4 +1,4 @@
-"""Fixed statements on a borrowed driver connection (the path of kv and records, both backends).
+"""Fixed statements on a borrowed driver connection (``@fast(one_statement=...)`` routes, both backends).
 
 What SQLAlchemy would otherwise do for these connections is done by the gateway itself, so it
 is tested here: a connection the server dropped surfaces as SQLAlchemy's DBAPIError (answered
@@ -26,7 +26,8 @@ from sqlalchemy import exc as sa_exc
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.core.errors import is_database_unavailable
-from app.core.db.statements import StatementShapes, fixed_statements
+from app.core.fast.fixed_statements import StatementShapes, fixed_statements
+from app.core.fast.one_statement import borrow_driver_connection, give_back
 from app.core.db.transactions import RequestConnections
 from app.kv.models import kv_entries as t
 from tests.conftest import Backend, Server
@@ -38,10 +39,10 @@ SELECT_ONE = select(bindparam("ns", type_=String()).label("echo"))  # needs no t
 async def test_both_backends_borrow_a_driver_connection_that_runs_in_autocommit(backend: Backend) -> None:
     databases = Databases.open(settings_for(backend))
     try:
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         connections = RequestConnections()
-        connections.add(borrowed)
+        connections.add_release(lambda clean: give_back(borrowed, clean))
         statement = fixed_statements("postgresql" if backend.is_postgres else "sqlite")(SELECT_ONE)
         echo = f"ns-{uuid.uuid4().hex}"
         assert tuple(await statement.first(borrowed, {"ns": echo})) == (echo,)
@@ -50,11 +51,12 @@ async def test_both_backends_borrow_a_driver_connection_that_runs_in_autocommit(
         assert not in_transaction  # autocommit: no BEGIN was sent
         await connections.end(commit=True)
         assert databases.engine(Database.metadata).sync_engine.pool.checkedout() == 0
-        # A route that runs several statements on SQLite is lent no driver connection there.
-        several = await databases.borrow_driver_connection(Database.metadata, sqlite=False)
-        assert (several is not None) == backend.is_postgres
-        if several is not None:
-            await greenlet_close(several)
+        # A route that runs one statement on PostgreSQL only is lent no driver connection on SQLite.
+        assert databases.one_statement is not None
+        several = RequestConnections()
+        lent = await databases.one_statement.connection(Database.metadata, "postgresql", several)
+        assert (lent is not None) == backend.is_postgres == bool(several)
+        await several.end(commit=True)
     finally:
         await databases.close()
 
@@ -73,7 +75,7 @@ async def test_a_sqlite_lock_wait_that_times_out_is_a_503_and_the_connection_sta
     try:
         async with databases.engine(Database.metadata).begin() as conn:
             await conn.execute(text(f"CREATE TABLE {scratch.name} (k TEXT PRIMARY KEY)"))
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         async with databases.engine(Database.metadata).connect() as holder:
             await holder.execution_options(sqlite_begin="IMMEDIATE")
@@ -96,7 +98,7 @@ async def test_a_sqlite_connection_given_back_inside_a_transaction_is_rolled_bac
     try:
         async with databases.engine(Database.metadata).begin() as conn:
             await conn.execute(text(f"CREATE TABLE {scratch.name} (k TEXT PRIMARY KEY)"))
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         driver = borrowed.driver_connection
         await driver.execute("BEGIN IMMEDIATE")
@@ -114,20 +116,20 @@ async def test_a_dropped_connection_is_a_503_and_is_never_pooled_again(backend: 
     databases = Databases.open(settings_for(backend))
     pool = databases.engine(Database.metadata).sync_engine.pool
     try:
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         driver = borrowed.driver_connection
         async with databases.engine(Database.metadata).connect() as other:  # the server drops it
             await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": driver.get_server_pid()})
         connections = RequestConnections()
-        connections.add(borrowed)
+        connections.add_release(lambda clean: give_back(borrowed, clean))
         statement = fixed_statements("postgresql")(SELECT_ONE)
         with pytest.raises(sa_exc.DBAPIError) as raised:
             await statement.first(borrowed, {"ns": "x"})
         assert raised.value.connection_invalidated and is_database_unavailable(raised.value)
         await connections.end(commit=False)
         assert pool.checkedout() == 0
-        again = await databases.borrow_driver_connection(Database.metadata)  # a fresh connection
+        again = await borrow_driver_connection(databases.engine(Database.metadata))  # a fresh connection
         assert again is not None and again.driver_connection is not driver
         assert tuple(await statement.first(again, {"ns": "y"})) == ("y",)
         await greenlet_close(again)
@@ -139,18 +141,18 @@ async def test_a_dropped_connection_is_a_503_and_is_never_pooled_again(backend: 
 async def test_a_request_that_stopped_midway_discards_its_connection(backend: Backend) -> None:
     databases = Databases.open(settings_for(backend))
     try:
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         driver = borrowed.driver_connection
         connections = RequestConnections()
-        connections.add(borrowed)
+        connections.add_release(lambda clean: give_back(borrowed, clean))
         await connections.end(commit=False, clean=False)
         assert driver.is_closed()
-        clean = await databases.borrow_driver_connection(Database.metadata)
+        clean = await borrow_driver_connection(databases.engine(Database.metadata))
         assert clean is not None
         kept = clean.driver_connection
         connections = RequestConnections()
-        connections.add(clean)
+        connections.add_release(lambda ended_cleanly: give_back(clean, ended_cleanly))
         await connections.end(commit=False)  # an error answer, but the request ended normally
         assert not kept.is_closed()
     finally:
@@ -188,7 +190,7 @@ async def test_after_a_server_restart_one_failed_request_recycles_the_whole_pool
     databases = Databases.open(settings_for(backend))
     statement = fixed_statements("postgresql")(SELECT_ONE)
     try:
-        held = [await databases.borrow_driver_connection(Database.metadata) for _ in range(4)]
+        held = [await borrow_driver_connection(databases.engine(Database.metadata)) for _ in range(4)]
         pids = [conn.driver_connection.get_server_pid() for conn in held]  # type: ignore[union-attr]
         for conn in held:
             await greenlet_close(conn)
@@ -199,19 +201,24 @@ async def test_after_a_server_restart_one_failed_request_recycles_the_whole_pool
                     await admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         finally:
             await other.close()
-        first = await databases.borrow_driver_connection(Database.metadata)
+        first = await borrow_driver_connection(databases.engine(Database.metadata))
         assert first is not None
         with pytest.raises(sa_exc.DBAPIError) as raised:
             await statement.first(first, {"ns": "x"})
         assert raised.value.connection_invalidated
         await greenlet_close(first)
         for _ in range(4):  # every other pooled connection was recycled: no second failure
-            conn = await databases.borrow_driver_connection(Database.metadata)
+            conn = await borrow_driver_connection(databases.engine(Database.metadata))
             assert conn is not None and conn.driver_connection.get_server_pid() not in pids
             assert tuple(await statement.first(conn, {"ns": "y"})) == ("y",)
             await greenlet_close(conn)
     finally:
         await databases.close()
+
+
+def connection_dependency(annotated: object) -> Any:
+    """The dependency function behind an ``Annotated[..., Depends(...)]`` connection type."""
+    return annotated.__metadata__[0].dependency  # type: ignore[attr-defined]
 
 
 async def greenlet_close(conn: object) -> None:
@@ -224,7 +231,7 @@ async def greenlet_close(conn: object) -> None:
 async def test_a_statement_cancelled_by_statement_timeout_is_retryable_and_keeps_the_connection(backend: Backend) -> None:
     databases = Databases.open(settings_for(backend))
     try:
-        borrowed = await databases.borrow_driver_connection(Database.metadata)
+        borrowed = await borrow_driver_connection(databases.engine(Database.metadata))
         assert borrowed is not None
         driver = borrowed.driver_connection
         await driver.execute("SET statement_timeout = 100")
@@ -246,7 +253,7 @@ async def test_a_statement_cancelled_by_statement_timeout_is_retryable_and_keeps
 def test_a_result_column_the_driver_path_cannot_process_is_refused_when_built(dialect: str) -> None:
     from sqlalchemy import insert, update
 
-    from app.core.db.statements import DriverResultTypeError
+    from app.core.fast.fixed_statements import DriverResultTypeError
 
     fixed = fixed_statements(dialect)
     for statement, column in (
@@ -260,26 +267,31 @@ def test_a_result_column_the_driver_path_cannot_process_is_refused_when_built(di
     fixed(update(t).values(value="1").returning(t.c.key))
 
 
-def _request(databases: Databases, method: str = "PUT") -> object:
+def _request(databases: Databases, method: str = "PUT", one_statement: bool = True) -> object:
+    """A request to a gated route that writes, and promises one statement (or not)."""
     from types import SimpleNamespace
 
     from starlette.requests import Request
 
-    from app.core.db.transactions import SCOPE_KEY
-
     from app.auth.ratelimit import RateLimiter
+    from app.core.db.transactions import SCOPE_KEY
+    from app.core.http.limits import NO_BODY
+    from app.core.http.routing import ROUTE_POLICY, RoutePolicy
     from app.core.state import GatewayState
 
     gateway = GatewayState(settings=databases.settings, capabilities=(), rate_limiter=RateLimiter(0, 1))
     gateway.databases = databases
     app = SimpleNamespace(state=SimpleNamespace(gateway=gateway))
-    return Request({"type": "http", "method": method, "headers": [], "app": app, SCOPE_KEY: RequestConnections()})
+    policy = RoutePolicy(NO_BODY, 0, reads=method == "GET", one_statement=one_statement)
+    return Request({
+        "type": "http", "method": method, "headers": [], "app": app, SCOPE_KEY: RequestConnections(), ROUTE_POLICY: policy,
+    })
 
 
 async def test_a_second_statement_on_a_single_statement_connection_raises_in_strict_mode(backend: Backend) -> None:
-    from app.core.db import statements
-    from app.core.dependencies import _connection_dependency
-    from app.core.db.statements import SecondStatementError
+    from app.core.fast import fixed_statements as statements
+    from app.core.dependencies import MetadataConnection
+    from app.core.fast.fixed_statements import SecondStatementError
     from app.core.db.transactions import request_connections
 
     assert statements.STRICT  # the tests run in strict mode (tests/conftest.py), their servers too
@@ -287,19 +299,17 @@ async def test_a_second_statement_on_a_single_statement_connection_raises_in_str
     statement = fixed_statements(databases.dialect(Database.metadata))(SELECT_ONE)
     try:
         for single, method in ((True, "PUT"), (True, "GET"), (False, "PUT")):
-            request = _request(databases, method)
-            conn = await _connection_dependency(
-                Database.metadata, single_statement=single, on_sqlite=True, read_only=False
-            )(request)
+            request = _request(databases, method, one_statement=single)
+            conn = await connection_dependency(MetadataConnection)(request)
             assert tuple(await statement.first(conn, {"ns": "one"})) == ("one",)
             if single:  # autocommit on the driver path: one statement
                 with pytest.raises(SecondStatementError, match="second statement: 'SELECT"):
                     await statement.first(conn, {"ns": "two"})
-            else:  # a transaction (any *Connection): statements atomic together
+            else:  # a plain route: a transaction, statements atomic together
                 assert tuple(await statement.first(conn, {"ns": "two"})) == ("two",)
             await request_connections(request.scope).end(commit=False)
         # Its pooled driver connection is lent again without the mark (vector search borrows so).
-        again = await databases.borrow_driver_connection(Database.metadata)
+        again = await borrow_driver_connection(databases.engine(Database.metadata))
         assert again is not None
         for n in range(2):
             assert tuple(await statement.first(again, {"ns": str(n)})) == (str(n),)
@@ -311,8 +321,8 @@ async def test_a_second_statement_on_a_single_statement_connection_raises_in_str
 async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.db import statements
-    from app.core.dependencies import _connection_dependency
+    from app.core.fast import fixed_statements as statements
+    from app.core.dependencies import MetadataConnection
     from app.core.db.transactions import request_connections
 
     monkeypatch.setattr(statements, "STRICT", False)
@@ -320,9 +330,7 @@ async def test_without_strict_mode_a_single_statement_connection_is_not_checked(
     statement = fixed_statements(databases.dialect(Database.metadata))(SELECT_ONE)
     try:
         request = _request(databases)
-        conn = await _connection_dependency(
-            Database.metadata, single_statement=True, on_sqlite=True, read_only=False
-        )(request)
+        conn = await connection_dependency(MetadataConnection)(request)
         for n in range(2):
             assert tuple(await statement.first(conn, {"ns": str(n)})) == (str(n),)
         await request_connections(request.scope).end(commit=False)

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy import literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import PoolProxiedConnection
@@ -21,10 +22,13 @@ from sqlalchemy.pool import PoolProxiedConnection
 from app.auth.ratelimit import RateLimiter
 from app.core.config import Database
 from app.core.db.databases import Databases
-from app.core.db.inline import InlineConnection
-from app.core.db.statements import fixed_statements
-from app.core.dependencies import CheckpointsConnection, CheckpointsStatement
+from app.core.dependencies import CheckpointsConnection
 from app.core.errors import InvalidInput, install_error_handlers
+from app.core.fast import fast
+from app.core.fast.fixed_statements import fixed_statements
+from app.core.fast.inline_sqlite import InlineConnection
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import CapabilityRouter, include_capability
 from app.core.state import GatewayState
 from app.core.db.transactions import TransactionMiddleware
 from tests.conftest import Backend
@@ -65,9 +69,25 @@ async def client(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Dat
         await conn.execute(text(f"INSERT INTO {child} (id, parent_id) VALUES (:n, :missing)"), {"n": n, "missing": -n})
         return {"stored": n}
 
-    @app.post("/in-transaction")
-    async def in_transaction(conn: CheckpointsStatement) -> dict:
-        return {"in_transaction": await driver_in_transaction(conn)}
+    # A capability's routes, behind a gate (which tells the connection what the route is).
+    router = CapabilityRouter("tx")
+
+    @router.post("/in-transaction")
+    @accepts(Body.NONE)
+    @fast(one_statement=True)
+    async def in_transaction(conn: CheckpointsConnection) -> Response:
+        return JSONResponse({"in_transaction": await driver_in_transaction(conn)})
+
+    @router.get("/writes-in-a-get/{n}")
+    async def writes_in_a_get(n: int, conn: CheckpointsConnection) -> dict:
+        began = conn.in_transaction()  # a reading route's transaction begins with its first statement
+        await conn.execute(text(f"INSERT INTO {parent} (id) VALUES (:n)"), {"n": n})
+        return {"began_before": began}
+
+    async def allow(request: Request, gate: str, reads: bool) -> None:
+        return None
+
+    include_capability(app, router, "/v1/{namespace}", allow)
 
     @app.post("/in-transaction/batch")
     async def in_transaction_batch(conn: CheckpointsConnection) -> dict:
@@ -135,10 +155,9 @@ async def test_a_failed_commit_is_not_answered_as_a_success(client) -> None:  # 
 
 
 async def test_single_statement_requests_skip_begin_and_commit(client) -> None:  # noqa: ANN001
-    """kv and records requests are one statement each: they run without BEGIN/COMMIT on both
-    backends (two round trips fewer on PostgreSQL, eight thread hand-offs on SQLite)."""
+    """A ``@fast(one_statement=True)`` route (kv, records) runs without BEGIN/COMMIT on both backends."""
     http, _databases, _parent = client
-    r = await http.post("/in-transaction")  # a write: reads skipped BEGIN before too
+    r = await http.post("/v1/ns/tx/in-transaction")  # a write: reads skip BEGIN too
     assert r.status_code == 200
     assert r.json() == {"in_transaction": False}
 
@@ -148,7 +167,15 @@ async def test_connections_back_from_single_statement_requests_begin_transaction
     transaction again for the next multi-statement request (a records batch)."""
     http, _databases, _parent = client
     for _ in range(12):
-        assert (await http.post("/in-transaction")).status_code == 200
+        assert (await http.post("/v1/ns/tx/in-transaction")).status_code == 200
     for _ in range(12):
         r = await http.post("/in-transaction/batch")
         assert r.json() == {"in_transaction": True}
+
+
+async def test_a_reading_route_begins_with_its_first_statement_and_commits_on_success(client) -> None:  # noqa: ANN001
+    """A GET's transaction begins lazily, and is ended as any other: what it wrote is committed."""
+    http, databases, parent = client
+    r = await http.get("/v1/ns/tx/writes-in-a-get/7")
+    assert r.status_code == 200 and r.json() == {"began_before": False}
+    assert await stored(databases, parent) == [7]

@@ -13,7 +13,6 @@ from app.auth.schemas import KeyCreate, KeyCreated, KeyRead
 from app.core.config import Database
 from app.core.dependencies import PageLimit
 from app.core.errors import Forbidden, InvalidInput, Unauthorized, problem_responses
-from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.http.pagination import Page, decode_cursor, encode_cursor
 from app.core.state import gateway_state
@@ -30,7 +29,6 @@ def _engine(request: Request) -> AsyncEngine:
     summary="Create an API key", responses=problem_responses(InvalidInput),
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def create_key(body: KeyCreate, request: Request, _: Admin) -> KeyCreated:
     """Issue a key for a namespace pattern and scopes; the secret is in this answer only."""
     state = gateway_state(request.app)
@@ -43,7 +41,6 @@ async def create_key(body: KeyCreate, request: Request, _: Admin) -> KeyCreated:
 
 
 @router.get("", response_model=Page[KeyRead], summary="List API keys")
-@served_by_fastapi("returns a model for FastAPI to serialize")
 async def list_keys(
     request: Request, _: Admin, limit: PageLimit,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,

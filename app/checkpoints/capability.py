@@ -20,7 +20,7 @@ from app.core.capability import Capability, Change, Periodic, in_batches
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
-from app.core.db.statements import fixed_statements
+from app.core.fast.fixed_statements import fixed_statements
 from app.core.db.upsert import insert_builder
 
 

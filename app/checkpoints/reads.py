@@ -2,7 +2,7 @@
 
 A page of checkpoint rows (a CTE) and, in the same statement, the stored values of their channel
 versions and their pending writes, as one ``UNION ALL`` of rows tagged by ``kind``. One
-statement means one round trip, and on PostgreSQL no BEGIN/COMMIT (``app.core.db.statements``):
+statement means one round trip, and on PostgreSQL no BEGIN/COMMIT (``app.core.fast.fixed_statements``):
 a read answers from one snapshot either way. Statements are built once per shape (which of the
 optional conditions a request has) and reused.
 
@@ -27,7 +27,7 @@ from app.checkpoints.models import checkpoint_threads as threads
 from app.checkpoints.models import checkpoint_writes as writes
 from app.checkpoints.models import checkpoints as cp
 from app.core.db.pages import budgeted, byte_length
-from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.fast.fixed_statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.errors import Conflict
 
 CHECKPOINT, VALUE, WRITE = 0, 1, 2

@@ -29,9 +29,9 @@ from app.checkpoints.schemas import (
     ThreadsPrune,
     WritesCreate,
 )
-from app.core.dependencies import CheckpointsConnection, CheckpointsPgReadStatement, CheckpointsPgStatement, NamespacePath
+from app.core.dependencies import CheckpointsConnection, NamespacePath
 from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
-from app.core.http.planning import served_by_fastapi
+from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
 from app.core.http.routing import CapabilityRouter
@@ -49,9 +49,9 @@ _READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 
 @router.post("/put", summary="Store a checkpoint", response_model=CheckpointConfig, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
+@fast(one_statement="postgresql")
 async def put_checkpoint(
-    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
     their version are kept once. Storing the same id again replaces the checkpoint. 413 when the
@@ -62,9 +62,9 @@ async def put_checkpoint(
 
 @router.post("/writes", summary="Store pending writes", status_code=204, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
+@fast(one_statement="postgresql")
 async def put_writes(
-    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsPgStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: WritesCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Response:
     """Store one task's writes against a checkpoint (`aput_writes`). 413 when the checkpoint's
     pending writes would weigh more than `checkpoints.max_pending_bytes`."""
@@ -76,10 +76,11 @@ async def put_writes(
     "/tuple", summary="Get a checkpoint", response_model=CheckpointTupleRead,
     responses=problem_responses(InvalidInput, NotFound, Conflict, ServiceUnavailable),
 )
+@fast(one_statement="postgresql")
 async def get_tuple(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
-    conn: CheckpointsPgReadStatement,
+    conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
     checkpoint_ns: Annotated[str, Query(max_length=1024, json_schema_extra=_KEY_TEXT, description="`\"\"` for the root graph.")] = "",
     checkpoint_id: Annotated[str | None, Query(max_length=128, json_schema_extra=_KEY_TEXT, description="Omit: the newest.")] = None,
@@ -94,9 +95,9 @@ async def get_tuple(
 
 @router.post("/search", summary="List checkpoints", response_model=CheckpointPage, responses=_READ_ERRORS)
 @accepts(Body.JSON, read_only=True)
-@served_by_fastapi("a request body model")
+@fast(one_statement="postgresql")
 async def search_checkpoints(
-    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsPgReadStatement, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`. A page
@@ -107,7 +108,6 @@ async def search_checkpoints(
 
 
 @router.delete("/threads", summary="Delete a thread", response_model=Deleted, responses=_ERRORS)
-@served_by_fastapi("returns a model for FastAPI to serialize")
 async def delete_thread(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
@@ -121,7 +121,6 @@ async def delete_thread(
 
 @router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def delete_runs(
     namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -131,7 +130,6 @@ async def delete_runs(
 
 @router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def copy_thread(
     namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Copied:
@@ -142,7 +140,6 @@ async def copy_thread(
 
 @router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def prune(
     namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> Deleted:
@@ -153,7 +150,6 @@ async def prune(
 
 @router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def set_retention(
     namespace: NamespacePath, body: RetentionUpdate, conn: CheckpointsConnection, service: CheckpointsServiceDep
 ) -> RetentionRead:
@@ -163,7 +159,6 @@ async def set_retention(
 
 
 @router.get("/retention", summary="Get retention", response_model=RetentionRead, responses=_ERRORS)
-@served_by_fastapi("returns a model for FastAPI to serialize")
 async def get_retention(
     namespace: NamespacePath,
     conn: CheckpointsConnection,

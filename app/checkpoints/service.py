@@ -22,7 +22,7 @@ from app.core.config import CheckpointsSettings, LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.core.jsonvalue import dumps_text, jsonb_text
 from app.core.http.pagination import decode_cursor, encode_cursor
-from app.core.db.statements import StatementConnection
+from app.core.fast.fixed_statements import StatementConnection
 
 # A NUL in JSON text: the escape \u0000 not itself escaped (an even run of backslashes before it):
 # a text holding a backslash then "u0000" is written \\u0000 and is no NUL.

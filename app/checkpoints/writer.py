@@ -3,7 +3,7 @@
 Each write also registers (or touches) the thread. On PostgreSQL that is one statement with
 CTEs (the thread upsert, the values or writes from ``unnest`` of arrays, the checkpoint), which
 is atomic by itself and so runs without BEGIN/COMMIT on a pooled driver connection
-(``app.core.db.statements``): one round trip, as ``AsyncPostgresSaver``'s pipeline. On SQLite the
+(``app.core.fast.fixed_statements``): one round trip, as ``AsyncPostgresSaver``'s pipeline. On SQLite the
 same steps are separate statements in the request's (in-process) transaction.
 
 Each write is weighed, so that what a read answers stays bounded (``app.checkpoints.reads``): a
@@ -32,7 +32,7 @@ from app.checkpoints.backend import CheckpointsBackend
 from app.checkpoints.models import checkpoints as cp
 from app.checkpoints.reads import ROW_BYTES, checkpoint_bytes, pending_bytes, value_weight, write_weight
 from app.checkpoints.repository import CheckpointsRepository
-from app.core.db.statements import ASYNCPG_DIALECT, FixedStatement, StatementConnection
+from app.core.fast.fixed_statements import ASYNCPG_DIALECT, FixedStatement, StatementConnection
 
 NewValue = tuple[str, str, str, bytes]  # channel, version, type, bytes
 NewWrite = tuple[int, str, str, bytes]  # idx, channel, type, bytes

@@ -4,7 +4,7 @@ Chosen once by the lifespan from ``Databases.dialect``; nothing else in the pack
 dialect. The differences: how a write transaction takes its lock (SQLite: ``BEGIN IMMEDIATE``;
 PostgreSQL: row locks with ``FOR UPDATE``), how a download reads one consistent snapshot (SQLite:
 a read transaction in WAL mode; PostgreSQL: ``REPEATABLE READ``) and the ``ON CONFLICT``
-builder. (A download's first read is a fixed statement: ``app.core.db.statements``.)
+builder. (A download's first read is a fixed statement: ``app.core.fast.fixed_statements``.)
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, ins
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
-from app.core.db.inline import Execute
-from app.core.db.statements import FixedStatement, StatementConnection, inline_sql
+from app.core.fast.inline_sqlite import Execute
+from app.core.fast.fixed_statements import FixedStatement, StatementConnection, inline_sql
 from app.core.db.tables import driver_timestamp, from_driver_timestamp
 from app.files.backend import FilesBackend
 from app.files.local import LOCAL_KEY_PREFIX
@@ -106,7 +106,7 @@ class FilesRepository:
         )
 
         # The same row without its chunk: for a gateway whose files are outside the database,
-        # read on SQLite on the loop's thread (``app.core.db.inline``), where a chunk must not be.
+        # read on SQLite on the loop's thread (``app.core.fast.inline_sqlite``), where a chunk must not be.
         self._row_alone = fixed(
             select(*_DRIVER_FILE_COLUMNS, null().label("data")).where(*this_file)
         )

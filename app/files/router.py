@@ -35,7 +35,6 @@ from app.core.errors import (
     UnsupportedMediaType,
     problem_responses,
 )
-from app.core.http.planning import served_by_fastapi
 from app.core.http.limits import Body, accepts
 from app.core.ops.metrics import FILE_BYTES_SPLICED
 from app.core.names import KEY_PATTERN, key_json_schema, validate_key
@@ -293,7 +292,6 @@ class BlobResponse(StreamingResponse):
 
 
 @router.get("", summary="Files usage of the namespace", response_model=FilesUsage)
-@served_by_fastapi("returns a model for FastAPI to serialize")
 async def files_usage(namespace: NamespacePath, files: Files) -> FilesUsage:
     """Total bytes and number of files stored under this namespace."""
     total, count = await files.usage(namespace)
@@ -385,7 +383,6 @@ async def post_file(
     response_model=FilePage,
     responses=problem_responses(InvalidInput),
 )
-@served_by_fastapi("returns a model for FastAPI to serialize")
 async def list_files(
     namespace: NamespacePath,
     collection: CollectionPath,

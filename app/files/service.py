@@ -47,12 +47,11 @@ from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, ServiceUnav
 from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
-from app.core.db.databases import borrow_raw_connection
-from app.core.db.inline import Execute, InlineConnection
+from app.core.fast.inline_sqlite import Execute, InlineConnection
 from app.core.db.writequeue import WriteQueue
 from app.core.db.slots import Slots
-from app.core.db.statements import fixed_statements
-from app.core.fences.sqlalchemy_ import close_pooled
+from app.core.fast.fixed_statements import fixed_statements
+from app.core.fast.one_statement import borrow_driver_connection, give_back
 from app.files.backend import FilesBackend
 from app.files.local import LocalFiles
 from app.files.ranges import ByteRange, parse_range, whole
@@ -324,6 +323,7 @@ class FilesService:
         self._backend = backend
         self._engine = engine
         self._inline_statements = inline  # the metadata database's (SQLite), if any
+        self._driver_reads = settings.fast_paths.one_statement  # a download's first read on the driver path
         self._queue = queue  # the metadata database's write queue (SQLite), if any
         self._write_engine = engine.execution_options(**backend.write_options())
         self._snapshot_engine = engine.execution_options(**backend.snapshot_options())
@@ -450,13 +450,12 @@ class FilesService:
         """A reader of ``file_id`` as it is now; the caller must ``close()`` it. 404 if missing.
 
         The row is read in one fixed statement, with the bytes when they are one chunk in the
-        database (most files, at the default 1 MiB), sent with the driver outside any transaction
-        (``app.core.db.statements``: on PostgreSQL one round trip, on SQLite one hand-off to
-        aiosqlite's thread instead of about nine): such a file, and an object in S3 (immutable),
-        need no connection once it is read. A file of several chunks is read again, with its
+        database (most files, at the default 1 MiB), with ``fast_paths.one_statement`` sent with
+        the driver outside any transaction (``app.core.fast.fixed_statements``): such a file, and
+        an object in S3 (immutable), need no connection once it is read. A file of several chunks is read again, with its
         chunks, from a snapshot transaction kept open until ``close``. When new files go to a
         local directory, the row alone is read, on SQLite on the loop's thread
-        (``app.core.db.inline``), since most files then have no chunk to read.
+        (``app.core.fast.inline_sqlite``), since most files then have no chunk to read.
         """
         inline = self._inline_statements() if self.blobs.backend == "directory" else None
         if inline is not None:  # SQLite, files outside the database: the row alone, on the loop's thread
@@ -465,14 +464,17 @@ class FilesService:
             finally:
                 if (borrowed := inline.pooled_if_borrowed()) is not None:
                     with anyio.CancelScope(shield=True):
-                        await close_pooled(borrowed)
-        else:
-            raw = await borrow_raw_connection(self._engine)
+                        await give_back(borrowed)
+        elif self._driver_reads:
+            raw = await borrow_driver_connection(self._engine)
             try:
                 found = await self.repo.get_with_only_chunk(raw, namespace, collection, file_id)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await close_pooled(raw)
+                    await give_back(raw)
+        else:
+            async with self._engine.connect() as conn:
+                found = await self.repo.get_with_only_chunk(conn, namespace, collection, file_id)
         if found is None:
             raise NotFound(f"file {file_id!r} does not exist in collection {collection!r}")
         row, only_chunk = found

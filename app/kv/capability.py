@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.capability import Capability, Change, Periodic, in_batches
 from app.core.config import Database
 from app.core.state import GatewayState
-from app.core.db.statements import fixed_statements
+from app.core.fast.fixed_statements import fixed_statements
 from app.core.db.upsert import insert_builder
 from app.kv.models import kv_entries
 from app.kv.repository import KvRepository

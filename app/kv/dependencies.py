@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.core.dependencies import MetadataConnection, MetadataReadConnection
 from app.core.state import service_of
 
 from app.kv.service import KvService
@@ -20,7 +19,3 @@ async def get_kv_service(request: Request) -> KvService:
 
 KvServiceDep = Annotated[KvService, Depends(get_kv_service)]
 
-# A batch (get, set or delete many) runs through SQLAlchemy in one transaction of the metadata
-# database: its statements' shapes depend on how many keys it names.
-KvBatchConnection = MetadataConnection
-KvBatchReadConnection = MetadataReadConnection

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.pages import budgeted, byte_length
 from app.core.db.scoping import in_scope
-from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.fast.fixed_statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.db.upsert import InsertBuilder
 from app.kv.models import kv_entries as t
 
@@ -105,7 +105,7 @@ class StoredEntry:
 
 class KvRepository:
     """The kv statements, with the ``INSERT ... ON CONFLICT`` builder and the fixed-statement
-    runner of the backend in use (``app.core.db.statements``)."""
+    runner of the backend in use (``app.core.fast.fixed_statements``)."""
 
     def __init__(self, insert: InsertBuilder, fixed: type[FixedStatement] = FixedStatement) -> None:
         self._insert = insert

@@ -9,7 +9,7 @@ from fastapi import Query, Request, Response
 
 from app.core.http.conditions import Conditions
 from app.core.http.pagination import MAX_CURSOR_CHARS
-from app.core.dependencies import CollectionPath, Key, MetadataStatement, NamespacePath, PageLimit
+from app.core.dependencies import CollectionPath, Key, MetadataConnection, NamespacePath, PageLimit
 from app.core.errors import (
     InvalidInput,
     NotFound,
@@ -18,11 +18,11 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
+from app.core.fast import fast
 from app.core.http.limits import Body, accepts
-from app.core.http.planning import served_by_fastapi
 from app.core.http.routing import CapabilityRouter
 from app.core.names import KEY_PATTERN
-from app.kv.dependencies import KvBatchConnection, KvBatchReadConnection, KvServiceDep
+from app.kv.dependencies import KvServiceDep
 from app.kv.schemas import (
     VALUE_REQUEST_BODY,
     VALUE_RESPONSE,
@@ -51,12 +51,11 @@ JSON = "application/json"
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON, read_only=True)
-@served_by_fastapi("a request body model")
 async def get_values(
     namespace: NamespacePath,
     collection: CollectionPath,
     body: KvKeys,
-    conn: KvBatchReadConnection,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """The entries `{key, value, etag}` of `keys` in one request (a `kv:read`): `missing` names the keys
@@ -71,13 +70,12 @@ async def get_values(
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def set_values(
     namespace: NamespacePath,
     collection: CollectionPath,
     body: KvBatchWrite,
     request: Request,
-    conn: KvBatchConnection,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> KvBatchWritten:
     """Upsert every entry of the batch atomically, unconditionally: all are stored, or (on any error) none."""
@@ -95,12 +93,11 @@ async def set_values(
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def delete_values(
     namespace: NamespacePath,
     collection: CollectionPath,
     body: KvKeys,
-    conn: KvBatchConnection,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """Delete every key of `keys` in one statement; 204 whether or not they existed."""
@@ -123,12 +120,13 @@ async def delete_values(
     },
 )
 @accepts(Body.VALUE)
+@fast(one_statement=True)
 async def set_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
     request: Request,
-    conn: MetadataStatement,
+    conn: MetadataConnection,
     service: KvServiceDep,
     conditions: Conditions,
     ttl_seconds: Annotated[
@@ -151,11 +149,12 @@ async def set_value(
     response_class=Response,
     responses={**VALUE_RESPONSE, **problem_responses(InvalidInput, NotFound, ServiceUnavailable)},
 )
+@fast(one_statement=True)
 async def get_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: MetadataStatement,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """The stored JSON value exactly as stored (a stored `null` is `200 null`); 404 when missing or expired."""
@@ -169,11 +168,12 @@ async def get_value(
     status_code=204,
     responses=problem_responses(InvalidInput, ServiceUnavailable),
 )
+@fast(one_statement=True)
 async def delete_value(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: MetadataStatement,
+    conn: MetadataConnection,
     service: KvServiceDep,
 ) -> Response:
     """Delete `key`; 204 whether or not it existed."""
@@ -187,10 +187,11 @@ async def delete_value(
     response_model=KvPage,
     responses=problem_responses(InvalidInput, ServiceUnavailable),
 )
+@fast(one_statement=True)
 async def list_entries(
     namespace: NamespacePath,
     collection: CollectionPath,
-    conn: MetadataStatement,
+    conn: MetadataConnection,
     service: KvServiceDep,
     limit: PageLimit,
     prefix: Annotated[str | None, Query(max_length=1024, pattern=KEY_PATTERN, description="Only keys starting with this.")] = None,

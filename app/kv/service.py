@@ -17,7 +17,7 @@ from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, Preconditio
 from app.core.jsonvalue import LITERAL_YIELD_CHARS, encode_value, json_string, literal_members, parse_value
 from app.core.names import validate_key
 from app.core.http.pagination import CursorText, decode_cursor, encode_cursor, invalid_cursor
-from app.core.db.statements import StatementConnection
+from app.core.fast.fixed_statements import StatementConnection
 from app.kv.repository import KvRepository
 from app.kv.schemas import KvItemWrite
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from app.core.capability import Capability, Change
 from app.core.config import Database
 from app.core.state import GatewayState
-from app.core.db.statements import fixed_statements
+from app.core.fast.fixed_statements import fixed_statements
 from app.core.db.upsert import insert_builder
 from app.records.models import records
 from app.records.repository import RecordsRepository

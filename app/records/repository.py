@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.pages import budgeted, byte_length
 from app.core.db.scoping import in_scope
-from app.core.db.statements import FixedStatement, StatementConnection, StatementShapes
+from app.core.fast.fixed_statements import FixedStatement, StatementConnection, StatementShapes
 from app.core.db.upsert import InsertBuilder
 from app.records.models import records as t
 

@@ -8,7 +8,6 @@ from fastapi import Query, Request, Response
 
 from app.core.dependencies import (
     CheckpointsConnection,
-    CheckpointsStatement,
     CollectionPath,
     Key,
     NamespacePath,
@@ -21,7 +20,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
-from app.core.http.planning import served_by_fastapi
+from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.http.pagination import MAX_CURSOR_CHARS
 from app.core.http.routing import CapabilityRouter
@@ -52,12 +51,13 @@ _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
     responses={204: {"description": "Stored."}, **problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)},
 )
 @accepts(Body.VALUE)
+@fast(one_statement=True)
 async def upsert_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
     request: Request,
-    conn: CheckpointsStatement,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """Store the JSON request body as the record `key` (replacing any record with that key)."""
@@ -72,12 +72,11 @@ async def upsert_record(
     responses=_ERRORS,
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def trim_records(
     namespace: NamespacePath,
     collection: CollectionPath,
     trim: TrimRequest,
-    conn: CheckpointsStatement,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> TrimResult:
     """Delete keys strictly below `before` (the key `before` itself stays) and/or all but the `keep_last` largest, in one statement."""
@@ -94,7 +93,6 @@ async def trim_records(
     responses=problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def upsert_records(
     namespace: NamespacePath,
     collection: CollectionPath,
@@ -115,11 +113,12 @@ async def upsert_records(
     response_model=RecordRead,
     responses=problem_responses(InvalidInput, NotFound, ServiceUnavailable),
 )
+@fast(one_statement=True)
 async def get_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: CheckpointsStatement,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """The record `{key, value}`, its value exactly as stored; 404 when missing."""
@@ -133,11 +132,12 @@ async def get_record(
     status_code=204,
     responses=_ERRORS,
 )
+@fast(one_statement=True)
 async def delete_record(
     namespace: NamespacePath,
     collection: CollectionPath,
     key: Key,
-    conn: CheckpointsStatement,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> Response:
     """Delete the record `key`; 204 whether or not it existed."""
@@ -151,10 +151,11 @@ async def delete_record(
     response_model=RecordPage,
     responses=_ERRORS,
 )
+@fast(one_statement=True)
 async def list_records(
     namespace: NamespacePath,
     collection: CollectionPath,
-    conn: CheckpointsStatement,
+    conn: CheckpointsConnection,
     service: RecordsServiceDep,
     limit: PageLimit,
     order: Annotated[

@@ -13,7 +13,7 @@ from app.vectors.service import VectorService
 
 async def get_vector_service(request: Request) -> VectorService:
     """The service built once by the vectors lifecycle for the backend in use; routes take the
-    request's connection (``VectorsConnection`` / ``VectorsReadConnection``) separately."""
+    request's connection (``VectorsConnection``) separately."""
     service: VectorService = service_of(request, "vectors")
     return service
 

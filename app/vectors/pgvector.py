@@ -61,7 +61,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.db.statements import translate_driver_error
+from app.core.fast.fixed_statements import translate_driver_error
 from app.core.jsonvalue import jsonb_text
 from app.vectors.backend import (
     CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, TextRanking, VectorIndex,

@@ -5,17 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
-from fastapi import BackgroundTasks, Depends, Header, Query, Request, Response
+from fastapi import BackgroundTasks, Header, Query, Request, Response
 
-from app.core.dependencies import (
-    CollectionPath,
-    NamespacePath,
-    PageLimit,
-    PointId,
-    VectorsConnection,
-    VectorsReadConnection,
-    VectorsSearchConnection,
-)
+from app.core.dependencies import CollectionPath, NamespacePath, PageLimit, PointId, VectorsConnection
 from app.core.errors import (
     Conflict,
     InvalidInput,
@@ -24,8 +16,7 @@ from app.core.errors import (
     ServiceUnavailable,
     problem_responses,
 )
-from app.core.http.bodies import json_body, request_body
-from app.core.http.planning import served_by_fastapi
+from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
 from app.vectors.dependencies import PointNamespace, VectorServiceDep
@@ -61,7 +52,7 @@ VectorFormat = Annotated[
 @router.get("", summary="List collections", response_model=CollectionPage, responses=_ERRORS)
 async def list_collections(
     namespace: NamespacePath,
-    conn: VectorsReadConnection,
+    conn: VectorsConnection,
     service: VectorServiceDep,
     limit: PageLimit,
     cursor: Annotated[str | None, Query()] = None,
@@ -78,7 +69,6 @@ async def list_collections(
     responses={200: {"description": "Already existed with these settings."}, **problem_responses(InvalidInput, Conflict, ServiceUnavailable)},
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def create_collection(
     collection: CollectionPath, body: CollectionCreate, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
 ) -> Response:
@@ -89,7 +79,7 @@ async def create_collection(
 
 @router.get("/{collection}", summary="Describe a collection", response_model=CollectionRead, responses=_ERRORS)
 async def describe_collection(
-    collection: CollectionPath, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+    collection: CollectionPath, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
 ) -> Response:
     """Settings, point count and the index in use."""
     return json_response(await service.describe(conn, namespace, collection))
@@ -121,7 +111,6 @@ async def reset_collection(
     responses=problem_responses(InvalidInput, NotFound, Conflict, PayloadTooLarge, ServiceUnavailable),
 )
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def upsert_points(
     collection: CollectionPath,
     body: PointsUpsert,
@@ -142,18 +131,12 @@ async def upsert_points(
     return json_response(answer)
 
 
-# Read by a dependency (not FastAPI's body handling), so the hot route is planned.
-SearchBody = Annotated[SearchRequest, Depends(json_body(SearchRequest))]
-
-
-@router.post(
-    "/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS,
-    openapi_extra=request_body(SearchRequest),
-)
+@router.post("/{collection}/search", summary="Search", response_model=SearchResults, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
+@fast()
 async def search(
-    collection: CollectionPath, namespace: NamespacePath, conn: VectorsSearchConnection,
-    service: VectorServiceDep, body: SearchBody,
+    collection: CollectionPath, body: SearchRequest, namespace: NamespacePath, conn: VectorsConnection,
+    service: VectorServiceDep,
 ) -> Response:
     """The `min(limit, matches)` nearest points matching `filters`, by descending score (hybrid with `query`)."""
     return json_response(await service.search(conn, namespace, collection, body))
@@ -161,9 +144,8 @@ async def search(
 
 @router.post("/{collection}/points/list", summary="List points", response_model=PointPage, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
-@served_by_fastapi("a request body model")
 async def list_points(
-    collection: CollectionPath, body: PointsList, namespace: NamespacePath, conn: VectorsReadConnection, service: VectorServiceDep
+    collection: CollectionPath, body: PointsList, namespace: NamespacePath, conn: VectorsConnection, service: VectorServiceDep
 ) -> Response:
     """Points matching `filters`, by id, a page at a time."""
     return json_response(await service.list_points(conn, namespace, collection, body))
@@ -171,7 +153,6 @@ async def list_points(
 
 @router.post("/{collection}/points/delete", summary="Delete points by ids or filter", response_model=Deleted, responses=_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def delete_points(
     collection: CollectionPath,
     body: PointsDelete,
@@ -191,7 +172,7 @@ async def get_point(
     collection: CollectionPath,
     point_id: PointId,
     namespace: PointNamespace,
-    conn: VectorsReadConnection,
+    conn: VectorsConnection,
     service: VectorServiceDep,
     vector_format: VectorFormat = "json",
     with_vector: Annotated[bool, Query(description="Include the vector.")] = True,
@@ -202,7 +183,6 @@ async def get_point(
 
 @router.patch("/{collection}/points/{point_id:path}", summary="Update a point", response_model=PointRead, responses=_ERRORS)
 @accepts(Body.JSON)
-@served_by_fastapi("a request body model")
 async def update_point(
     collection: CollectionPath,
     point_id: PointId,
@@ -219,7 +199,6 @@ async def update_point(
 
 
 @router.delete("/{collection}/points/{point_id:path}", summary="Delete a point", status_code=204, responses=_ERRORS)
-@served_by_fastapi("background tasks")
 async def delete_point(
     collection: CollectionPath,
     point_id: PointId,

@@ -10,16 +10,11 @@ from app.core.dependencies import MetadataConnection, NamespacePath, PageLimit
 from app.core.errors import InvalidInput, NotFound, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.http.pagination import MAX_CURSOR_CHARS, Page
-from app.core.http.planning import served_by_fastapi
 from app.core.http.routing import CapabilityRouter
 from app.core.names import NAME_MAX_LENGTH, NAME_PATTERN
 from app.core.state import service_of
 from tests.counters.schemas import Counter, Increment
 from tests.counters.service import CountersService
-
-# Until routes are plain FastAPI by default (the core half of issue #41), routes that take a body
-# model or answer a model must say so to the planner. Delete this line and its uses then.
-plain = served_by_fastapi("plain FastAPI: a body model or an answer model")
 
 router = CapabilityRouter("counters", tags=["counters"])
 
@@ -35,7 +30,6 @@ Service = Annotated[CountersService, Depends(counters_service)]
 
 
 @router.post("/{name}/increment", summary="Add to a counter", responses=problem_responses(InvalidInput))
-@plain
 @accepts(Body.JSON)
 async def increment(namespace: NamespacePath, name: Name, body: Increment, conn: MetadataConnection, service: Service) -> Counter:
     """Add `n` to the counter (a new one starts at 0); its new value. Past 64 bits: 422, nothing changes."""
@@ -43,13 +37,11 @@ async def increment(namespace: NamespacePath, name: Name, body: Increment, conn:
 
 
 @router.get("/{name}", summary="Read a counter", responses=problem_responses(NotFound))
-@plain
 async def get_counter(namespace: NamespacePath, name: Name, conn: MetadataConnection, service: Service) -> Counter:
     return await service.get(conn, namespace, name)
 
 
 @router.get("", summary="List counters", responses=problem_responses(InvalidInput))
-@plain
 async def list_counters(
     namespace: NamespacePath, conn: MetadataConnection, service: Service, limit: PageLimit,
     cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS, description="`next_cursor` of the previous page.")] = None,

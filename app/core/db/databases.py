@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,11 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import PoolProxiedConnection
 
-from app.core.db.inline import InlineConnection, InlineStatements
 from app.core.db.sqlite import WRITER_PRAGMAS
 from app.core.db.writequeue import WriteQueue
-from app.core.fences.sqlalchemy_ import close_pooled
+from app.core.fast.inline_sqlite import InlineConnection
+from app.core.fast.one_statement import OneStatementConnections
 from app.core.ops import metrics
 from app.core.config import Database, Settings
 
@@ -171,72 +169,30 @@ def _count_new_connections(engine: AsyncEngine, db: Database) -> None:
         opened.inc()
 
 
-async def borrow_raw_connection(engine: AsyncEngine) -> PoolProxiedConnection:
-    """A connection from ``engine``'s pool for driver-level statements (``app.core.db.statements``),
-    its checkout the pool's own (events included); a failed connect raised as SQLAlchemy's
-    ``Connection`` raises it (a ``DBAPIError``, answered 503). Give it back with
-    ``app.core.fences.sqlalchemy_.close_pooled``."""
-    dialect = engine.sync_engine.dialect
-    try:
-        return await engine.raw_connection()
-    except dialect.loaded_dbapi.Error as exc:
-        raise sa_exc.DBAPIError.instance(
-            None, None, exc, dialect.loaded_dbapi.Error, dialect=dialect,
-            connection_invalidated=bool(dialect.is_disconnect(exc, None, None)),
-        ) from exc
-
-
 @dataclass
 class Databases:
     """The engines of the three databases, owned by the app's lifespan."""
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
-    inline_statements: dict[Database, InlineStatements] = field(default_factory=dict)
-    checkpoints: dict[Database, asyncio.Task[None]] = field(default_factory=dict)  # in flight (inline writes')
     write_queues: dict[Database, WriteQueue] = field(default_factory=dict)  # SQLite files' (app.core.db.writequeue)
+    one_statement: OneStatementConnections | None = None  # fast_paths.one_statement (app.core.fast.one_statement)
 
     @classmethod
     def open(cls, settings: Settings) -> Databases:
         dbs = cls(settings)
+        files: dict[Database, Path] = {}
         for db in Database:
             engine = create_engine(settings, db)
             _count_new_connections(engine, db)
             dbs.engines[db] = engine
             path = dbs.sqlite_file(db)
-            budget = settings.databases.get(db).inline_budget_ms / 1000
-            if path is not None and budget > 0:
-                dbs.inline_statements[db] = InlineStatements(path, db.value, budget, dbs.checkpointer(db))
             if path is not None:
+                files[db] = path
                 dbs.write_queues[db] = WriteQueue(path, settings.databases.get(db).connect_timeout)
+        if settings.fast_paths.one_statement:
+            dbs.one_statement = OneStatementConnections(dbs.engines, settings, files)
         return dbs
-
-    def checkpointer(self, db: Database) -> Callable[[], None]:
-        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
-        ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
-        a request (inline writes never checkpoint on the loop's thread)."""
-        counter = metrics.SQLITE_CHECKPOINTS.labels(database=db.value)
-
-        async def checkpoint() -> None:
-            raw = await borrow_raw_connection(self.engines[db])
-            try:
-                driver: Any = raw.driver_connection  # aiosqlite
-                await driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                counter.inc()
-            finally:
-                await close_pooled(raw)
-
-        def done(task: asyncio.Task[None]) -> None:
-            del self.checkpoints[db]
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("WAL checkpoint of %s failed: %s", db.value, task.exception())
-
-        def ask() -> None:
-            if db not in self.checkpoints:
-                task = self.checkpoints[db] = asyncio.get_running_loop().create_task(checkpoint())
-                task.add_done_callback(done)
-
-        return ask
 
     def engine(self, db: Database) -> AsyncEngine:
         return self.engines[db]
@@ -249,20 +205,6 @@ class Databases:
     def dialect(self, db: Database) -> str:
         """``sqlite`` or ``postgresql``: what backend-specific modules are chosen by, once."""
         return self.engines[db].dialect.name
-
-    async def borrow_driver_connection(self, db: Database, *, sqlite: bool = True) -> PoolProxiedConnection | None:
-        """A connection from ``db``'s pool for driver-level statements (None on SQLite unless
-        ``sqlite``: a route that runs several statements there).
-
-        For requests that run one statement (``app.core.db.statements``): they skip SQLAlchemy's
-        ``Connection`` and BEGIN/COMMIT (autocommit), saving on PostgreSQL two round trips and
-        ~60 us of CPU, on SQLite eight hand-offs to aiosqlite's thread. The checkout is the
-        pool's own, events included (the idle ping). Give it back with
-        ``app.core.fences.sqlalchemy_.close_pooled`` (``RequestConnections.end`` does).
-        """
-        if self.dialect(db) != "postgresql" and not sqlite:
-            return None
-        return await borrow_raw_connection(self.engines[db])
 
     async def check(self, db: Database, timeout: float | None = None) -> None:
         """Open a connection and run a trivial query, or raise."""
@@ -279,18 +221,13 @@ class Databases:
         return self.write_queues.get(db)
 
     def inline_connection(self, db: Database) -> InlineConnection | None:
-        """For a request that runs one statement on ``db``: its SQLite file's inline
-        statements (``app.core.db.inline``); None on PostgreSQL, in memory, or when turned off."""
-        reader = self.inline_statements.get(db)
-        if reader is None:
-            return None
-        return InlineConnection(reader, lambda: borrow_raw_connection(self.engines[db]))
+        """``db``'s SQLite file's inline statements (``app.core.fast.inline_sqlite``), for a
+        capability's own inline transaction; None on PostgreSQL, in memory, or when turned off."""
+        return self.one_statement.inline_connection(db) if self.one_statement is not None else None
 
     async def close(self) -> None:
-        if self.checkpoints:
-            await asyncio.gather(*self.checkpoints.values(), return_exceptions=True)
-        for reader in self.inline_statements.values():
-            reader.close()
+        if self.one_statement is not None:
+            await self.one_statement.close()
         for queue in self.write_queues.values():
             queue.close()
         for engine in self.engines.values():

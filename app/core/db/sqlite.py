@@ -60,4 +60,4 @@ WRITER_PRAGMAS = (
     "PRAGMA secure_delete=FAST",
 )
 """Per-connection settings of every connection that writes: the pool's (``app.core.db.databases``)
-and the inline writer's (``app.core.db.inline``)."""
+and the inline writer's (``app.core.fast.inline_sqlite``)."""

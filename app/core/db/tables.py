@@ -67,7 +67,7 @@ class UtcDateTime(TypeDecorator[datetime]):
 
 def driver_timestamp(column: ColumnElement[datetime]) -> ColumnElement[str]:
     """A ``UtcDateTime`` column selected as the driver returns it, for a fixed statement
-    (``app.core.db.statements``), which skips result processing; ``from_driver_timestamp``
+    (``app.core.fast.fixed_statements``), which skips result processing; ``from_driver_timestamp``
     turns the value into what ``UtcDateTime`` would have read. No SQL changes (no CAST)."""
     return type_coerce(column, String())
 

@@ -1,80 +1,71 @@
 """Request connections that end just before the answer leaves.
 
-A route's connection dependency (``MetadataStatement`` and the others in
+A route's connection dependency (``MetadataConnection`` and the others in
 ``app.core.dependencies``) opens a connection and registers it with the request's
 ``RequestConnections``. When the answer starts, ``TransactionMiddleware`` ends them first:
-commit when the answer is a success, roll back otherwise, then let the answer go. So an
-acknowledged write is a committed write, a refused one changed nothing, and a commit that fails
-is answered by the app's own error handlers instead of the success it would have contradicted.
+commit when the answer is a success, roll back otherwise, then let the answer go.
 
-This takes the place of a generator dependency per connection, whose machinery (an exit stack
-and a shielded cancel scope per request) cost about a quarter of a kv read's throughput at 16
-requests in flight (``bench/bench_http_floor.py``, rows 4 and 5).
+The rule: an acknowledged write is a committed write, a refused one changed nothing, and a
+commit that fails is answered by the app's own error handlers instead of the success it would
+have contradicted. (One middleware rather than a generator dependency per connection: cheaper per
+request, ``docs/benchmarks.md``.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncTransaction
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.db.inline import InlineConnection
 from app.core.errors import app_error_response
-from app.core.fences.sqlalchemy_ import close_pooled
 
 SCOPE_KEY = "gateway.connections"
 
+Release = Callable[[bool], Awaitable[None]]
+"""Gives back a connection borrowed outside SQLAlchemy's ``Connection`` (``app.core.fast``);
+its argument says whether the request ended cleanly (else the connection may be mid-statement)."""
+
 
 class RequestConnections:
-    """The database connections one request opened, in opening order.
-
-    Each is a SQLAlchemy connection (with its transaction, if it began one) or a connection
-    borrowed from a pool for one driver-level statement (``app.core.db.statements``).
-    """
+    """The database connections one request opened, in opening order: SQLAlchemy connections
+    (their transaction begun explicitly, or by SQLAlchemy on their first statement) and
+    connections borrowed for one statement, each with what gives it back."""
 
     def __init__(self) -> None:
-        self._open: list[tuple[AsyncConnection | PoolProxiedConnection, AsyncTransaction | None]] = []
-        self._inline: list[InlineConnection] = []
+        self._open: list[AsyncConnection | Release] = []
 
-    def add(self, conn: AsyncConnection | PoolProxiedConnection, transaction: AsyncTransaction | None = None) -> None:
-        self._open.append((conn, transaction))
+    def add(self, conn: AsyncConnection) -> None:
+        self._open.append(conn)
 
-    def add_inline(self, conn: InlineConnection) -> None:
-        """An inline statement: nothing to end, unless it borrowed a pooled connection."""
-        self._inline.append(conn)
+    def add_release(self, release: Release) -> None:
+        self._open.append(release)
 
     def __bool__(self) -> bool:
-        return bool(self._open or self._inline)
+        return bool(self._open)
 
     async def end(self, commit: bool, *, clean: bool = True) -> None:
         """Commit (or roll back) and close every connection, newest first; after a failed
         commit the rest roll back, and the first error is raised once all are closed.
 
-        ``clean=False``: the request stopped midway (an error escaped, or it was cancelled),
-        so a borrowed driver connection may be inside a statement: it is discarded, not pooled.
+        ``clean=False``: the request stopped midway (an error escaped, or it was cancelled).
         """
         error: BaseException | None = None
-        while self._inline:
-            pooled = self._inline.pop().pooled_if_borrowed()
-            if pooled is not None:
-                self._open.insert(0, (pooled, None))
         while self._open:
-            conn, transaction = self._open.pop()
+            conn = self._open.pop()
             if not isinstance(conn, AsyncConnection):
                 try:
-                    if not clean:
-                        conn.invalidate()
-                    await close_pooled(conn)
+                    await conn(clean)
                 except Exception as exc:  # noqa: BLE001 (kept, raised once every connection is closed)
                     error = error or exc
                 continue
             try:
-                if transaction is not None and transaction.is_active:
+                if conn.in_transaction():
                     if commit and error is None:
-                        await transaction.commit()
+                        await conn.commit()
                     else:
-                        await transaction.rollback()
+                        await conn.rollback()
             except Exception as exc:  # noqa: BLE001 (kept, raised once every connection is closed)
                 error = error or exc
                 # Its state is unknown (SQLite keeps the transaction open when COMMIT fails):

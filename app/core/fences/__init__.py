@@ -7,10 +7,10 @@ changes one fails a test instead of the gateway, and ``pyproject.toml`` bounds e
 below the next release nobody has checked. ``tests/test_fences.py`` also scans ``app/`` so no
 internal is used outside this package.
 
-- ``fastapi_``: dependency planning (``app.core.http.planning``) and included routes (``app.core.http.routing``).
+- ``fastapi_``: dependency planning (``app.core.fast.plans``) and a route's body model.
 - ``starlette_``: the route path of a request, as Starlette's router matches it.
 - ``sqlalchemy_``: closing a pooled connection from async code; asyncpg errors translated and
-  a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.db.statements``).
+  a pool recycled as SQLAlchemy's ``Connection`` does (``app.core.fast.fixed_statements``).
 - ``aiohttp_``: how far an S3 download's body is read ahead (the reader's water marks, which
   aiobotocore gives no way to set; ``app.files.s3``).
 - asyncpg: none. (``asyncpg.exceptions._base.DataError`` was used to recognise a value asyncpg

@@ -1,31 +1,26 @@
-"""FastAPI internals used to plan route handlers once (``app.core.http.planning``, ``app.core.http.routing``).
+"""FastAPI internals used to plan route handlers once (``app.core.fast.plans``) and to read body models.
 
 FastAPI has no public API to inspect a route's dependency tree or to validate request
 parameters outside its own ``solve_dependencies``; planning needs both. What is relied on:
 
 - ``fastapi.dependencies.models.Dependant``: a dataclass whose fields are exactly
-  ``DEPENDANT_FIELDS`` (a plan only supports the ones in ``app.core.http.planning``; a new field
-  makes planning refuse every route, so start-up fails until it is looked at).
+  ``DEPENDANT_FIELDS`` (a plan only supports the ones in ``app.core.fast.plans``; a new field
+  makes planning refuse every ``@fast`` route, so start-up fails until it is looked at).
 - ``fastapi.dependencies.utils``: ``request_params_to_args(fields, received)``, and the private
   ``_get_param_model(field)``, ``_is_json_field(field)``, ``_get_param_aliases(field)`` (the
   request keys a field is read from, in preference order), with ``field_annotation_is_sequence``
   and ``get_missing_field_error(loc)`` as that module re-exports them.
 - ``ModelField`` (``fastapi._compat``): ``name``, ``default``, ``field_info`` (pydantic's
   ``FieldInfo`` with FastAPI's ``in_``) and ``validate(value, values, *, loc)``.
-- ``fastapi.routing._effective_route_context_var``: the ContextVar naming the included route
-  (with its router's prefix and dependencies) while ``include_router`` builds its handler.
-  FastAPI 0.16x calls ``APIRoute.get_route_handler()`` with no argument saying which inclusion
-  it builds for (its own TODO says so).
 - ``fastapi.dependencies.utils._should_embed_body_fields(body_params)``: whether FastAPI reads
   a route's body as an object holding each body parameter (else the body is the one parameter),
-  for ``single_body_model`` (``app.core.http.bodies``).
+  for ``single_body_model`` (``app.core.http.routing``, ``app.core.fast.plans``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import routing as _fastapi_routing
 from fastapi.dependencies import utils as _utils
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import request_params_to_args
@@ -35,7 +30,6 @@ __all__ = [
     "DEPENDANT_FIELDS",
     "Dependant",
     "annotation_is_sequence",
-    "included_route",
     "is_json_field",
     "missing_field_error",
     "param_model",
@@ -50,17 +44,6 @@ DEPENDANT_FIELDS = frozenset({
     "own_oauth_scopes", "parent_oauth_scopes", "use_cache", "path", "scope", "concurrency",
 })
 """The fields of ``Dependant`` as of the FastAPI version checked (``tests/test_fences.py``)."""
-
-_EFFECTIVE_ROUTE = _fastapi_routing._effective_route_context_var
-
-
-def included_route(route: Any) -> Any | None:
-    """The effective route (prefix and dependencies of the router it was included with) that
-    FastAPI is building ``route``'s handler for right now, or None outside ``include_router``."""
-    context = _EFFECTIVE_ROUTE.get()
-    if context is not None and getattr(context, "original_route", None) is route:
-        return context
-    return None
 
 
 def param_model(field: Any) -> type | None:

@@ -1,4 +1,4 @@
-"""SQLAlchemy internals for the driver-level statements of ``app.core.db.statements``.
+"""SQLAlchemy internals for the driver-level statements of ``app.core.fast.fixed_statements``.
 
 Single-statement requests send asyncpg statements on a connection borrowed from SQLAlchemy's
 pool (``AsyncEngine.raw_connection()``, public) without a ``Connection`` around it. What a

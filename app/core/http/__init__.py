@@ -1,1 +1,1 @@
-"""HTTP: the connection layer, routing and gates, bodies, planning, conditions, OpenAPI."""
+"""HTTP: the connection layer, routing and gates, bodies, conditions, OpenAPI."""

@@ -1,36 +1,18 @@
 """JSON request bodies: parsed and validated in one place, in turns of the event loop of their own.
 
-Every ``Body.JSON`` route's body goes through ``parse_and_validate``: a route with a body model
-(``body: Model``, served by FastAPI's handler) through ``model_body_handler``, which hands FastAPI
-the validated model (FastAPI's own check of a model instance is an ``isinstance``), and a planned
-route through the ``json_body(Model)`` dependency. FastAPI reads a body model itself, and a route
-with one is served by FastAPI's own handler, whose per-request dependency solving was about a
-fifth of a vector search's gateway CPU (``docs/benchmarks.md``); ``json_body`` is the planned
-equivalent. Both answer as FastAPI does: the body is parsed as JSON when the content type says
-JSON (a strict content type: a missing or other one leaves the bytes, which a model refuses),
-validated with the model as FastAPI validates a body field (``validate_python``, so a value is
-valid exactly when it was), and a 422 (``RequestValidationError``) carries pydantic's errors,
-``loc`` starting with ``body``.
+Every route's body model goes through ``parse_and_validate``: a plain route's through
+``model_body_handler`` (FastAPI is handed the validated model, which it accepts as itself), a
+``@fast`` route's through ``json_model_reader`` (``app.core.fast.plans``). Both answer as FastAPI
+does: a body is parsed as JSON when its content type says JSON (else the bytes, which a model
+refuses), validated as FastAPI validates a body field (``validate_python``), and a 422 carries
+pydantic's errors with ``loc`` starting at ``body``.
 
-Parsing is pydantic-core's (``from_json``), not ``json.loads``: about 5x faster on a body of
-numbers (a 9.4 MiB batch of 1,000 x 1,000 floats: 45-60 against 230-290 ms), with the same values
-(integers of any size up to 4,300 digits, floats rounded alike, the last of duplicate keys, U+0000
-kept). It refuses what the gateway refuses anyway (NaN/Infinity, lone surrogates, bytes that are
-not UTF-8), and its own limits are answered as such: JSON nested deeper than ``MAX_JSON_DEPTH``
-levels, a number of more than ``MAX_NUMBER_DIGITS`` digits (422 naming the limit, where the
-stdlib's RecursionError and ValueError were a bare 400).
-
-The event loop runs one request's parse or validation at a time, each one C call that nothing
-interrupts, so a large body's parse and its validation each get a turn of their own: the loop
-serves the other requests that arrived meanwhile before each (a stall is the longer of the two,
-not their sum; ``tests/test_request_bounds.py`` measures it). A worker thread would not help:
-both calls hold the GIL throughout, and each of the several times a waiting request needs the
-GIL it waits for the call in progress (measured: a longer stall than on the loop itself).
-``model_validate_json`` (one call) is about 20% faster but validates in JSON mode, which is
-not the same (a 400-digit integer is a valid strict float there: infinity; NaN is a float).
-
-The model's schema goes into the OpenAPI document as FastAPI would put it there
-(``request_body``, ``build_openapi``).
+The rules: parsing is pydantic-core's (``from_json``), which refuses what the gateway refuses
+(NaN/Infinity, lone surrogates, bytes that are not UTF-8) and answers its own limits
+(``MAX_JSON_DEPTH``, ``MAX_NUMBER_DIGITS``) as 422s naming them; a large body's parse and its
+validation each get a turn of the event loop of their own, so other requests are served before
+each (``tests/test_request_bounds.py`` measures the stall). Why not a thread, and why not
+``model_validate_json``: ``docs/benchmarks.md`` ("JSON bodies").
 """
 from __future__ import annotations
 
@@ -72,10 +54,6 @@ a larger one is answered with the parser's line and column."""
 _DEPTH = "recursion limit exceeded"
 _DIGITS = "number out of range"
 _WHERE = re.compile(r" at line \d+ column \d+$")
-
-body_models: dict[str, type[BaseModel]] = {}
-"""Models read by ``json_body``, by name: their schemas are added to the OpenAPI components."""
-
 
 def _is_json(content_type: str | None) -> bool:
     if not content_type:
@@ -137,10 +115,9 @@ async def parse_and_validate(adapter: TypeAdapter[Any], raw: bytes) -> Any:
     return validate(adapter, value)
 
 
-def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
-    """A dependency returning the request's body as ``model``, validated as FastAPI does."""
+def json_model_reader(model: type[M]) -> Callable[[Request], Awaitable[M]]:
+    """What reads a request's body as ``model``, validated as FastAPI validates a body model."""
     adapter: TypeAdapter[M] = TypeAdapter(model)
-    body_models[model.__name__] = model
 
     async def read(request: Request) -> M:
         raw = await request.body()
@@ -170,12 +147,3 @@ def model_body_handler(model: type[BaseModel], handler: Handler) -> Handler:
 
     parsed.__qualname__ = getattr(handler, "__qualname__", "handler")
     return parsed
-
-
-def request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """The ``openapi_extra`` of a route whose body ``json_body(model)`` reads: a required JSON
-    body of the model's component schema, as FastAPI documents a body model."""
-    return {"requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
-    }}

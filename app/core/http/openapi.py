@@ -16,7 +16,6 @@ from fastapi.openapi.utils import get_openapi
 
 from app.auth.schemas import SCOPE_PATTERN
 from app.core.errors import PROBLEM_JSON, Problem
-from app.core.http.bodies import body_models
 from app.core.http.routing import CapabilityRoutes, api_routes
 from app.core.state import gateway_state
 
@@ -123,13 +122,6 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, model in body_models.items():  # bodies read by ``json_body``, as FastAPI lists a body model
-        if name not in schemas:
-            component = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="validation")
-            for field in component.get("properties", {}).values():  # FastAPI leaves a None default out
-                if "default" in field and field["default"] is None:
-                    del field["default"]
-            schemas[name] = component
     for name in _UNUSED:
         schemas.pop(name, None)
     components["securitySchemes"] = {

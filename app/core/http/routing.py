@@ -2,20 +2,16 @@
 
 Paths under ``/v1`` name their capability in the third segment (``/v1/{namespace}/<capability>/...``;
 a namespace cannot contain ``/``), so ``CapabilityRoutes`` tells from that one segment whether any
-of its routes could match, and only then tries them. A capability is declared on a
-``CapabilityRouter`` and added to the app with ``include_capability``: its routes are copied
-with the ``/v1/{namespace}`` prefix and the app's dependencies (as FastAPI's ``include_router``
-did before 0.16x), not included as a nested router. FastAPI 0.165 matches a request against a
-nested router twice and keeps per-router bookkeeping in the scope: about 20 us of a kv read's
-~185 us of CPU (measured in-process).
+of its routes could match, and only then tries them. A capability declares its routes on a
+``CapabilityRouter``; ``include_capability`` copies them into the app with the
+``/v1/{namespace}`` prefix as ``GatewayRoute``s (not a nested router, which FastAPI matches twice).
 
-Every route solves its dependencies from a plan built once (``app.core.http.planning``).
-
-The gate is also where a request's pipeline runs, in this order and the same for every route:
-the route is matched; the caller is authenticated and authorized from the headers alone (the
-gate's ``guard``); only then is the body read, within the matched route's declared limit and
-deadlines (``app.core.http.limits``); only then does the route run, so its database connection and
-locks are taken once the body is complete.
+The rule, the same for every route: the route is matched; the caller is authenticated and
+authorized from the headers alone (the gate's ``guard``); only then is the body read, within the
+matched route's declared limit and deadlines (``app.core.http.limits``), and parsed by
+``app.core.http.bodies``; only then does the route run, so its database connection and locks are
+taken once the body is complete. A ``@fast`` route (``app.core.fast``) is served by a planned
+handler; one that cannot be planned fails here, at start-up.
 """
 
 from __future__ import annotations
@@ -32,11 +28,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
-from app.core.config import LimitsSettings
-from app.core.fences.fastapi_ import included_route, single_body_model
+from app.core.config import FastPathSettings, Settings
+from app.core.fast import OneStatement, promise_of
+from app.core.fast.plans import planned_handler
+from app.core.fences.fastapi_ import single_body_model
 from app.core.fences.starlette_ import route_path
 from app.core.http.bodies import model_body_handler
-from app.core.http.planning import compile_handler, opted_out, unplannable_because
 from app.core.jsonvalue import check_json_encoding
 from app.core.state import gateway_state
 from app.core.http.limits import (
@@ -55,57 +52,39 @@ from app.core.http.limits import (
 from app.core.http.paths import check_path_utf8
 
 
-class UnplannedRoute(RuntimeError):
-    """A ``PlannedRoute`` that cannot be planned and does not say it opts out (or opts out needlessly)."""
-
-
-class PlannedRoute(APIRoute):
-    """An ``APIRoute`` whose handler is planned (``compile_handler``).
-
-    A route that cannot be planned raises ``UnplannedRoute`` when it is declared, unless its
-    endpoint is marked ``@served_by_fastapi("why")``; a marked route that could be planned
-    raises too, so the mark goes when its reason does.
-    """
+class GatewayRoute(APIRoute):
+    """A route as a gate serves it: FastAPI's handler, its body model parsed and validated by
+    ``app.core.http.bodies``; a ``@fast`` route's handler planned (``app.core.fast.plans``)."""
 
     planned: bool = False
 
+    def __init__(self, *args: Any, fast_paths: FastPathSettings, **kwargs: Any) -> None:
+        self.fast_paths = fast_paths
+        super().__init__(*args, **kwargs)
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        # When FastAPI builds an included route's handler, plan that one (its router's prefix
-        # and dependencies included).
-        route: Any = included_route(self) or self
         fastapis = super().get_route_handler()
-        reason = unplannable_because(route.dependant)
-        opt_out = opted_out(self.endpoint)
-        where = f"{sorted(self.methods or ())} {route.path_format}"
-        if reason is None and opt_out is not None:
-            raise UnplannedRoute(
-                f"{where} is marked @served_by_fastapi({opt_out!r}) but can be planned: remove the mark"
+        if promise_of(self.endpoint) is not None:
+            planned = planned_handler(self, fastapis)  # checked whether used or not: FastPathRefused
+            if self.fast_paths.plans:
+                self.planned = True
+                return planned
+        if not self.dependant.body_params:
+            return fastapis
+        model = single_body_model(self)
+        if model is None:
+            raise RuntimeError(
+                f"{sorted(self.methods or ())} {self.path_format}: a request body must be one pydantic "
+                "model (app.core.http.bodies reads it)"
             )
-        if reason is not None:
-            if opt_out is None:
-                raise UnplannedRoute(
-                    f"{where} cannot be planned: {reason}. Make it plannable (app.core.http.planning) "
-                    f"or mark {self.endpoint.__qualname__} @served_by_fastapi(\"why\")"
-                )
-            if not route.dependant.body_params:
-                return fastapis
-            model = single_body_model(route)
-            if model is None:
-                raise UnplannedRoute(
-                    f"{where}: a request body must be one pydantic model (app.core.http.bodies reads it)"
-                )
-            return model_body_handler(model, fastapis)
-        handler = compile_handler(route.dependant, fastapis, route.dependency_overrides_provider)
-        assert handler is not None
-        route.planned = True
-        return handler
+        return model_body_handler(model, fastapis)
 
 
 class CapabilityRouter(APIRouter):
     """Where a capability declares its routes (``prefix="/<capability>"``); see ``include_capability``."""
 
     def __init__(self, capability: str, **kwargs: Any) -> None:
-        super().__init__(prefix=f"/{capability}", route_class=PlannedRoute, **kwargs)
+        super().__init__(prefix=f"/{capability}", **kwargs)
         self.capability = capability
 
 
@@ -129,30 +108,42 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 Guard = Callable[[Request, str, bool], Awaitable[None]]
 
 
+ROUTE_POLICY = "gateway.route_policy"
+
+
 @dataclass(frozen=True)
 class RoutePolicy:
-    """What the gate enforces for one route before it runs."""
+    """What the gate enforces for one route before it runs, and what its connections are."""
 
     body: BodySpec
     limit: int  # bytes of body, from the settings
-    reads: bool  # for scopes: GET/HEAD, or a POST declared read-only
+    reads: bool  # for scopes and transactions: GET/HEAD, or a POST declared read-only
+    one_statement: OneStatement  # @fast(one_statement=...), when fast_paths.one_statement is on
 
 
-def route_policy(route: APIRoute, limits: LimitsSettings) -> RoutePolicy:
+def route_policy(route: APIRoute, settings: Settings) -> RoutePolicy:
     methods = set(route.methods or ())
     spec = body_spec(route.endpoint, methods, route.body_field is not None, route.path)
-    return RoutePolicy(spec, spec.limit(limits), methods <= READ_METHODS or spec.read_only)
+    promise = promise_of(route.endpoint)
+    one_statement = promise.one_statement if promise is not None and settings.fast_paths.one_statement else False
+    return RoutePolicy(spec, spec.limit(settings.limits), methods <= READ_METHODS or spec.read_only, one_statement)
+
+
+def route_policy_of(scope: Scope) -> RoutePolicy | None:
+    """The policy of the route a gate matched for this request (None outside the gates)."""
+    policy: RoutePolicy | None = scope.get(ROUTE_POLICY)
+    return policy
 
 
 class GatedRoutes(BaseRoute):
     """Routes tried only for paths under their gate, each run behind the request pipeline."""
 
-    def __init__(self, name: str, routes: list[APIRoute], guard: Guard, limits: LimitsSettings) -> None:
+    def __init__(self, name: str, routes: list[APIRoute], guard: Guard, settings: Settings) -> None:
         self.name = name
         self.routes = routes
         self.guard = guard
-        self.limits = limits
-        self.policies = {id(route): route_policy(route, limits) for route in routes}
+        self.limits = settings.limits
+        self.policies = {id(route): route_policy(route, settings) for route in routes}
 
     def selects(self, parts: list[str]) -> bool:  # parts: "", "v1", namespace, capability, rest
         raise NotImplementedError
@@ -180,7 +171,7 @@ class GatedRoutes(BaseRoute):
             # Every method the path supports, not only the first route's (RFC 9110 section 15.5.6).
             raise HTTPException(status_code=405, headers={"Allow": ", ".join(sorted(allowed))})
         route: APIRoute = scope[_MATCHED]
-        policy = self.policies[id(route)]
+        policy = scope[ROUTE_POLICY] = self.policies[id(route)]
         await self.guard(Request(scope), self.name, policy.reads)
         check_path_utf8(scope)
         if has_body(scope):
@@ -221,8 +212,8 @@ class CapabilityRoutes(GatedRoutes):
 class PrefixRoutes(GatedRoutes):
     """Routes under a fixed path prefix (``/v1/admin/keys``)."""
 
-    def __init__(self, prefix: str, routes: list[APIRoute], guard: Guard, limits: LimitsSettings) -> None:
-        super().__init__(prefix, routes, guard, limits)
+    def __init__(self, prefix: str, routes: list[APIRoute], guard: Guard, settings: Settings) -> None:
+        super().__init__(prefix, routes, guard, settings)
         self._parts = prefix.split("/")
 
     def selects(self, parts: list[str]) -> bool:
@@ -231,11 +222,12 @@ class PrefixRoutes(GatedRoutes):
 
 def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]:
     return [
-        PlannedRoute(
+        GatewayRoute(
             prefix + route.path,
             route.endpoint,
             dependencies=list(route.dependencies),
             dependency_overrides_provider=app,
+            fast_paths=gateway_state(app).settings.fast_paths,
             **{name: getattr(route, name) for name in _ROUTE_FIELDS},
         )
         for route in router.routes
@@ -246,13 +238,13 @@ def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]
 def include_capability(app: FastAPI, router: CapabilityRouter, prefix: str, guard: Guard) -> None:
     """Add ``router``'s routes to ``app`` under ``prefix``, behind one gate that runs ``guard``."""
     routes = _copy_routes(app, router, prefix)
-    app.router.routes.append(CapabilityRoutes(router.capability, routes, guard, gateway_state(app).settings.limits))
+    app.router.routes.append(CapabilityRoutes(router.capability, routes, guard, gateway_state(app).settings))
 
 
 def include_guarded(app: FastAPI, router: APIRouter, guard: Guard) -> None:
     """Add ``router``'s routes (already under their full ``prefix``) behind a gate on that prefix."""
     routes = _copy_routes(app, router, "")
-    app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, gateway_state(app).settings.limits))
+    app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, gateway_state(app).settings))
 
 
 def api_routes(routes: list[BaseRoute]) -> list[BaseRoute]:

@@ -74,7 +74,7 @@ DB_CONNECTIONS_OPENED = Counter(
 
 SQLITE_INLINE_READS = Counter(
     "gateway_sqlite_inline_reads",
-    "One-statement SQLite reads tried on the event loop's thread (app.core.db.inline), by outcome: "
+    "One-statement SQLite reads tried on the event loop's thread (app.core.fast.inline_sqlite), by outcome: "
     "inline (answered there), or over_budget / skipped (its SQL ran past the budget lately) / busy / "
     "error (sent through the pool instead).",
     ("database", "outcome"),
@@ -83,7 +83,7 @@ SQLITE_INLINE_READS = Counter(
 
 SQLITE_INLINE_WRITES = Counter(
     "gateway_sqlite_inline_writes",
-    "One-statement SQLite writes tried on the event loop's thread (app.core.db.inline), by outcome: "
+    "One-statement SQLite writes tried on the event loop's thread (app.core.fast.inline_sqlite), by outcome: "
     "inline (committed there), or over_budget / skipped / busy (the write lock was held elsewhere) / "
     "error (sent through the pool instead, where it waits for the lock as before).",
     ("database", "outcome"),

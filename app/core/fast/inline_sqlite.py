@@ -1,47 +1,24 @@
 """SQLite statements of one-statement requests on the event loop's own thread, within a time budget.
 
-aiosqlite runs every statement on a thread of its own connection: each call is a hand-off there
-and back (a queue put, a futex wake, a context switch, ``call_soon_threadsafe``). For a kv or
-record read, a primary-key lookup that SQLite answers in tens of microseconds, that hand-off
-was the largest single cost: wrk, kv get at concurrency 1, one worker, the embedded default,
-1,642-1,697 req/s and 562-579 us of server CPU per read through aiosqlite against 2,391-2,466
-req/s and 401-413 us run in the loop's thread (``docs/benchmarks.md``, issue 17). A kv set at
-concurrency 16: 1,404-1,498 against 3,474-3,613 req/s.
+Each SQLite file has an ``InlineStatements``: two sqlite3 connections (one ``query_only`` for
+reads, one for writes) used only from the loop's thread, so a statement skips aiosqlite's hand-off
+to its thread and back. A ``@fast(one_statement=...)`` route on SQLite is handed an
+``InlineConnection``, and a file's version swap can run as one inline transaction
+(``transaction_soon``: its write lock held for its few statements only, never across an await).
 
-So a request that runs one statement (the ``*Statement`` dependencies) gets an
-``InlineConnection`` instead of a pooled connection. Its statement runs on the database's
-``InlineStatements``: two sqlite3 connections per database (one ``query_only`` for reads, one for
-writes), used only from the event loop's thread. A statement is synchronous, so it runs to its
-end before the loop does anything else and one connection of each kind serves them all. The
-loop is never held for long:
+The rules that keep the loop free and the answers the pool's:
 
-- a statement that runs past ``inline_budget_ms`` is interrupted (a progress handler,
-  every ``CHECK_EVERY`` virtual-machine steps), and its SQL skips this path for its next
-  ``SKIP_AFTER_OVER_BUDGET`` runs. An interrupted write changed nothing, unless SQLite
-  interrupted it after its autocommit (it calls the handler once more after the last step):
-  a write counts as committed when the connection's ``total_changes`` moved, whatever its error;
-- a statement that would wait for a lock fails at once (``busy_timeout`` 0): a write that finds
-  SQLite's write lock held (by another worker, or a transaction on the pool) never waits here;
-- the writer never checkpoints the WAL (``wal_autocheckpoint`` 0: a checkpoint copies pages and
-  fsyncs); every ``CHECKPOINT_EVERY`` inline writes (or ``CHECKPOINT_EVERY_BYTES`` of values)
-  ask for a PASSIVE checkpoint through the pool (``Databases``), where the pool's own commits
-  also keep checkpointing as before.
+- a statement that runs past ``inline_budget_ms`` is interrupted (a progress handler every
+  ``CHECK_EVERY`` steps) and its SQL skips this path for its next ``SKIP_AFTER_OVER_BUDGET`` runs;
+- a statement never waits for a lock (``busy_timeout`` 0), and the writer never checkpoints the
+  WAL on the loop's thread (``wal_autocheckpoint`` 0; every ``CHECKPOINT_EVERY`` writes or
+  ``CHECKPOINT_EVERY_BYTES`` it asks the pool for a PASSIVE checkpoint);
+- any of these, and any other error, sends the statement again through the pool, where it runs
+  as every other statement: only a statement that succeeds inline is answered from here, and a
+  write interrupted after its autocommit counts as committed (``total_changes`` moved).
 
-Any of these, and any other error, sends the statement again through the pool and aiosqlite's
-thread, where it runs (or fails, or waits for the lock) exactly as every other statement: the
-answer is always the one that path gives, and only a statement that succeeds inline is answered
-from here. Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``).
-
-A write of a few statements that decides from what it reads (a file's version swap) can run as
-one inline transaction (``transaction``): ``BEGIN IMMEDIATE``, its statements and ``COMMIT`` in
-one go on the loop's thread, so SQLite's write lock is held for those statements only, never
-across an ``await`` (through the pool each statement is a hand-off to aiosqlite's thread and back
-to a loop that may be busy, with the lock held all along). A lock held elsewhere, a spent budget
-or any SQLite error rolls it back, and it runs through the pool as before.
-
-A read sees the newest committed state: in WAL mode each statement outside a transaction
-starts its own read of the latest commit. A write commits before ``write`` returns
-(autocommit, ``synchronous=NORMAL`` as the pool's connections), so it is acknowledged committed.
+Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``). What it buys:
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -246,9 +223,9 @@ class InlineStatements:
         while SQLite's write lock is held elsewhere; None: it must run through the pool.
 
         Other inline transactions hold the lock for a fraction of a millisecond, a transaction
-        through the pool for several hand-offs to aiosqlite's thread. Going to the pool at the
-        first refusal made most file swaps of two busy workers go there, each holding the lock
-        longer, so more were refused: 684 of 870 in 8 s of 16 concurrent 1 MiB uploads.
+        through the pool for several hand-offs to aiosqlite's thread: going to the pool at the
+        first refusal would send most swaps of two busy workers there, each holding the lock
+        longer (``docs/benchmarks.md``).
         """
         for attempt in range(LOCK_TRIES):
             try:

@@ -1,23 +1,18 @@
-"""Route handlers that solve their dependencies from a plan built once, not per request.
+"""Handlers of ``@fast`` routes: dependencies solved from a plan built once, not per request.
 
-FastAPI's ``solve_dependencies`` re-derives, on every request, facts about each dependency that
-never change: whether it is a generator, its cache key, whether it uses security scopes, which
-parameter lists are empty. For a kv read that was about a third of the gateway's CPU per request
-(measured in-process, ``docs/benchmarks.md``). ``compile_handler`` walks a route's dependency
-tree once and returns a handler that does only the per-request part: validate the path, query
-and header parameters as FastAPI's ``request_params_to_args`` does (with each field's own
-validator, so the values, and the errors behind a 422, are FastAPI's), call each dependency
-once per request, call the endpoint.
+FastAPI's ``solve_dependencies`` re-derives on every request facts about each dependency that
+never change (whether it is a generator, its cache key, its security scopes, which parameter
+lists are empty). ``planned_handler`` walks a route's dependency tree once and returns a handler
+that does only the per-request part: the body model parsed and validated by
+``app.core.http.bodies`` (as every route's), path, query, header and cookie parameters validated
+with each field's own validator (so values and 422s are FastAPI's), each dependency called once,
+the endpoint called.
 
-Planning is an allow-list: a plan supports async functions (no generators, no threads),
-``Request`` parameters, path/query/header/cookie parameters, and an endpoint that returns a
-``Response`` itself; any other ``Dependant`` field in use (a body, security scopes, a field a
-newer FastAPI adds) makes the route unplannable (``unplannable_because`` says why). A
-``PlannedRoute`` that cannot be planned fails when it is declared, at start-up, unless its
-endpoint opts out with ``@served_by_fastapi("why")``; then FastAPI's own handler serves it.
-While ``app.dependency_overrides`` is set, FastAPI's handler serves planned routes too.
-(FastAPI 0.165's own telemetry hooks around dependency solving are not called for planned routes.)
-
+The rule: planning is an allow-list. A plan supports async functions (no generators, no
+threads), ``Request`` parameters, path/query/header/cookie parameters, one body model, and an
+endpoint that returns a ``Response``; anything else in a ``Dependant`` (security scopes,
+background tasks, a field a newer FastAPI adds) refuses the route with ``FastPathRefused`` at
+start-up. While ``app.dependency_overrides`` is set, FastAPI's own handler serves the route.
 FastAPI's internals used here live in ``app.core.fences.fastapi_``.
 """
 
@@ -28,8 +23,9 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from copy import deepcopy
 from functools import partial
-from typing import Any, get_type_hints
+from typing import Any
 
+from fastapi.dependencies.utils import get_typed_return_annotation
 from fastapi.exceptions import RequestValidationError
 from fastapi.security.base import SecurityBase
 from starlette.requests import Request
@@ -37,13 +33,12 @@ from starlette.responses import Response
 
 from app.core.fences import fastapi_ as fence
 from app.core.fences.fastapi_ import Dependant, request_params_to_args
+from app.core.http.bodies import json_model_reader
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]  # as APIRoute.get_route_handler returns
 Solver = Callable[[Request, dict[Any, Any], list[Any]], Awaitable[dict[str, Any]]]
 Reader = Callable[[Mapping[str, Any]], tuple[dict[str, Any], list[Any]]]
-Endpoint = Callable[..., Any]
 _IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple, frozenset)
-_OPT_OUT = "__gateway_served_by_fastapi__"
 
 # What a plan does with each field of FastAPI's ``Dependant`` (``fence.DEPENDANT_FIELDS``, pinned):
 _PLANNED_FIELDS = frozenset({
@@ -53,45 +48,30 @@ _PLANNED_FIELDS = frozenset({
 # No behaviour for a plain async function: ``path`` is descriptive, ``scope`` ("function" or
 # "request", set on every dependant) only says when a generator dependency's exit code runs.
 _DESCRIPTIVE_FIELDS = frozenset({"path", "scope"})
-# Every other field must be empty (None, False, []): body_params, websocket_param_name,
-# response_param_name, background_tasks_param_name, security_scopes_param_name,
-# own_oauth_scopes, parent_oauth_scopes, concurrency, and any field not listed here.
+# Every other field must be empty (None, False, []): websocket_param_name, response_param_name,
+# background_tasks_param_name, security_scopes_param_name, own_oauth_scopes, parent_oauth_scopes,
+# concurrency, and any field not listed here; ``body_params`` only on the route itself, as one
+# model (``planned_handler``).
 
 
-def served_by_fastapi(reason: str) -> Callable[[Endpoint], Endpoint]:
-    """Opt the decorated endpoint's route out of planning: FastAPI's own handler serves it.
-
-    ``reason`` says why (it shows in the start-up error of a route that opts out but could be
-    planned, so the mark cannot outlive its cause).
-    """
-    if not reason:
-        raise ValueError("say why the route is served by FastAPI")
-
-    def mark(endpoint: Endpoint) -> Endpoint:
-        setattr(endpoint, _OPT_OUT, reason)
-        return endpoint
-
-    return mark
-
-
-def opted_out(endpoint: Endpoint | None) -> str | None:
-    """The reason ``endpoint`` gave with ``@served_by_fastapi``, or None."""
-    return getattr(endpoint, _OPT_OUT, None)
+class FastPathRefused(RuntimeError):
+    """A ``@fast`` route that cannot keep its promise (raised at start-up, naming the fix)."""
 
 
 def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None:
-    """Why ``dependant`` (its whole tree) cannot be planned, or None when it can."""
+    """Why ``dependant`` (its whole tree) cannot be planned, or None when it can (a body on
+    ``top`` is the route's, checked by ``planned_handler``)."""
     call: Any = dependant.call  # None for a parameter-only sub-dependant
     label = getattr(call, "__qualname__", repr(call))
     if isinstance(call, SecurityBase) or not inspect.iscoroutinefunction(call):
         return f"{label} is not an async function"  # sync functions, classes, generators, security schemes
     for name in (f.name for f in dataclasses.fields(dependant)):
-        if name in _PLANNED_FIELDS or name in _DESCRIPTIVE_FIELDS:
+        if name in _PLANNED_FIELDS or name in _DESCRIPTIVE_FIELDS or (top and name == "body_params"):
             continue
         if getattr(dependant, name):
             return f"{label} uses {name}"
     if top and not _returns_response(call):
-        return f"{label} does not return a Response (FastAPI serializes its return value)"
+        return f"{label} does not return a Response (FastAPI would serialize its return value)"
     for sub in dependant.dependencies:
         reason = unplannable_because(sub, top=False)
         if reason is not None:
@@ -101,7 +81,7 @@ def unplannable_because(dependant: Dependant, *, top: bool = True) -> str | None
 
 def _returns_response(call: Callable[..., Any]) -> bool:
     try:
-        hint = get_type_hints(call).get("return")
+        hint = get_typed_return_annotation(call)  # the return annotation alone, as FastAPI resolves it
     except Exception:  # noqa: BLE001 (an annotation that cannot be resolved: not planned)
         return False
     return isinstance(hint, type) and issubclass(hint, Response)
@@ -200,26 +180,42 @@ def _solver(dependant: Dependant) -> Solver:
     return solve
 
 
-def compile_handler(dependant: Dependant, fastapis: Handler, overrides_provider: Any = None) -> Handler | None:
-    """A handler for the route whose full dependency tree is ``dependant``, or None when the
-    route uses something a plan does not support (then FastAPI's own handler serves it).
+def planned_handler(route: Any, fastapis: Handler) -> Handler:
+    """The planned handler of ``route`` (an ``APIRoute`` with its full dependency tree), or
+    ``FastPathRefused`` saying why it cannot be planned.
 
     ``fastapis`` (FastAPI's handler for the route) serves the requests made while
-    ``overrides_provider.dependency_overrides`` replaces dependencies (tests), which a plan
-    built at start-up cannot know about.
+    ``route.dependency_overrides_provider.dependency_overrides`` replaces dependencies (tests),
+    which a plan built at start-up cannot know about.
     """
+    dependant: Dependant = route.dependant
     endpoint = dependant.call
-    if endpoint is None or unplannable_because(dependant) is not None:
-        return None
+    where = f"{sorted(route.methods or ())} {route.path_format}"
+    reason = "it has no endpoint" if endpoint is None else unplannable_because(dependant)
+    model = fence.single_body_model(route) if dependant.body_params else None
+    if reason is None and dependant.body_params and model is None:
+        reason = "its request body is not one pydantic model"
+    if reason is not None:
+        raise FastPathRefused(
+            f"{where} is marked @fast but cannot be planned: {reason}. Remove @fast (a plain route "
+            "may do all of this), or make it plannable (app.core.fast.plans)"
+        )
+    assert endpoint is not None
     solve = _solver(dependant)
+    body_name = dependant.body_params[0].name if model is not None else None
+    read_body: Callable[[Request], Awaitable[Any]] | None = json_model_reader(model) if model is not None else None
+    overrides_provider = route.dependency_overrides_provider
 
     async def handler(request: Request) -> Response:
         if overrides_provider is not None and overrides_provider.dependency_overrides:
             return await fastapis(request)
+        body = await read_body(request) if read_body is not None else None
         errors: list[Any] = []
         values = await solve(request, {}, errors)
         if errors:
             raise RequestValidationError(errors)
+        if body_name is not None:
+            values[body_name] = body
         response = await endpoint(**values)
         if not isinstance(response, Response):
             raise TypeError(f"{endpoint.__qualname__} is annotated to return a Response, returned {type(response)}")

@@ -1,39 +1,19 @@
-"""Fixed statements: the SQL of kv and records, built once and run the cheapest way the backend allows.
+"""Fixed statements: SQL built once, run on whatever connection the route was handed.
 
-Every kv and records request but a batch is one statement. Such a request
-borrows a connection from the database's SQLAlchemy pool without a SQLAlchemy ``Connection``
-around it (``app.core.dependencies``) and sends its statement with the driver, compiled once at
-start-up. Statements without BEGIN run in autocommit, which for one statement is the same thing
-as a transaction (on SQLite a writing statement takes the write lock when it starts, waiting
-``busy_timeout`` for it as ``BEGIN IMMEDIATE`` does). In a transaction, the same
-``FixedStatement`` runs through SQLAlchemy.
+A repository builds its statements with ``fixed_statements(dialect)`` once, at start-up. On a
+SQLAlchemy connection (the plain path, any transaction) a fixed statement runs through
+SQLAlchemy; on the connection a ``@fast(one_statement=...)`` route is handed
+(``app.core.fast.one_statement``) it is sent with the driver, compiled once: asyncpg on a pooled
+connection in autocommit, aiosqlite in one hand-off to its thread, or SQLite on the loop's
+thread (``app.core.fast.inline_sqlite``). A statement whose shape depends on the request is one
+fixed statement per shape (``StatementShapes``).
 
-- PostgreSQL (asyncpg): SQLAlchemy's connection and execute layers cost about 60 us of CPU per
-  request, a quarter of a kv read (measured in-process, ``docs/benchmarks.md``), and BEGIN and
-  COMMIT two round trips.
-- SQLite (aiosqlite): every call into aiosqlite is a hand-off to the connection's thread and
-  back. Through SQLAlchemy a one-statement request made nine (BEGIN, cursor, execute, fetch and
-  close, twice over, then COMMIT); here it makes one (``execute_fetchall``, or ``execute`` for
-  a row count), and about 70% of a record read's wall time had been spent waiting on them
-  (``docs/benchmarks.md``, issue 17). The statement runs on the loop's own thread instead when
-  it can (``app.core.db.inline``: an ``InlineConnection``), with no hand-off and no pooled connection.
-
-A statement whose shape depends on the request (which bounds a page has, how many ETags an
-``If-Match`` lists) is one fixed statement per shape (``StatementShapes``).
-
-Two rules, enforced:
-
-- Rows come back as the driver returns them, without SQLAlchemy's result processing, so fixed
-  statements select text, numbers and keys only: a result column whose type needs processing
-  (``UtcDateTime``, a JSON type) is refused when the statement is built, on both backends, with
-  ``DriverResultTypeError`` naming the column.
-- A single-statement connection (the ``*Statement`` dependencies) borrowed for the driver path
-  runs one statement, since it runs in autocommit: in strict mode (``GATEWAY_STRICT_STATEMENTS=1``,
-  which the tests set) a second one raises ``SecondStatementError``. Off, it costs one boolean
-  test per statement. (On SQLite, and in a transaction, the same dependency gives a connection
-  in a transaction, where several statements are atomic together: checkpoints rely on that.)
-
-SQLAlchemy's events do not see the driver path; ``observers`` do (the scoping test listens there).
+The rules, enforced: a fixed statement returns only driver-ready types (a result column whose
+type needs SQLAlchemy's processing is refused when it is built: ``DriverResultTypeError``); a
+one-statement connection runs one statement (in strict mode, ``GATEWAY_STRICT_STATEMENTS=1``,
+which the tests set, a second raises ``SecondStatementError``); a driver error is raised as
+SQLAlchemy would raise it, so both paths answer alike. SQLAlchemy's events do not see the driver
+path; ``observers`` do (the scoping test listens there).
 """
 
 from __future__ import annotations
@@ -57,13 +37,13 @@ from sqlalchemy.sql.selectable import ExecutableReturnsRows
 from app.core.db.sqlite import SQLITE  # first: the sqlite3 module aiosqlite must import
 
 import aiosqlite  # (after the line above, so it imports that sqlite3)
-from app.core.db.inline import InlineConnection
+from app.core.fast.inline_sqlite import InlineConnection
 from app.core.fences.sqlalchemy_ import raise_as_dbapi_error, recycle_pool_generation
 
 Row = Sequence[Any]
 StatementConnection = AsyncConnection | PoolProxiedConnection | InlineConnection
-"""What a single-statement route gets: a pooled driver connection, an inline statement on
-SQLite (``app.core.db.inline``), or SQLAlchemy's connection inside a transaction."""
+"""What a fixed statement runs on: SQLAlchemy's connection, a pooled driver connection, or an
+inline statement on SQLite (``app.core.fast.inline_sqlite``)."""
 
 observers: list[Callable[[str, Sequence[Any]], None]] = []
 """Called with (SQL, arguments) for every statement sent on the driver path."""
@@ -73,7 +53,7 @@ ASYNCPG_DIALECT: Dialect = asyncpg_dialect.dialect(dbapi=asyncpg_dialect.dialect
 AIOSQLITE_DIALECT: Dialect = aiosqlite_dialect.dialect(dbapi=aiosqlite_dialect.dialect.import_dbapi())
 
 STRICT = os.environ.get("GATEWAY_STRICT_STATEMENTS", "") not in ("", "0")
-"""Whether single-statement connections check that they run one statement (the tests' setting)."""
+"""Whether one-statement connections check that they run one statement (the tests' setting)."""
 
 
 class DriverResultTypeError(TypeError):
@@ -81,7 +61,7 @@ class DriverResultTypeError(TypeError):
 
 
 class SecondStatementError(AssertionError):
-    """A single-statement connection was asked to run a second statement (strict mode)."""
+    """A one-statement connection was asked to run a second statement (strict mode)."""
 
 
 def check_driver_results(statement: ExecutableReturnsRows) -> None:
@@ -98,7 +78,7 @@ def check_driver_results(statement: ExecutableReturnsRows) -> None:
             )
 
 
-# Borrowed single-statement connections in strict mode -> whether each has run its statement.
+# Borrowed one-statement connections in strict mode -> whether each has run its statement.
 _single: weakref.WeakKeyDictionary[PoolProxiedConnection | InlineConnection, bool] = weakref.WeakKeyDictionary()
 
 
@@ -113,9 +93,9 @@ def _ran_statement(conn: PoolProxiedConnection | InlineConnection, sql: str) -> 
         return
     if ran:
         raise SecondStatementError(
-            "a single-statement connection (a *Statement dependency, in autocommit on PostgreSQL) "
-            f"was asked for a second statement: {sql.strip().splitlines()[0][:200]!r}; a route that "
-            "runs more than one statement takes a *Connection dependency (one transaction)"
+            "a route marked @fast(one_statement=...) runs in autocommit, but was asked for a second "
+            f"statement: {sql.strip().splitlines()[0][:200]!r}; a route that runs more than one "
+            "statement takes its connection plain (remove one_statement), in one transaction"
         )
     _single[conn] = True
 
