@@ -15,7 +15,7 @@ than 15% on every hot route (throughput, p50 or p99, at c1 or c16) is removed
 (``docs/architecture.md``, "Fast paths").
 
     .venv/bin/python bench/bench_fast_paths.py [--quick] [--seconds N] [--rounds N] [--workers N]
-        [--backends sqlite,postgres] [--ops kv get,...] [--configs fast,plain,...]
+        [--backends sqlite,postgres] [--ops kv get,...] [--configs fast,plain,...] [--points N]
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ async def setup(host: str, port: int) -> str:
     await conn.request("POST", f"{v1}/records/history", json.dumps(batch).encode())
     await conn.request("PUT", f"{v1}/vectors/docs", json.dumps({"vector_size": DIMS, "distance": "cosine"}).encode())
     for start in range(0, POINTS, 500):
-        points = [{"id": f"p{i}", "vector": _vector(i), "payload": {"n": i}} for i in range(start, start + 500)]
+        points = [{"id": f"p{i}", "vector": _vector(i), "payload": {"n": i}} for i in range(start, min(start + 500, POINTS))]
         await conn.request("POST", f"{v1}/vectors/docs/points", json.dumps({"points": points}).encode())
     for n in range(CHECKPOINTS):
         await conn.request("POST", f"{v1}/checkpoints/put", json.dumps(_checkpoint("read", n)).encode())
@@ -207,6 +207,7 @@ def print_table(backend: str, results: dict, configs: list[str], ops: list[str],
 
 
 def main() -> None:
+    global POINTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 0.5 s per cell")
     parser.add_argument("--seconds", type=float, default=1.5, help="seconds per cell and round (default 1.5)")
@@ -215,34 +216,39 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--ops", default=",".join(operations()), help="comma-separated operations (default: all)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations, `fast` first")
+    parser.add_argument("--points", type=int, default=POINTS, help=f"points in the searched collection (default {POINTS})")
     args = parser.parse_args()
+    POINTS = args.points
     seconds, rounds = (0.5, 1) if args.quick else (args.seconds, args.rounds)
     ops = [o.strip() for o in args.ops.split(",")]
     wanted = [c.strip() for c in args.configs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-fast-"))
-    tables = []
     try:
         for backend_name in args.backends.split(","):
             configs = [c for c in wanted if not (backend_name == "postgres" and c == "no inline_sqlite")]
             if backend_name == "sqlite":
                 urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
                 backend = Backend("sqlite", backend_env(urls, work / "sqlite"), urls)
-                tables.append((backend_name, configs, bench_backend(backend, work, configs, ops, seconds, rounds, args.workers)))
+                results = bench_backend(backend, work, configs, ops, seconds, rounds, args.workers)
+                print_table(backend_name, results, configs, ops, seconds, rounds, args.workers)
             else:
                 import pgserver
 
                 pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+                # Several gateways at once, each pooling up to 16 connections per database.
+                pg.psql("ALTER SYSTEM SET max_connections = 500;")
+                pg.cleanup()
+                pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
                 try:
                     urls = create_postgres_databases(pg.get_uri(), f"bench_{uuid.uuid4().hex[:8]}")
                     backend = Backend("postgres", backend_env(urls, work / "pgdata"), urls)
-                    tables.append((backend_name, configs, bench_backend(backend, work, configs, ops, seconds, rounds, args.workers)))
+                    results = bench_backend(backend, work, configs, ops, seconds, rounds, args.workers)
+                    print_table(backend_name, results, configs, ops, seconds, rounds, args.workers)
                 finally:
                     pg.cleanup()
     finally:
         if not os.environ.get("BENCH_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
-    for backend_name, configs, results in tables:
-        print_table(backend_name, results, configs, ops, seconds, rounds, args.workers)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,18 @@ a throwaway pgserver PostgreSQL, with a namespace-scoped key (as each plugin run
 marked ``(admin)`` repeats kv get with the admin key. ``--profile ROW`` prints a cProfile of that
 row's requests. ``--s3`` keeps file bytes in a local SeaweedFS (``tests/s3server.py``): the file
 rows then measure the gateway's side of an S3 upload and download (SeaweedFS's and PostgreSQL's
-CPU are other processes, not counted).
+CPU are other processes, not counted). ``--fast-paths`` measures every row once per
+``fast_paths`` configuration (``bench/bench_fast_paths.py``'s: every piece on, each off, all
+off), app after app in one run, and prints one column per configuration.
 
-    .venv/bin/python bench/bench_request_cpu.py [-n N] [--files] [--s3] [--profile "kv get"]
+    .venv/bin/python bench/bench_request_cpu.py [-n N] [--files] [--s3] [--profile "kv get"] [--fast-paths]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import cProfile
 import json
 import os
@@ -41,10 +44,21 @@ ROWS: dict[str, tuple[str, str, bytes, bytes]] = {
     "kv set": ("PUT", "/v1/bench/kv/c/k", b'{"a": 2}', b""),
     "record upsert": ("PUT", "/v1/bench/records/h/0001", b'{"a": 2}', b""),
     "ordered list (50)": ("GET", "/v1/bench/records/h", b"", b"order=desc&limit=50"),
+    "record get": ("GET", "/v1/bench/records/h/0001", b"", b""),
     "vector search": ("POST", "/v1/bench/vectors/v/search", b'{"vector": [0.1, 0.2, 0.3, 0.4], "limit": 5}', b""),
     # As users search: a 384-d text embedding, top 10, over 3,000 points with their index built.
     "vector search 384-d": ("POST", "/v1/bench/vectors/w/search", json.dumps(
         {"vector": [round(random.Random(7).gauss(0, 1), 6) for _ in range(384)], "limit": 10}).encode(), b""),
+}
+CHECKPOINT = json.dumps({
+    "thread_id": "t", "checkpoint_id": "1ef00000000000000000000000000000001", "channel_versions": {"messages": "0001"},
+    "checkpoint": {"type": "msgpack", "data": base64.b64encode(b"\x80" * 200).decode()}, "metadata": {"source": "loop", "step": 1},
+    "blobs": [{"channel": "messages", "version": "0001", "type": "msgpack", "data": base64.b64encode(b"m" * 300).decode()}],
+}).encode()
+ROWS |= {
+    "checkpoint put": ("POST", "/v1/bench/checkpoints/put", CHECKPOINT, b""),
+    "checkpoint get": ("GET", "/v1/bench/checkpoints/tuple", b"", b"thread_id=t"),
+    "checkpoint search": ("POST", "/v1/bench/checkpoints/search", b'{"thread_id": "t", "limit": 10}', b""),
 }
 FILE_ROWS: dict[str, tuple[str, str, bytes, bytes]] = {  # with --files
     "file upload (1 MiB)": ("PUT", "/v1/bench/files/f/up", bytes(range(256)) * 4096, b""),
@@ -108,18 +122,21 @@ async def setup_384(app: Any) -> None:
 
 
 async def measure(n: int, profile: str | None, rows: dict[str, tuple[str, str, bytes, bytes]]) -> dict[str, float]:
+    from app.core.config import Settings
     from app.main import create_app
 
-    app = create_app()
+    app = create_app(Settings())  # read from the environment now (a --fast-paths run changes it)
     results = {}
     async with app.router.lifespan_context(app):
         _, made = await call(app, "POST", "/v1/admin/keys",
-                             b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write", "files:write"]}')
+                             b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write", "files:write", '
+                             b'"checkpoints:write"]}')
         scoped = json.loads(made)["key"]
         await call(app, "PUT", "/v1/bench/kv/c/k", b'{"a": 1}')
         await call(app, "PUT", "/v1/bench/files/f/down", bytes(range(256)) * 4096)
         for i in range(60):
             await call(app, "PUT", f"/v1/bench/records/h/{i:04d}", b'{"a": 1}')
+        await call(app, "POST", "/v1/bench/checkpoints/put", CHECKPOINT)
         await call(app, "PUT", "/v1/bench/vectors/v", b'{"vector_size": 4, "distance": "cosine"}')
         points = [{"id": f"p{i}", "vector": [i % 7, i % 5, i % 3, 1], "payload": {"i": i}} for i in range(200)]
         await call(app, "POST", "/v1/bench/vectors/v/points", json.dumps({"points": points}).encode())
@@ -159,7 +176,13 @@ def main() -> None:
     parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres", help="default postgres")
     parser.add_argument("--only", help="only the rows whose name contains this")
     parser.add_argument("--s3", action="store_true", help="file bytes in a local SeaweedFS (implies --files)")
+    parser.add_argument("--fast-paths", action="store_true", help="one column per fast_paths configuration")
     args = parser.parse_args()
+    from bench.bench_fast_paths import CONFIGS
+
+    configs = {name: env for name, env in CONFIGS.items() if args.fast_paths or name == "fast"}
+    if args.backend == "postgres":
+        configs.pop("no inline_sqlite", None)
 
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-"))
     pg = None
@@ -188,7 +211,14 @@ def main() -> None:
         rows = ROWS | FILE_ROWS if args.files or args.s3 or (args.profile in FILE_ROWS) else ROWS
         if args.only:
             rows = {name: row for name, row in rows.items() if args.only in name or name == args.profile}
-        results = asyncio.run(measure(args.n, args.profile, rows))
+        columns = {}
+        for name, config in configs.items():
+            for piece in ("PLANS", "ONE_STATEMENT", "INLINE_SQLITE"):
+                os.environ.pop(f"GATEWAY_FAST_PATHS__{piece}", None)
+            os.environ.update(config)
+            columns[name] = asyncio.run(measure(args.n, args.profile, rows))
+            if len(configs) > 1:
+                print(f"{name}: " + ", ".join(f"{row} {us:.0f}" for row, us in columns[name].items()), flush=True)
     finally:
         if seaweed is not None:
             seaweed.stop()
@@ -199,9 +229,14 @@ def main() -> None:
     if args.s3:
         where += ", file bytes in SeaweedFS"
     print(f"\ngateway CPU per request, in-process on {where}, namespace-scoped key (best of 3 x {args.n})")
-    print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
-    for name, micros in results.items():
-        print(f"{name:<18} {micros:>7.0f} {1e6 / micros:>11.0f}")
+    if len(columns) == 1:
+        print(f"{'request':<18} {'CPU us':>7} {'1/CPU req/s':>11}")
+        for name, micros in columns["fast"].items():
+            print(f"{name:<18} {micros:>7.0f} {1e6 / micros:>11.0f}")
+        return
+    print(f"{'request':<22} " + " ".join(f"{c:>17}" for c in columns) + "   (CPU µs; x: relative to fast)")
+    for name, micros in columns["fast"].items():
+        print(f"{name:<22} " + " ".join(f"{columns[c][name]:>9.0f} x{columns[c][name] / micros:>5.2f} " for c in columns))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,13 @@ gateway's copied path does) and (3) through a bare splice relay (``serve``: raw 
 body moved to the client with ``os.splice`` through a pipe). Interleaved; medians of 9 (64 MiB)
 and 3 (1 GiB) transfers; the ratio to direct in parentheses.
 
-Usage: ``.venv/bin/python bench/bench_splice_relay.py``.
+``gateway`` mode: the fast path's verdict, on the gateway itself. Two gateways on the same
+SQLite files and bucket (bytes in SeaweedFS, a key scoped to the bench namespace, one worker
+each), ``files.s3.splice_downloads`` on and off, serve the same 64 MiB and 1 GiB files; the same
+aiohttp client downloads them in turn (medians of 7 and 3), with the gateway's CPU per download
+read from ``/proc``.
+
+Usage: ``.venv/bin/python bench/bench_splice_relay.py [gateway]``.
 """
 
 from __future__ import annotations
@@ -183,8 +189,71 @@ async def main() -> None:
         s3.stop()
 
 
+async def gateway_main() -> None:
+    """Splice on against splice off, on the gateway (see the module)."""
+    import aiohttp
+
+    from bench.bench_peers import tree_cpu_seconds
+    from tests.conftest import ADMIN_KEY, Backend, backend_env, run_cli, start_server, stop_server
+
+    work = Path(tempfile.mkdtemp(prefix="bench-splice-"))
+    s3 = SeaweedS3(work / "s3")
+    s3.start()
+    s3.create_bucket(BUCKET)
+    urls = {db: f"sqlite+aiosqlite:///{work}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    env = {**s3.env(), "GATEWAY_FILES__BACKEND": "s3", "GATEWAY_FILES__S3__BUCKET": BUCKET,
+           "GATEWAY_FILES__S3__ENDPOINT_URL": s3.endpoint, "GATEWAY_AUTH__ADMIN_KEY": ADMIN_KEY, "GATEWAY_LOG_LEVEL": "warning"}
+    backend = Backend("sqlite", backend_env(urls, work / "data"), urls)
+    servers = {}
+    try:
+        assert run_cli(backend, "migrate", **env).returncode == 0
+        for name, on in (("splice", "true"), ("copy", "false")):
+            servers[name] = start_server(backend, work / f"{name}.log", "--workers", "1",
+                                         GATEWAY_FILES__S3__SPLICE_DOWNLOADS=on, **env)
+        first = servers["splice"].url
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            async with http.post(f"{first}/v1/admin/keys", headers=admin,
+                                 json={"namespace": "bench", "scopes": ["files:write"]}) as r:
+                key = {"Authorization": f"Bearer {(await r.json())['key']}"}
+            for label, size in SIZES.items():
+                data = os.urandom(8 * MiB) * (size // (8 * MiB))
+                async with http.put(f"{first}/v1/bench/files/big/{label.replace(' ', '')}", data=data, headers=key) as r:
+                    assert r.status in (200, 201), await r.text()
+                del data
+
+            async def get(url: str, size: int, pid: int) -> tuple[float, float]:
+                cpu, started, n = tree_cpu_seconds(pid), time.perf_counter(), 0
+                async with http.get(url, headers=key) as response:
+                    async for piece in response.content.iter_chunked(MiB):
+                        n += len(piece)
+                assert n == size, (n, size)
+                return time.perf_counter() - started, tree_cpu_seconds(pid) - cpu
+
+            print(f"splice on vs off, one gateway worker each, medians; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
+            for label, size in SIZES.items():
+                runs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
+                for _ in range(7 if size < 1024 * MiB else 3):
+                    for name, server in servers.items():
+                        url = f"{server.url}/v1/bench/files/big/{label.replace(' ', '')}"
+                        runs[name].append(await get(url, size, server.process.pid))
+                cells = []
+                for name, timed in runs.items():
+                    seconds = sorted(t for t, _ in timed)[len(timed) // 2]
+                    cpu = sorted(c for _, c in timed)[len(timed) // 2]
+                    cells.append(f"{name} {size / MiB / seconds:.0f} MB/s, gateway CPU {cpu:.2f} s")
+                ratio = sorted(t for t, _ in runs["copy"])[len(runs["copy"]) // 2] / sorted(t for t, _ in runs["splice"])[len(runs["splice"]) // 2]
+                print(f"{label}: " + "; ".join(cells) + f"; splice/copy x{ratio:.2f}", flush=True)
+    finally:
+        for server in servers.values():
+            stop_server(server)
+        s3.stop()
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"]:
+    if sys.argv[1:2] == ["gateway"]:
+        asyncio.run(gateway_main())
+    elif sys.argv[1:2] == ["serve"]:
         import uvloop
 
         uvloop.run(_serve(int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))

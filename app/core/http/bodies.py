@@ -134,15 +134,12 @@ def json_model_reader(model: type[M]) -> Callable[[Request], Awaitable[M]]:
 
 
 def model_body_handler(model: type[BaseModel], handler: Handler) -> Handler:
-    """FastAPI's ``handler`` of a route whose body is ``model``, given the body parsed and
-    validated here (FastAPI would parse it with ``json.loads`` and validate it on the event loop).
-    An empty or non-JSON body is left to FastAPI, which answers it as before (a 422)."""
-    adapter: TypeAdapter[BaseModel] = TypeAdapter(model)
+    """FastAPI's ``handler`` of a route whose body is ``model``, handed the body read by
+    ``json_model_reader`` (FastAPI would parse it with ``json.loads`` and validate it again)."""
+    read = json_model_reader(model)
 
     async def parsed(request: Request) -> Response:
-        raw = await request.body()
-        if raw and _is_json(request.headers.get("content-type")):
-            set_parsed_json(request, await parse_and_validate(adapter, raw))
+        set_parsed_json(request, await read(request))
         return await handler(request)
 
     parsed.__qualname__ = getattr(handler, "__qualname__", "handler")
