@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--files", action="store_true", help="add 1 MiB file upload and download rows")
     parser.add_argument("--backend", choices=("postgres", "sqlite"), default="postgres", help="default postgres")
     parser.add_argument("--only", help="only the rows whose name contains this")
+    parser.add_argument("--skip", help="leave out the rows whose name contains this")
     parser.add_argument("--s3", action="store_true", help="file bytes in a local SeaweedFS (implies --files)")
     parser.add_argument("--fast-paths", action="store_true", help="one column per fast_paths configuration")
     args = parser.parse_args()
@@ -211,6 +212,8 @@ def main() -> None:
         rows = ROWS | FILE_ROWS if args.files or args.s3 or (args.profile in FILE_ROWS) else ROWS
         if args.only:
             rows = {name: row for name, row in rows.items() if args.only in name or name == args.profile}
+        if args.skip:
+            rows = {name: row for name, row in rows.items() if args.skip not in name}
         columns = {}
         for name, config in configs.items():
             for piece in ("PLANS", "ONE_STATEMENT", "INLINE_SQLITE"):

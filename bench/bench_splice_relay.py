@@ -189,11 +189,8 @@ async def main() -> None:
         s3.stop()
 
 
-async def gateway_main() -> None:
+def gateway_main() -> None:
     """Splice on against splice off, on the gateway (see the module)."""
-    import aiohttp
-
-    from bench.bench_peers import tree_cpu_seconds
     from tests.conftest import ADMIN_KEY, Backend, backend_env, run_cli, start_server, stop_server
 
     work = Path(tempfile.mkdtemp(prefix="bench-splice-"))
@@ -210,49 +207,52 @@ async def gateway_main() -> None:
         for name, on in (("splice", "true"), ("copy", "false")):
             servers[name] = start_server(backend, work / f"{name}.log", "--workers", "1",
                                          GATEWAY_FILES__S3__SPLICE_DOWNLOADS=on, **env)
-        first = servers["splice"].url
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
-            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-            async with http.post(f"{first}/v1/admin/keys", headers=admin,
-                                 json={"namespace": "bench", "scopes": ["files:write"]}) as r:
-                key = {"Authorization": f"Bearer {(await r.json())['key']}"}
-            for label, size in SIZES.items():
-                data = os.urandom(8 * MiB) * (size // (8 * MiB))
-                async with http.put(f"{first}/v1/bench/files/big/{label.replace(' ', '')}", data=data, headers=key) as r:
-                    assert r.status in (200, 201), await r.text()
-                del data
-
-            async def get(url: str, size: int, pid: int) -> tuple[float, float]:
-                cpu, started, n = tree_cpu_seconds(pid), time.perf_counter(), 0
-                async with http.get(url, headers=key) as response:
-                    async for piece in response.content.iter_chunked(MiB):
-                        n += len(piece)
-                assert n == size, (n, size)
-                return time.perf_counter() - started, tree_cpu_seconds(pid) - cpu
-
-            print(f"splice on vs off, one gateway worker each, medians; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
-            for label, size in SIZES.items():
-                runs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
-                for _ in range(7 if size < 1024 * MiB else 3):
-                    for name, server in servers.items():
-                        url = f"{server.url}/v1/bench/files/big/{label.replace(' ', '')}"
-                        runs[name].append(await get(url, size, server.process.pid))
-                cells = []
-                for name, timed in runs.items():
-                    seconds = sorted(t for t, _ in timed)[len(timed) // 2]
-                    cpu = sorted(c for _, c in timed)[len(timed) // 2]
-                    cells.append(f"{name} {size / MiB / seconds:.0f} MB/s, gateway CPU {cpu:.2f} s")
-                ratio = sorted(t for t, _ in runs["copy"])[len(runs["copy"]) // 2] / sorted(t for t, _ in runs["splice"])[len(runs["splice"]) // 2]
-                print(f"{label}: " + "; ".join(cells) + f"; splice/copy x{ratio:.2f}", flush=True)
+        asyncio.run(_compare({name: (server.url, server.process.pid) for name, server in servers.items()}, ADMIN_KEY))
     finally:
         for server in servers.values():
             stop_server(server)
         s3.stop()
 
 
+async def _compare(servers: dict[str, tuple[str, int]], admin_key: str) -> None:
+    import aiohttp
+
+    from bench.bench_peers import tree_cpu_seconds
+
+    first = servers["splice"][0]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        async with http.post(f"{first}/v1/admin/keys", headers={"Authorization": f"Bearer {admin_key}"},
+                             json={"namespace": "bench", "scopes": ["files:write"]}) as r:
+            key = {"Authorization": f"Bearer {(await r.json())['key']}"}
+        for label, size in SIZES.items():
+            data = os.urandom(8 * MiB) * (size // (8 * MiB))
+            async with http.put(f"{first}/v1/bench/files/big/{label.replace(' ', '')}", data=data, headers=key) as r:
+                assert r.status in (200, 201), await r.text()
+            del data
+
+        async def get(url: str, size: int, pid: int) -> tuple[float, float]:
+            cpu, started, n = tree_cpu_seconds(pid), time.perf_counter(), 0
+            async with http.get(url, headers=key) as response:
+                async for piece in response.content.iter_chunked(MiB):
+                    n += len(piece)
+            assert n == size, (n, size)
+            return time.perf_counter() - started, tree_cpu_seconds(pid) - cpu
+
+        print(f"splice on vs off, one gateway worker each, medians; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
+        for label, size in SIZES.items():
+            runs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
+            for _ in range(7 if size < 1024 * MiB else 3):
+                for name, (url, pid) in servers.items():
+                    runs[name].append(await get(f"{url}/v1/bench/files/big/{label.replace(' ', '')}", size, pid))
+            median = {name: (sorted(t for t, _ in timed)[len(timed) // 2], sorted(c for _, c in timed)[len(timed) // 2])
+                      for name, timed in runs.items()}
+            cells = [f"{name} {size / MiB / t:.0f} MB/s, gateway CPU {c:.2f} s" for name, (t, c) in median.items()]
+            print(f"{label}: " + "; ".join(cells) + f"; splice/copy x{median['copy'][0] / median['splice'][0]:.2f}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["gateway"]:
-        asyncio.run(gateway_main())
+        gateway_main()
     elif sys.argv[1:2] == ["serve"]:
         import uvloop
 
