@@ -50,7 +50,12 @@ def test_kv_and_record_reads_run_inline_and_see_every_write(server: Server, name
             assert client.put(f"/v1/{namespace}/records/r/k", json={"i": i}).is_success
             assert client.get(f"/v1/{namespace}/records/r/k").json()["value"] == {"i": i}
         assert client.get(f"/v1/{namespace}/kv/c/missing").status_code == 404
-        assert moved(before, outcomes(client)) == {"inline": 41}  # one worker: every read, nothing else
+        counted = moved(before, outcomes(client))  # one worker: every read, nothing else
+    # A loaded machine may push a read past its budget: it is answered through the pool, and the
+    # next SKIP_AFTER_OVER_BUDGET reads skip the inline try. Every read is counted either way.
+    assert set(counted) <= {"inline", "over_budget", "skipped"} and sum(counted.values()) == 41, counted
+    assert counted.get("skipped", 0) <= SKIP_AFTER_OVER_BUDGET * counted.get("over_budget", 0), counted
+    assert counted["inline"] >= 41 - (SKIP_AFTER_OVER_BUDGET + 1) * counted.get("over_budget", 0), counted
 
 
 def test_a_read_past_its_budget_is_answered_through_the_pool(backend: Backend, tmp_path: Path) -> None:

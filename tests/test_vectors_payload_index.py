@@ -385,6 +385,7 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
                     break
                 assert time.monotonic() < deadline, info
                 await asyncio.sleep(0.2)
+            failed_seen = time.monotonic()
             error = info["payload_indexes"][0]["error"]
             assert "'legacy'" in error and "exceeds btree" in error and info["payload_indexes"][1]["error"] is None, error
             assert table not in error, error  # the gateway's SQL names are not the caller's
@@ -406,6 +407,8 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
             assert [h["id"] for h in legacy["results"]] == ["legacy"]
             # The point deleted, the next try (five one-second sweeps after the failure) builds it.
             await gw.vectors.delete_point("big", "legacy")
+            # one try every 5 s until the point is gone (a loaded machine may take longer than 5 s here)
+            tries = 1 + int((time.monotonic() - failed_seen + 1) // 5)
             deadline = time.monotonic() + 60
             while (info := await gw.vectors.describe_collection("big"))["payload_indexes"][0]["state"] != "ready":
                 assert time.monotonic() < deadline, info
@@ -413,7 +416,7 @@ async def test_a_stored_value_too_large_for_its_index_fails_that_index_only(
             assert info["payload_indexes"][0]["error"] is None
         log = server.log()
         # Tried once, then waited: not once a sweep (the old code failed every check).
-        assert log.count("failed: PostgreSQL refused to build the index") == 1, log
+        assert 1 <= log.count("failed: PostgreSQL refused to build the index") <= tries, (tries, log)
         assert log.count("refused before, is built") == 1, log
         conn = await pg_connect(own_backend)
         try:
