@@ -17,9 +17,10 @@ from app.core.capability import Capability, check_unique
 from app.files.capability import CAPABILITY as files
 from app.kv.capability import CAPABILITY as kv
 from app.records.capability import CAPABILITY as records
+from app.store.capability import CAPABILITY as store
 from app.vectors.capability import CAPABILITY as vectors
 
-BUILTIN: tuple[Capability[Any], ...] = (records, kv, files, vectors, checkpoints)
+BUILTIN: tuple[Capability[Any], ...] = (records, kv, files, vectors, checkpoints, store)
 
 
 def load(extra: Iterable[str] = ()) -> tuple[Capability[Any], ...]:

@@ -19,6 +19,8 @@ from app.core.fences.sqlalchemy_ import is_dialect_conditional
 
 # Per-collection tables the vectors capability creates at run time, and the version tables.
 RUNTIME_TABLE_PREFIXES = ("vec_", "fts_", "alembic_version")
+# Indexes on migrated tables made at run time: the store's HNSW index per embedding size.
+RUNTIME_INDEX_PREFIXES = ("store_hnsw_",)
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
 
@@ -44,6 +46,8 @@ def include_object(
     """Tables created at run time (one per vector collection) are not the migrations' business."""
     if type_ == "table" and reflected and compare_to is None:
         return not (name or "").startswith(RUNTIME_TABLE_PREFIXES)
+    if type_ == "index" and reflected and compare_to is None and (name or "").startswith(RUNTIME_INDEX_PREFIXES):
+        return False
     if type_ == "index" and not reflected and compare_to is None and is_dialect_conditional(obj):
         return False  # a one-dialect index (``Index.ddl_if``) is not missing where it does not apply
     return True

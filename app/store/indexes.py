@@ -1,0 +1,69 @@
+"""The HNSW index of each embedding size in use (PostgreSQL): built in the background, one
+partial index per size (``WHERE dims = n``) on ``store_vectors``, once that size has
+``store.index_min_vectors`` vectors (below that, exact search is as fast).
+
+A round reads the sizes in use (``store_dims``) and the valid indexes, tells the search which
+sizes it can walk (``PostgresStoreSql.indexed``), drops an index a failed build left invalid,
+and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwhile), one
+process at a time (a session advisory lock per size).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.config import StoreSettings
+from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name, hnsw_index_sql
+
+log = logging.getLogger("app.store")
+
+LOCK_CLASS = 0x73746F72  # "stor": key 1 of a build's advisory lock (key 2: the size)
+_INDEXES = (
+    "SELECT CAST(c.relname AS text), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "WHERE i.indrelid = to_regclass('store_vectors') AND c.relname LIKE 'store\\_hnsw\\_%'"
+)
+
+
+class IndexBuilder:
+    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings) -> None:
+        self.engine = engine
+        self.sql = sql
+        self.settings = settings
+
+    async def round(self) -> None:
+        async with self.engine.connect() as conn:
+            sizes = [int(r[0]) for r in await conn.execute(text("SELECT dims FROM store_dims ORDER BY dims"))]
+            indexes = {str(r[0]): bool(r[1]) for r in await conn.execute(text(_INDEXES))}
+            await conn.rollback()
+        self.sql.indexed = frozenset(d for d in sizes if indexes.get(hnsw_index_name(d)))
+        for dims in sizes:
+            name = hnsw_index_name(dims)
+            if indexes.get(name) or dims > HNSW_MAX_DIMS:
+                continue
+            await self._build(dims, invalid=name in indexes)
+
+    async def _build(self, dims: int, *, invalid: bool) -> None:
+        conn = await self.engine.connect()
+        try:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            if not (await conn.execute(text("SELECT pg_try_advisory_lock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})).scalar():
+                return  # another process builds it
+            try:
+                count = (await conn.execute(
+                    text("SELECT count(*) FROM (SELECT 1 FROM store_vectors WHERE dims = :d LIMIT :n) s"),
+                    {"d": dims, "n": self.settings.index_min_vectors},
+                )).scalar_one()
+                if int(count) < self.settings.index_min_vectors:
+                    return
+                if invalid:
+                    await conn.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}"))
+                log.info("store: building the HNSW index of %d-dimensional vectors", dims)
+                await conn.execute(text(hnsw_index_sql(dims)))
+                self.sql.indexed = self.sql.indexed | {dims}
+            finally:
+                await conn.execute(text("SELECT pg_advisory_unlock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})
+        finally:
+            await conn.close()

@@ -1,0 +1,82 @@
+"""The store on PostgreSQL + pgvector: the value as jsonb, vectors of any dimension in one column,
+each dimension in use with a partial HNSW index of its own (``app.store.indexes``) that a query
+search over many items walks, a namespace's labels split from its text (``split_part``)."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.db.tables import UtcDateTime
+from app.store.repository import _ITEM_COLUMNS, Scope, StoredItem, StoreSql, _stamp, _typed
+from app.vectors.filters import SqlBuilder
+
+_OPERATOR = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
+HNSW_MAX_DIMS = 2000  # pgvector's limit for an HNSW index of `vector`
+
+
+def hnsw_index_name(dims: int) -> str:
+    return f"store_hnsw_{int(dims)}"
+
+
+def hnsw_index_sql(dims: int, m: int = 16, ef_construction: int = 64) -> str:
+    """The partial HNSW index of the vectors of one size (cosine)."""
+    n = int(dims)
+    return (
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {hnsw_index_name(n)} ON store_vectors USING hnsw "
+        f"((CAST(embedding AS vector({n}))) vector_cosine_ops) WITH (m = {int(m)}, ef_construction = {int(ef_construction)}) "
+        f"WHERE dims = {n}"
+    )
+
+
+class PostgresStoreSql(StoreSql):
+    dialect = "postgresql"
+    value_out = "CAST(i.value AS text)"
+    value_in = "CAST({} AS jsonb)"
+    nulls_last = "{0} ASC NULLS LAST"
+
+    def __init__(self, ef_search: int = 100) -> None:
+        self.ef_search = ef_search
+        self.indexed: frozenset[int] = frozenset()
+        """Embedding sizes whose HNSW index is valid (the index builder keeps it up to date)."""
+
+    def distance(self, distance: str, dims: int) -> str:
+        return f"(v.embedding {_OPERATOR[distance]} :q)"
+
+    def vector_param(self, vector: array[float]) -> Any:
+        return vector  # the vectors engine's binary codec (app.vectors.pgvector.install_vector_codec)
+
+    def label(self, position: int, sql: SqlBuilder, from_end: bool) -> str:
+        return f"split_part(i.prefix, '.', {-int(position) if from_end else int(position) + 1})"
+
+    def truncated(self, depth_param: str) -> str:
+        return f"array_to_string((string_to_array(i.prefix, '.'))[1:CAST({depth_param} AS integer)], '.')"
+
+    async def graph_search(
+        self, conn: AsyncConnection, ns: str, scope: Scope, q: array[float], dims: int, distance: str,
+        want: int,
+    ) -> list[StoredItem] | None:
+        """The nearest vectors of the size's HNSW index (cosine only), then the scope on their items;
+        None without a valid index or when more are wanted than the graph gives at once."""
+        if distance != "cosine" or dims not in self.indexed or dims > HNSW_MAX_DIMS:
+            return None
+        candidates = max(self.ef_search, want * 4)
+        if candidates > 1000:
+            return None
+        sql = SqlBuilder()
+        where = self._scope_sql(sql, scope)
+        n = int(dims)
+        await conn.execute(text(f"SET LOCAL hnsw.ef_search = {candidates}"))
+        stmt = _typed(
+            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)}, min(c.d) AS d FROM ("
+            f"SELECT v.item_id, (CAST(v.embedding AS vector({n})) <=> :q) AS d FROM store_vectors v WHERE v.dims = {n} "
+            f"ORDER BY CAST(v.embedding AS vector({n})) <=> :q LIMIT {candidates}) c "
+            f"JOIN store_items i ON i.id = c.item_id WHERE {where} GROUP BY i.id ORDER BY d, i.updated_at DESC, i.prefix, i.key "
+            f"LIMIT {int(want)}",
+            now=_stamp(),
+        ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
+        rows = await conn.execute(stmt, {**sql.params, "ns": ns, "now": scope.now, "q": q})
+        return [self._scored(r, "cosine") for r in rows]

@@ -1,0 +1,328 @@
+"""All SQL of the store capability: the statements both backends share, and the few facts each
+backend supplies (``SqliteStoreSql``, ``PostgresStoreSql``): how a value and a vector travel, the
+distance of a vector to the query, a label of a namespace, a namespace cut to a depth.
+
+Every statement on ``store_items`` binds the caller's namespace (``i.namespace = :ns``) except the
+background sweep, which deletes only expired items, whoever owns them. ``store_vectors`` rows are
+reached through an item's id, which only a scoped ``store_items`` row hands out.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import Float, Integer, String, bindparam, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import TextClause
+
+from app.core.db.tables import UtcDateTime
+from app.store.filters import FILTERS, Node
+from app.vectors.filters import SqlBuilder
+
+DISTANCES = ("cosine", "l2", "inner_product")
+_ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
+
+
+@dataclass(slots=True)
+class StoredItem:
+    id: int
+    prefix: str
+    key: str
+    value: str  # the JSON object's text as stored
+    created_at: datetime
+    updated_at: datetime
+    ttl_minutes: float | None
+    score: float | None = None
+
+    @property
+    def namespace(self) -> list[str]:
+        return self.prefix.split(".")
+
+
+@dataclass(slots=True)
+class ItemWrite:
+    prefix: str
+    key: str
+    depth: int
+    labels: str  # JSON array
+    value: str
+    ttl_minutes: float | None
+    expires_at: datetime | None
+    vectors: list[tuple[str, array[float]]]  # (field path, float32 vector)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which items a search or listing sees: a namespace prefix, a filter, expired or not."""
+
+    prefix: tuple[str, ...]
+    flt: Node | None
+    omit_expired: bool
+    now: datetime
+
+
+def _typed(sql: str, **types: Any) -> TextClause:
+    stmt = text(sql)
+    binds = [bindparam(name, type_=type_) for name, type_ in types.items() if f":{name}" in sql]
+    return stmt.bindparams(*binds) if binds else stmt
+
+
+def _stamp() -> UtcDateTime:
+    return UtcDateTime()
+
+
+def prefix_range(sql: SqlBuilder, labels: Sequence[str], column: str = "i.prefix") -> str:
+    """Namespaces that start with ``labels``: the namespace itself, or a byte range (a label never
+    holds ``.``, and ``/`` follows ``.``)."""
+    if not labels:
+        return "1 = 1"
+    joined = ".".join(labels)
+    return (
+        f"({column} = {sql.bind(joined)} OR ({column} >= {sql.bind(joined + '.')} AND {column} < {sql.bind(joined + '/')}))"
+    )
+
+
+class StoreSql(ABC):
+    """The store's statements on one backend."""
+
+    dialect: ClassVar[str]
+    value_out: ClassVar[str]  # the value column as JSON text
+    value_in: ClassVar[str]  # a bound JSON text (``{}``) as the value column takes it
+    nulls_last: ClassVar[str]  # ORDER BY ``d`` ascending, NULL (no vector) last
+
+    # --- the backend's facts -------------------------------------------------------------------------
+
+    @abstractmethod
+    def distance(self, distance: str, dims: int) -> str:
+        """The distance of ``v.embedding`` to ``:q`` (``:qn``: the query's norm), lower nearer."""
+
+    @abstractmethod
+    def vector_param(self, vector: array[float]) -> Any: ...
+
+    @abstractmethod
+    def label(self, position: int, sql: SqlBuilder, from_end: bool) -> str:
+        """The label at ``position`` (0-based; from the end: 1 is the last) of ``i``'s namespace."""
+
+    @abstractmethod
+    def truncated(self, depth_param: str) -> str:
+        """``i.prefix`` cut to its first ``depth_param`` labels."""
+
+    async def graph_search(
+        self, conn: AsyncConnection, ns: str, scope: Scope, q: array[float], dims: int, distance: str,
+        want: int,
+    ) -> list[StoredItem] | None:
+        """The ``want`` nearest items by an ANN index, or None when there is none to ask (exact)."""
+        return None
+
+    # --- reads ---------------------------------------------------------------------------------------
+
+    def _scope_sql(self, sql: SqlBuilder, scope: Scope) -> str:
+        parts = ["i.namespace = :ns", prefix_range(sql, scope.prefix), FILTERS[self.dialect](sql, "i.value").compile(scope.flt)]
+        if scope.omit_expired:
+            parts.append("(i.expires_at IS NULL OR i.expires_at > :now)")
+        return " AND ".join(parts)
+
+    async def get_many(
+        self, conn: AsyncConnection, ns: str, keys: Sequence[tuple[str, str]], omit_expired: bool, now: datetime
+    ) -> dict[tuple[str, str], StoredItem]:
+        """The items of ``keys`` ((prefix, key) pairs) that exist."""
+        if not keys:
+            return {}
+        params: dict[str, Any] = {"ns": ns, "now": now}
+        pairs = []
+        for n, (prefix, key) in enumerate(keys):
+            params[f"p{n}"], params[f"k{n}"] = prefix, key
+            pairs.append(f"(i.prefix = :p{n} AND i.key = :k{n})")
+        where = f"i.namespace = :ns AND ({' OR '.join(pairs)})"
+        if omit_expired:
+            where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+        stmt = _typed(
+            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=_stamp()
+        ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
+        rows = await conn.execute(stmt, params)
+        return {(r[1], r[2]): StoredItem(*r) for r in rows}
+
+    async def search(
+        self, conn: AsyncConnection, ns: str, scope: Scope, limit: int, offset: int,
+        query: tuple[array[float], str] | None, exact_threshold: int,
+    ) -> list[StoredItem]:
+        """Items in ``scope``: with ``query`` (vector, distance) nearest first by their best field
+        (those without a vector of its size last), otherwise most recently updated first."""
+        if query is not None:
+            vector, distance = query
+            if len(vector) and await self._larger_than(conn, ns, scope, exact_threshold):
+                found = await self.graph_search(conn, ns, scope, vector, len(vector), distance, offset + limit)
+                if found is not None and len(found) >= offset + limit:
+                    return found[offset:offset + limit]
+        sql = SqlBuilder()
+        where = self._scope_sql(sql, scope)
+        params: dict[str, Any] = {**sql.params, "ns": ns, "now": scope.now, "lim": limit, "off": offset}
+        recent = "i.updated_at DESC, i.prefix, i.key"
+        if query is None:
+            score = "NULL"
+            order = recent
+        else:
+            vector, distance = query
+            params.update(q=self.vector_param(vector), qn=math.sqrt(sum(x * x for x in vector)), dims=len(vector))
+            score = (
+                f"(SELECT min({self.distance(distance, len(vector))}) FROM store_vectors v "
+                "WHERE v.item_id = i.id AND v.dims = :dims)"
+            )
+            order = f"{self.nulls_last.format('d')}, {recent}"
+        stmt = _typed(
+            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i "
+            f"WHERE {where} ORDER BY {order} LIMIT :lim OFFSET :off",
+            now=_stamp(),
+        ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
+        rows = await conn.execute(stmt, params)
+        return [self._scored(r, query[1] if query else None) for r in rows]
+
+    @staticmethod
+    def _scored(row: Any, distance: str | None) -> StoredItem:
+        item = StoredItem(*row[:7])
+        d = row[7]
+        if distance is not None and d is not None and math.isfinite(d):
+            item.score = 1.0 - d if distance == "cosine" else -d
+        return item
+
+    async def _larger_than(self, conn: AsyncConnection, ns: str, scope: Scope, threshold: int) -> bool:
+        """Whether more than ``threshold`` items are under the scope's prefix (its filter aside)."""
+        sql = SqlBuilder()
+        where = f"i.namespace = :ns AND {prefix_range(sql, scope.prefix)}"
+        stmt = text(f"SELECT count(*) FROM (SELECT 1 FROM store_items i WHERE {where} LIMIT :t) s")
+        count = (await conn.execute(stmt, {**sql.params, "ns": ns, "t": threshold + 1})).scalar_one()
+        return int(count) > threshold
+
+    async def list_namespaces(
+        self, conn: AsyncConnection, ns: str, conditions: Sequence[tuple[str, Sequence[str]]], max_depth: int | None,
+        limit: int, offset: int, omit_expired: bool, now: datetime,
+    ) -> list[list[str]]:
+        """Distinct namespaces matching every (match_type, path) condition (``*``: any one label),
+        cut to ``max_depth`` labels, in byte order."""
+        sql = SqlBuilder()
+        parts = ["i.namespace = :ns"]
+        for match_type, path in conditions:
+            if not path:
+                continue
+            parts.append(f"i.depth >= {len(path)}")
+            if match_type == "prefix":
+                literal = []
+                for label in path:
+                    if label == "*":
+                        break
+                    literal.append(label)
+                parts.append(prefix_range(sql, literal))
+                positions = [(n, label) for n, label in enumerate(path) if n >= len(literal) and label != "*"]
+                parts += [f"{self.label(n, sql, False)} = {sql.bind(label)}" for n, label in positions]
+            else:
+                parts += [
+                    f"{self.label(len(path) - n, sql, True)} = {sql.bind(label)}"
+                    for n, label in enumerate(path) if label != "*"
+                ]
+        if omit_expired:
+            parts.append("(i.expires_at IS NULL OR i.expires_at > :now)")
+        column = "i.prefix" if max_depth is None else f"(CASE WHEN i.depth > :depth THEN {self.truncated(':depth')} ELSE i.prefix END)"
+        stmt = _typed(
+            f"SELECT DISTINCT {column} AS n FROM store_items i WHERE {' AND '.join(parts)} "
+            "ORDER BY n LIMIT :lim OFFSET :off",
+            now=_stamp(), depth=Integer(),
+        )
+        params = {**sql.params, "ns": ns, "now": now, "depth": max_depth, "lim": limit, "off": offset}
+        return [str(r[0]).split(".") for r in await conn.execute(stmt, params)]
+
+    # --- writes --------------------------------------------------------------------------------------
+
+    async def upsert(self, conn: AsyncConnection, ns: str, items: Sequence[ItemWrite], now: datetime) -> list[int]:
+        """Insert or replace ``items`` (unique by prefix and key) and their vectors; their ids."""
+        rows = []
+        for item in items:
+            rows.append({
+                "ns": ns, "prefix": item.prefix, "key": item.key, "depth": item.depth, "labels": item.labels,
+                "value": item.value, "now": now, "exp": item.expires_at, "ttl": item.ttl_minutes,
+            })
+        stmt = _typed(
+            "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
+            f"expires_at, ttl_minutes) VALUES (:ns, :prefix, :key, :depth, :labels, {self.value_in.format(':value')}, "
+            ":now, :now, :exp, :ttl) ON CONFLICT (namespace, prefix, key) DO UPDATE SET value = excluded.value, "
+            "updated_at = excluded.updated_at, expires_at = excluded.expires_at, ttl_minutes = excluded.ttl_minutes "
+            "RETURNING id",
+            now=_stamp(), exp=_stamp(), ttl=Float(), prefix=String(), key=String(),
+        )
+        ids = [int((await conn.execute(stmt, row)).scalar_one()) for row in rows]
+        await conn.execute(
+            text(f"DELETE FROM store_vectors WHERE item_id IN ({', '.join(str(i) for i in ids)})")
+        )
+        vectors = [
+            {"id": item_id, "field": field, "dims": len(vector), "norm": math.sqrt(sum(x * x for x in vector)),
+             "e": self.vector_param(vector)}
+            for item_id, item in zip(ids, items, strict=True) for field, vector in item.vectors
+        ]
+        if vectors:
+            await conn.execute(
+                text("INSERT INTO store_vectors (item_id, field, dims, norm, embedding) VALUES (:id, :field, :dims, :norm, :e)"),
+                vectors,
+            )
+        return ids
+
+    async def delete(self, conn: AsyncConnection, ns: str, keys: Sequence[tuple[str, str]]) -> None:
+        params: dict[str, Any] = {"ns": ns}
+        pairs = []
+        for n, (prefix, key) in enumerate(keys):
+            params[f"p{n}"], params[f"k{n}"] = prefix, key
+            pairs.append(f"(prefix = :p{n} AND key = :k{n})")
+        await conn.execute(text(f"DELETE FROM store_items WHERE namespace = :ns AND ({' OR '.join(pairs)})"), params)
+
+    async def register_dims(self, conn: AsyncConnection, dims: int) -> None:
+        """Note an embedding size in use (``store_dims``: the index builder's list)."""
+        await conn.execute(text("INSERT INTO store_dims (dims) VALUES (:d) ON CONFLICT (dims) DO NOTHING"), {"d": dims})
+
+    async def refresh(self, conn: AsyncConnection, ns: str, items: Sequence[StoredItem], now: datetime) -> None:
+        """Restart the TTL of ``items`` that have one."""
+        from datetime import timedelta
+
+        by_ttl: dict[float, list[int]] = {}
+        for item in items:
+            if item.ttl_minutes is not None:
+                by_ttl.setdefault(item.ttl_minutes, []).append(item.id)
+        for ttl, ids in by_ttl.items():
+            await conn.execute(
+                _typed(
+                    f"UPDATE store_items SET expires_at = :exp WHERE namespace = :ns AND id IN ({', '.join(str(i) for i in ids)})",
+                    exp=_stamp(),
+                ),
+                {"ns": ns, "exp": now + timedelta(minutes=ttl)},
+            )
+
+    async def delete_subtree(self, conn: AsyncConnection, ns: str, prefix: Sequence[str], batch: int) -> int:
+        """Delete up to ``batch`` items whose namespace starts with ``prefix``; how many went."""
+        sql = SqlBuilder()
+        where = f"i.namespace = :ns AND {prefix_range(sql, prefix)}"
+        result = await conn.execute(
+            text(f"DELETE FROM store_items WHERE namespace = :ns AND id IN (SELECT i.id FROM store_items i WHERE {where} LIMIT :b)"),
+            {**sql.params, "ns": ns, "b": batch},
+        )
+        return int(result.rowcount or 0)
+
+    async def sweep_namespace(self, conn: AsyncConnection, ns: str, now: datetime, batch: int) -> int:
+        """Delete up to ``batch`` expired items of ``ns``; how many went."""
+        stmt = _typed(
+            "DELETE FROM store_items WHERE namespace = :ns AND expires_at <= :now AND id IN "
+            "(SELECT i.id FROM store_items i WHERE i.namespace = :ns AND i.expires_at <= :now LIMIT :b)",
+            now=_stamp(),
+        )
+        return int((await conn.execute(stmt, {"ns": ns, "now": now, "b": batch})).rowcount or 0)
+
+    async def sweep(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
+        """Delete up to ``batch`` expired items of any namespace (their vectors go with them)."""
+        stmt = _typed(
+            "DELETE FROM store_items WHERE expires_at <= :now AND id IN "
+            "(SELECT id FROM store_items WHERE expires_at <= :now LIMIT :b)",
+            now=_stamp(),
+        )
+        return int((await conn.execute(stmt, {"now": now, "b": batch})).rowcount or 0)

@@ -1,0 +1,79 @@
+"""HTTP routes of the store capability: LangGraph's batch of operations, namespace subtrees, TTL sweep.
+
+``POST /batch`` takes any operations (a key with ``store:write``), ``POST /read`` only gets,
+searches and namespace listings (``store:read``); both answer in operation order, so that the
+client's ``AsyncBatchedBaseStore`` sends one request per event-loop tick. LangGraph Platform's own
+``/store`` API is ``app.store.platform``.
+"""
+
+from __future__ import annotations
+
+from fastapi import BackgroundTasks, Response
+
+from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
+from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.http.limits import Body, accepts
+from app.core.http.planning import served_by_fastapi
+from app.core.http.routing import CapabilityRouter
+from app.store.dependencies import StoreServiceDep
+from app.store.schemas import BatchRequest, BatchResults, Deleted, ReadRequest, SubtreeDelete
+
+router = CapabilityRouter("store", tags=["store"])
+
+# Routes with a request body model or background tasks are served by FastAPI's handler
+# (app.core.http.planning): the one reason store routes are not planned.
+by_fastapi = served_by_fastapi("a request body model or background tasks")
+
+_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
+JSON = "application/json"
+
+
+@router.post("/batch", summary="Run store operations", response_model=BatchResults, responses=_ERRORS)
+@accepts(Body.JSON)
+@by_fastapi
+async def batch(
+    body: BatchRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
+    background: BackgroundTasks,
+) -> Response:
+    """Gets, puts (a null value deletes), searches and namespace listings, answered in order in
+    one transaction: each sees the writes before it, and a refused batch changes nothing."""
+    outcome = await service.run(conn, namespace, service.check(body.ops), body.omit_expired, writes=True)
+    if outcome.new_dims:
+        background.add_task(service.dims_committed, outcome.new_dims)
+    return Response(outcome.body, media_type=JSON)
+
+
+@router.post("/read", summary="Run store reads", response_model=BatchResults, responses=_ERRORS)
+@accepts(Body.JSON, read_only=True)
+@by_fastapi
+async def read(
+    body: ReadRequest, namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep,
+    background: BackgroundTasks,
+) -> Response:
+    """Gets, searches and namespace listings, answered in order; a TTL refreshed by the read
+    (`refresh_ttl`) restarts just after the answer."""
+    outcome = await service.run(conn, namespace, service.check(body.ops), body.omit_expired, writes=False)
+    if outcome.refresh:
+        background.add_task(service.refresh_after, namespace, outcome.refresh)
+    return Response(outcome.body, media_type=JSON)
+
+
+@router.post("/namespaces/delete", summary="Delete a namespace subtree", response_model=Deleted, responses=_ERRORS)
+@accepts(Body.JSON)
+@by_fastapi
+async def delete_subtree(
+    body: SubtreeDelete, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
+) -> Response:
+    """Delete the items whose namespace starts with `prefix`, at most `store.delete_batch` per
+    request (`done`: none left)."""
+    deleted, done = await service.delete_subtree(conn, namespace, body.prefix)
+    return Response(Deleted(deleted=deleted, done=done).model_dump_json(), media_type=JSON)
+
+
+@router.post("/sweep", summary="Delete expired items", response_model=Deleted, responses=_ERRORS)
+@accepts(Body.NONE)
+async def sweep(namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
+    """Delete this namespace's items whose TTL has passed, at most `store.delete_batch` per request
+    (the gateway also sweeps every `store.sweep_interval_seconds`)."""
+    deleted, done = await service.sweep_namespace(conn, namespace)
+    return Response(Deleted(deleted=deleted, done=done).model_dump_json(), media_type=JSON)
