@@ -22,10 +22,12 @@ from tests.conftest import Server
 
 PUBLIC = [
     "AsyncPersistStore", "ClientClosed", "Conflict", "FileDownload", "FileHead", "FileInfo", "FileList",
-    "FilesUsage", "Forbidden", "GatewayByteStore", "GatewayChatMessageHistory", "GatewayCheckpointSaver", "GatewayClient", "GatewayError", "GatewayVectorStore", "HTTPStatusError",
+    "FilesUsage", "Forbidden", "GatewayByteStore", "GatewayChatMessageHistory", "GatewayCheckpointSaver",
+    "GatewayClient", "GatewayError", "GatewayStore", "GatewayVectorStore", "HTTPStatusError",
     "IntegrityError", "InvalidRequest", "KvEntry", "NotFound", "PayloadIndex", "PreconditionFailed", "RateLimited", "Record",
     "RemotePersistStore", "RemoteVectorStore", "SortOrder", "TransportError", "Unauthorized", "Unavailable",
     "VectorRecord", "VectorStoreProtocol", "VectorsAPI", "create_persist_store", "create_vector_store",
+    "make_checkpointer", "make_store",
 ]
 
 

@@ -34,7 +34,7 @@ async def authenticate(request: Request) -> Principal:
         return ANONYMOUS
     token = _bearer_token(request)
     if not token:
-        raise Unauthorized("an API key is required: send `Authorization: Bearer <key>`", headers=_CHALLENGE)
+        raise Unauthorized("an API key is required: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)", headers=_CHALLENGE)
     if _is_admin_key(settings, token):
         principal = ADMIN
     else:
@@ -66,9 +66,12 @@ def presents_admin_key(request: Request) -> bool:
 
 
 def _bearer_token(request: Request) -> str:
-    """The key of ``Authorization: Bearer <key>``, or "" without one."""
+    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key: <key>`` (how LangGraph's
+    SDK sends one), or "" without either."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    if scheme.lower() == "bearer":
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip()
 
 
 def _is_admin_key(settings: Settings, token: str) -> bool:

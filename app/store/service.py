@@ -73,7 +73,7 @@ class StoreService:
 
     # --- checks ------------------------------------------------------------------------------------
 
-    def namespace(self, where: str, labels: Sequence[str], *, allow_empty: bool = False, wildcards: bool = False) -> str:
+    def namespace(self, where: str, labels: Sequence[str], *, allow_empty: bool = False) -> str:
         """The namespace as stored (labels joined by ``.``), or 422 naming what is wrong."""
         s = self.settings
         if not labels and not allow_empty:
@@ -92,8 +92,6 @@ class StoreService:
         joined = ".".join(labels)
         if len(joined.encode()) > s.max_namespace_bytes:
             raise InvalidInput(where, f"must be at most {s.max_namespace_bytes} bytes of UTF-8, labels joined by '.'")
-        if not wildcards and not allow_empty and labels and labels[0] == "langgraph":
-            raise InvalidInput(f"{where}.0", "the root label 'langgraph' is reserved (LangGraph's rule)")
         return joined
 
     @staticmethod
@@ -197,7 +195,7 @@ class StoreService:
                 )
                 checked.append(("put", prefix, key, write))
             elif isinstance(op, schemas.SearchOp):
-                self.namespace(f"{where}.namespace_prefix", op.namespace_prefix, allow_empty=True, wildcards=True)
+                self.namespace(f"{where}.namespace_prefix", op.namespace_prefix, allow_empty=True)
                 self._page(where, op.limit, op.offset, self.settings.max_search_limit)
                 flt = parse_filter(
                     op.filter, field=f"{where}.filter", max_depth=self.limits.max_filter_depth,
@@ -206,7 +204,7 @@ class StoreService:
                 checked.append(("search", op, flt, self._query(f"{where}.query_vector", op.query_vector)))
             else:
                 for c, condition in enumerate(op.match_conditions):
-                    self.namespace(f"{where}.match_conditions.{c}.path", condition.path, allow_empty=True, wildcards=True)
+                    self.namespace(f"{where}.match_conditions.{c}.path", condition.path, allow_empty=True)
                 self._page(where, op.limit, op.offset, self.limits.max_page_size)
                 if op.max_depth is not None and op.max_depth > self.settings.max_namespace_depth:
                     op.max_depth = self.settings.max_namespace_depth
@@ -290,7 +288,7 @@ class StoreService:
     # --- whole namespaces ----------------------------------------------------------------------------
 
     async def delete_subtree(self, conn: AsyncConnection, ns: str, prefix: list[str]) -> tuple[int, bool]:
-        self.namespace("prefix", prefix, allow_empty=True, wildcards=True)
+        self.namespace("prefix", prefix, allow_empty=True)
         deleted = await self.sql.delete_subtree(conn, ns, prefix, self.settings.delete_batch)
         return deleted, deleted < self.settings.delete_batch
 

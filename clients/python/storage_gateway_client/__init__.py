@@ -26,6 +26,8 @@ from ._exceptions import (
 if TYPE_CHECKING:
     from ._checkpoints import GatewayCheckpointSaver
     from ._langchain import GatewayByteStore, GatewayChatMessageHistory, GatewayVectorStore
+    from ._langgraph import make_checkpointer, make_store
+    from ._store import GatewayStore
 
 __all__ = [
     "AsyncPersistStore",
@@ -42,6 +44,7 @@ __all__ = [
     "GatewayCheckpointSaver",
     "GatewayClient",
     "GatewayError",
+    "GatewayStore",
     "GatewayVectorStore",
     "HTTPStatusError",
     "IntegrityError",
@@ -63,22 +66,29 @@ __all__ = [
     "VectorsAPI",
     "create_persist_store",
     "create_vector_store",
+    "make_checkpointer",
+    "make_store",
 ]
 
 
-_LANGCHAIN = ("GatewayVectorStore", "GatewayByteStore", "GatewayChatMessageHistory")
+# What is imported on first use, from which module: the LangGraph adapters need the
+# ``langgraph`` extra, the LangChain ones the ``langchain`` extra.
+_LAZY = {
+    "GatewayCheckpointSaver": "._checkpoints",
+    "GatewayStore": "._store",
+    "make_checkpointer": "._langgraph",
+    "make_store": "._langgraph",
+    "GatewayVectorStore": "._langchain",
+    "GatewayByteStore": "._langchain",
+    "GatewayChatMessageHistory": "._langchain",
+}
 
 
-def __getattr__(name: str) -> type[Any]:
-    """The LangGraph saver and the LangChain adapters are imported on first use: they need the
-    ``langgraph`` and ``langchain`` extras."""
-    if name == "GatewayCheckpointSaver":
-        from ._checkpoints import GatewayCheckpointSaver
+def __getattr__(name: str) -> object:
+    """The LangGraph and LangChain adapters are imported on first use (their extras)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return GatewayCheckpointSaver
-    if name in _LANGCHAIN:
-        from . import _langchain
-
-        adapter: type[Any] = getattr(_langchain, name)
-        return adapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -16,7 +16,10 @@ from ._vector_store import RemoteVectorStore
 from ._vectors import VectorsAPI
 
 if TYPE_CHECKING:
+    from langgraph.store.base import IndexConfig, TTLConfig
+
     from ._checkpoints import GatewayCheckpointSaver
+    from ._store import GatewayStore
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -95,6 +98,14 @@ class GatewayClient:
         from ._checkpoints import GatewayCheckpointSaver
 
         return GatewayCheckpointSaver(self, serde=serde)
+
+    def store(self, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None) -> GatewayStore:
+        """LangGraph's long-term memory (a ``BaseStore``) in this namespace (needs the ``langgraph``
+        extra): ``index`` is LangGraph's ``IndexConfig`` (embeddings are computed here), ``ttl``
+        its ``TTLConfig``."""
+        from ._store import GatewayStore
+
+        return GatewayStore(self, index=index, ttl=ttl)
 
     async def close(self) -> None:
         """Release pooled connections; calling it again does nothing."""
