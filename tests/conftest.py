@@ -253,6 +253,9 @@ def gateway_env(backend: Backend, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_AUTH__ADMIN_KEY"] = ADMIN_KEY
     env["GATEWAY_STRICT_STATEMENTS"] = os.environ.get("GATEWAY_STRICT_STATEMENTS", "0")
+    # The store's tests (LangGraph's TTL tests among them) count what their own sweeps delete;
+    # the gateway's background sweep does not run during a test run (tests/test_store.py runs it).
+    env["GATEWAY_STORE__SWEEP_INTERVAL_SECONDS"] = "3600"
     env.update(backend.env)
     env.update(extra)
     return env
