@@ -33,6 +33,7 @@ import orjson
 from app.core.errors import InvalidInput
 from app.core.jsonvalue import is_wide, jsonb_float
 from app.vectors.filters import COMPARE_SQL, SqlBuilder
+from app.vectors.nulescape import escape_json, escape_text
 
 Path = tuple[str | int, ...]
 CompareOp = Literal["gt", "gte", "lt", "lte"]
@@ -303,7 +304,8 @@ class SqliteFilter(FilterSql):
 
 class PostgresFilter(FilterSql):
     """Conditions on the jsonb value: ``->`` steps with typed parameters (a member name never
-    indexes an array, as on SQLite), jsonb equality, numbers compared as numbers."""
+    indexes an array, as on SQLite), jsonb equality, numbers compared as numbers; strings as
+    stored (U+0000 escaped: ``app.vectors.nulescape``)."""
 
     def _at(self, path: Path) -> str:
         steps = "".join(
@@ -313,14 +315,14 @@ class PostgresFilter(FilterSql):
         return f"({self.column}{steps})"
 
     def eq(self, path: Path, value: Any) -> str:
-        return f"({self._at(path)} = CAST({self.sql.bind(json_text(value))} AS jsonb))"
+        return f"({self._at(path)} = CAST({self.sql.bind(escape_json(json_text(value)))} AS jsonb))"
 
     def compare(self, node: Compare) -> str:
         at = self._at(node.path)
         if isinstance(node.value, str):
             return (
                 f"(jsonb_typeof({at}) = 'string' AND "
-                f"({at} #>> '{{}}') COLLATE \"C\" {COMPARE_SQL[node.op]} CAST({self.sql.bind(node.value)} AS text))"
+                f"({at} #>> '{{}}') COLLATE \"C\" {COMPARE_SQL[node.op]} CAST({self.sql.bind(escape_text(node.value))} AS text))"
             )
         return (
             f"(jsonb_typeof({at}) = 'number' AND "

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.db.tables import UtcDateTime
 from app.store.repository import _ITEM_COLUMNS, Scope, StoredItem, StoreSql, _stamp, _typed
 from app.vectors.filters import SqlBuilder
+from app.vectors.nulescape import escape_json, unescape_json
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 HNSW_MAX_DIMS = 2000  # pgvector's limit for an HNSW index of `vector`
@@ -42,6 +43,14 @@ class PostgresStoreSql(StoreSql):
         self.ef_search = ef_search
         self.indexed: frozenset[int] = frozenset()
         """Embedding sizes whose HNSW index is valid (the index builder keeps it up to date)."""
+
+    def stored(self, value: str) -> str:
+        return escape_json(value)  # jsonb holds no U+0000 (app.vectors.nulescape)
+
+    def item(self, row: Any) -> StoredItem:
+        item = StoredItem(*row[:7])
+        item.value = unescape_json(item.value)
+        return item
 
     def distance(self, distance: str, dims: int) -> str:
         return f"(v.embedding {_OPERATOR[distance]} :q)"

@@ -96,6 +96,14 @@ class StoreSql(ABC):
     value_in: ClassVar[str]  # a bound JSON text (``{}``) as the value column takes it
     nulls_last: ClassVar[str]  # ORDER BY ``d`` ascending, NULL (no vector) last
 
+    def stored(self, value: str) -> str:
+        """A value's JSON text as this backend stores it."""
+        return value
+
+    def item(self, row: Any) -> StoredItem:
+        """An item from a row of ``_ITEM_COLUMNS``."""
+        return StoredItem(*row[:7])
+
     # --- the backend's facts -------------------------------------------------------------------------
 
     @abstractmethod
@@ -146,7 +154,7 @@ class StoreSql(ABC):
             f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=_stamp()
         ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
         rows = await conn.execute(stmt, params)
-        return {(r[1], r[2]): StoredItem(*r) for r in rows}
+        return {(r[1], r[2]): self.item(r) for r in rows}
 
     async def search(
         self, conn: AsyncConnection, ns: str, scope: Scope, limit: int, offset: int,
@@ -183,9 +191,8 @@ class StoreSql(ABC):
         rows = await conn.execute(stmt, params)
         return [self._scored(r, query[1] if query else None) for r in rows]
 
-    @staticmethod
-    def _scored(row: Any, distance: str | None) -> StoredItem:
-        item = StoredItem(*row[:7])
+    def _scored(self, row: Any, distance: str | None) -> StoredItem:
+        item = self.item(row)
         d = row[7]
         if distance is not None and d is not None and math.isfinite(d):
             item.score = 1.0 - d if distance == "cosine" else -d
@@ -244,7 +251,7 @@ class StoreSql(ABC):
         for item in items:
             rows.append({
                 "ns": ns, "prefix": item.prefix, "key": item.key, "depth": item.depth, "labels": item.labels,
-                "value": item.value, "now": now, "exp": item.expires_at, "ttl": item.ttl_minutes,
+                "value": self.stored(item.value), "now": now, "exp": item.expires_at, "ttl": item.ttl_minutes,
             })
         stmt = _typed(
             "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
