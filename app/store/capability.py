@@ -19,6 +19,7 @@ from app.store.models import store_items
 from app.store.platform import router as platform_router
 from app.store.repository import StoreSql
 from app.store.router import router
+from app.store.samples import SAMPLES
 
 router.include_router(platform_router)  # LangGraph Platform's API under /v1/{namespace}/store/langgraph
 from app.store.service import StoreService
@@ -74,6 +75,7 @@ CAPABILITY = Capability(
     periodic=periodic,
     # store_vectors rows are keyed by an item's id, which only a scoped store_items row hands out
     tables=(store_items,),
+    samples=SAMPLES,
     summary="LangGraph long-term memory: items under tuple namespaces with semantic search and TTL "
     "(the client's GatewayStore); LangGraph Platform's /store API under /v1/{namespace}/store/langgraph.",
 )

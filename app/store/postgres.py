@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.tables import UtcDateTime
-from app.store.repository import _ITEM_COLUMNS, Scope, StoredItem, StoreSql, _stamp, _typed
+from app.store.repository import ITEM_COLUMNS, Scope, StoredItem, StoreSql, stamp, typed
 from app.vectors.filters import SqlBuilder
 from app.vectors.nulescape import escape_json, unescape_json
 
@@ -79,13 +79,13 @@ class PostgresStoreSql(StoreSql):
         where = self._scope_sql(sql, scope)
         n = int(dims)
         await conn.execute(text(f"SET LOCAL hnsw.ef_search = {candidates}"))
-        stmt = _typed(
-            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)}, min(c.d) AS d FROM ("
+        stmt = typed(
+            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, min(c.d) AS d FROM ("
             f"SELECT v.item_id, (CAST(v.embedding AS vector({n})) <=> :q) AS d FROM store_vectors v WHERE v.dims = {n} "
             f"ORDER BY CAST(v.embedding AS vector({n})) <=> :q LIMIT {candidates}) c "
             f"JOIN store_items i ON i.id = c.item_id WHERE {where} GROUP BY i.id ORDER BY d, i.updated_at DESC, i.prefix, i.key "
             f"LIMIT {int(want)}",
-            now=_stamp(),
+            now=stamp(),
         ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
         rows = await conn.execute(stmt, {**sql.params, "ns": ns, "now": scope.now, "q": q})
         return [self._scored(r, "cosine") for r in rows]

@@ -26,7 +26,7 @@ from app.store.filters import FILTERS, Node
 from app.vectors.filters import SqlBuilder
 
 DISTANCES = ("cosine", "l2", "inner_product")
-_ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
+ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
 
 
 @dataclass(slots=True)
@@ -67,13 +67,13 @@ class Scope:
     now: datetime
 
 
-def _typed(sql: str, **types: Any) -> TextClause:
+def typed(sql: str, **types: Any) -> TextClause:
     stmt = text(sql)
     binds = [bindparam(name, type_=type_) for name, type_ in types.items() if f":{name}" in sql]
     return stmt.bindparams(*binds) if binds else stmt
 
 
-def _stamp() -> UtcDateTime:
+def stamp() -> UtcDateTime:
     return UtcDateTime()
 
 
@@ -101,7 +101,7 @@ class StoreSql(ABC):
         return value
 
     def item(self, row: Any) -> StoredItem:
-        """An item from a row of ``_ITEM_COLUMNS``."""
+        """An item from a row of ``ITEM_COLUMNS``."""
         return StoredItem(*row[:7])
 
     # --- the backend's facts -------------------------------------------------------------------------
@@ -150,8 +150,8 @@ class StoreSql(ABC):
         where = f"i.namespace = :ns AND ({' OR '.join(pairs)})"
         if omit_expired:
             where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
-        stmt = _typed(
-            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=_stamp()
+        stmt = typed(
+            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=stamp()
         ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
         rows = await conn.execute(stmt, params)
         return {(r[1], r[2]): self.item(r) for r in rows}
@@ -183,10 +183,10 @@ class StoreSql(ABC):
                 "WHERE v.item_id = i.id AND v.dims = :dims)"
             )
             order = f"{self.nulls_last.format('d')}, {recent}"
-        stmt = _typed(
-            f"SELECT {_ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i "
+        stmt = typed(
+            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i "
             f"WHERE {where} ORDER BY {order} LIMIT :lim OFFSET :off",
-            now=_stamp(),
+            now=stamp(),
         ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
         rows = await conn.execute(stmt, params)
         return [self._scored(r, query[1] if query else None) for r in rows]
@@ -235,10 +235,10 @@ class StoreSql(ABC):
         if omit_expired:
             parts.append("(i.expires_at IS NULL OR i.expires_at > :now)")
         column = "i.prefix" if max_depth is None else f"(CASE WHEN i.depth > :depth THEN {self.truncated(':depth')} ELSE i.prefix END)"
-        stmt = _typed(
+        stmt = typed(
             f"SELECT DISTINCT {column} AS n FROM store_items i WHERE {' AND '.join(parts)} "
             "ORDER BY n LIMIT :lim OFFSET :off",
-            now=_stamp(), depth=Integer(),
+            now=stamp(), depth=Integer(),
         )
         params = {**sql.params, "ns": ns, "now": now, "depth": max_depth, "lim": limit, "off": offset}
         return [str(r[0]).split(".") for r in await conn.execute(stmt, params)]
@@ -253,13 +253,13 @@ class StoreSql(ABC):
                 "ns": ns, "prefix": item.prefix, "key": item.key, "depth": item.depth, "labels": item.labels,
                 "value": self.stored(item.value), "now": now, "exp": item.expires_at, "ttl": item.ttl_minutes,
             })
-        stmt = _typed(
+        stmt = typed(
             "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
             f"expires_at, ttl_minutes) VALUES (:ns, :prefix, :key, :depth, :labels, {self.value_in.format(':value')}, "
             ":now, :now, :exp, :ttl) ON CONFLICT (namespace, prefix, key) DO UPDATE SET value = excluded.value, "
             "updated_at = excluded.updated_at, expires_at = excluded.expires_at, ttl_minutes = excluded.ttl_minutes "
             "RETURNING id",
-            now=_stamp(), exp=_stamp(), ttl=Float(), prefix=String(), key=String(),
+            now=stamp(), exp=stamp(), ttl=Float(), prefix=String(), key=String(),
         )
         ids = [int((await conn.execute(stmt, row)).scalar_one()) for row in rows]
         await conn.execute(
@@ -299,9 +299,9 @@ class StoreSql(ABC):
                 by_ttl.setdefault(item.ttl_minutes, []).append(item.id)
         for ttl, ids in by_ttl.items():
             await conn.execute(
-                _typed(
+                typed(
                     f"UPDATE store_items SET expires_at = :exp WHERE namespace = :ns AND id IN ({', '.join(str(i) for i in ids)})",
-                    exp=_stamp(),
+                    exp=stamp(),
                 ),
                 {"ns": ns, "exp": now + timedelta(minutes=ttl)},
             )
@@ -318,18 +318,18 @@ class StoreSql(ABC):
 
     async def sweep_namespace(self, conn: AsyncConnection, ns: str, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired items of ``ns``; how many went."""
-        stmt = _typed(
+        stmt = typed(
             "DELETE FROM store_items WHERE namespace = :ns AND expires_at <= :now AND id IN "
             "(SELECT i.id FROM store_items i WHERE i.namespace = :ns AND i.expires_at <= :now LIMIT :b)",
-            now=_stamp(),
+            now=stamp(),
         )
         return int((await conn.execute(stmt, {"ns": ns, "now": now, "b": batch})).rowcount or 0)
 
     async def sweep(self, conn: AsyncConnection, now: datetime, batch: int) -> int:
         """Delete up to ``batch`` expired items of any namespace (their vectors go with them)."""
-        stmt = _typed(
+        stmt = typed(
             "DELETE FROM store_items WHERE expires_at <= :now AND id IN "
             "(SELECT id FROM store_items WHERE expires_at <= :now LIMIT :b)",
-            now=_stamp(),
+            now=stamp(),
         )
         return int((await conn.execute(stmt, {"now": now, "b": batch})).rowcount or 0)
