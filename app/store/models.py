@@ -77,7 +77,9 @@ store_vectors = Table(
     Column("dims", SmallInteger, nullable=False),
     Column("norm", Float, nullable=False, comment="Euclidean norm (SQLite's inner product)."),
     Column("embedding", LargeBinary().with_variant(PgVector(), "postgresql"), nullable=False),
-    Index("ix_store_vectors_dims", "dims"),
+    # the index builder counts a size's vectors with it (PostgreSQL only: SQLite's planner took it
+    # for an item's vectors instead of the primary key, and compared every vector per item)
+    Index("ix_store_vectors_dims", "dims").ddl_if(dialect="postgresql"),
 )
 
 store_dims = Table(

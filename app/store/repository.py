@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Float, Integer, String, bindparam, text
+from sqlalchemy import Float, Integer, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import TextClause
 
@@ -26,6 +26,7 @@ from app.store.filters import FILTERS, Node
 from app.vectors.filters import SqlBuilder
 
 DISTANCES = ("cosine", "l2", "inner_product")
+UPSERT_ROWS = 100  # items per INSERT of a run of puts (11 parameters each)
 ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
 
 
@@ -172,19 +173,16 @@ class StoreSql(ABC):
         where = self._scope_sql(sql, scope)
         params: dict[str, Any] = {**sql.params, "ns": ns, "now": scope.now, "lim": limit, "off": offset}
         recent = "i.updated_at DESC, i.prefix, i.key"
-        if query is None:
-            score = "NULL"
-            order = recent
-        else:
+        score, order, joined = "NULL", recent, ""
+        if query is not None:  # each item's best field: its vectors of the query's size, grouped
             vector, distance = query
             params.update(q=self.vector_param(vector), qn=math.sqrt(sum(x * x for x in vector)), dims=len(vector))
-            score = (
-                f"(SELECT min({self.distance(distance, len(vector))}) FROM store_vectors v "
-                "WHERE v.item_id = i.id AND v.dims = :dims)"
-            )
+            score = f"min({self.distance(distance, len(vector))})"
+            joined = " LEFT JOIN store_vectors v ON v.item_id = i.id AND v.dims = :dims"
+            where += " GROUP BY i.id"
             order = f"{self.nulls_last.format('d')}, {recent}"
         stmt = typed(
-            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i "
+            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i{joined} "
             f"WHERE {where} ORDER BY {order} LIMIT :lim OFFSET :off",
             now=stamp(),
         ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
@@ -246,22 +244,29 @@ class StoreSql(ABC):
     # --- writes --------------------------------------------------------------------------------------
 
     async def upsert(self, conn: AsyncConnection, ns: str, items: Sequence[ItemWrite], now: datetime) -> list[int]:
-        """Insert or replace ``items`` (unique by prefix and key) and their vectors; their ids."""
-        rows = []
-        for item in items:
-            rows.append({
-                "ns": ns, "prefix": item.prefix, "key": item.key, "depth": item.depth, "labels": item.labels,
-                "value": self.stored(item.value), "now": now, "exp": item.expires_at, "ttl": item.ttl_minutes,
-            })
-        stmt = typed(
-            "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
-            f"expires_at, ttl_minutes) VALUES (:ns, :prefix, :key, :depth, :labels, {self.value_in.format(':value')}, "
-            ":now, :now, :exp, :ttl) ON CONFLICT (namespace, prefix, key) DO UPDATE SET value = excluded.value, "
-            "updated_at = excluded.updated_at, expires_at = excluded.expires_at, ttl_minutes = excluded.ttl_minutes "
-            "RETURNING id",
-            now=stamp(), exp=stamp(), ttl=Float(), prefix=String(), key=String(),
-        )
-        ids = [int((await conn.execute(stmt, row)).scalar_one()) for row in rows]
+        """Insert or replace ``items`` (unique by prefix and key) and their vectors, in one
+        statement for the items (up to ``UPSERT_ROWS`` at a time), one deleting their old vectors
+        and one inserting the new; the items' ids."""
+        ids: list[int] = []
+        for start in range(0, len(items), UPSERT_ROWS):
+            chunk = items[start:start + UPSERT_ROWS]
+            params: dict[str, Any] = {"ns": ns, "now": now}
+            types: dict[str, Any] = {"now": stamp()}
+            rows = []
+            for n, item in enumerate(chunk):
+                params.update({f"p{n}": item.prefix, f"k{n}": item.key, f"d{n}": item.depth, f"l{n}": item.labels,
+                               f"v{n}": self.stored(item.value), f"e{n}": item.expires_at, f"t{n}": item.ttl_minutes})
+                types.update({f"e{n}": stamp(), f"t{n}": Float()})
+                rows.append(f"(:ns, :p{n}, :k{n}, :d{n}, :l{n}, {self.value_in.format(f':v{n}')}, :now, :now, :e{n}, :t{n})")
+            stmt = typed(
+                "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
+                f"expires_at, ttl_minutes) VALUES {', '.join(rows)} ON CONFLICT (namespace, prefix, key) DO UPDATE SET "
+                "value = excluded.value, updated_at = excluded.updated_at, expires_at = excluded.expires_at, "
+                "ttl_minutes = excluded.ttl_minutes RETURNING id, prefix, key",
+                **types,
+            )
+            found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(stmt, params)}
+            ids += [found[(item.prefix, item.key)] for item in chunk]
         await conn.execute(
             text(f"DELETE FROM store_vectors WHERE item_id IN ({', '.join(str(i) for i in ids)})")
         )

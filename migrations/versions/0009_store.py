@@ -84,7 +84,8 @@ def upgrade_vectors() -> None:
         ),
         sa.PrimaryKeyConstraint("item_id", "field", name=op.f("pk_store_vectors")),
     )
-    op.create_index("ix_store_vectors_dims", "store_vectors", ["dims"])
+    if op.get_bind().dialect.name == "postgresql":  # the index builder's (SQLite has none)
+        op.create_index("ix_store_vectors_dims", "store_vectors", ["dims"])
     op.create_table(
         "store_dims",
         sa.Column("dims", sa.SmallInteger(), nullable=False, comment="An embedding size in use; gets its own HNSW index."),
