@@ -166,8 +166,10 @@ async def test_the_platform_api_takes_x_api_key_and_a_query_vector(
         for key, vector in (("tea", [1.0, 0.0]), ("car", [0.0, 1.0])):
             body = {"namespace": ["m"], "key": key, "value": {"k": key}, "vectors": [{"field": "$", "vector": vector}]}
             assert (await lg.put("/store/items", json=body)).status_code == 204
+        assert (await lg.put("/store/items", json={"namespace": ["m"], "key": "plain", "value": {}})).status_code == 204
         r = await lg.post("/store/items/search", json={"namespace_prefix": ["m"], "query": "drink", "query_vector": [0.9, 0.1]})
-        assert [(i["key"], round(i["score"], 3)) for i in r.json()["items"]] == [("tea", 0.994), ("car", 0.11)]
+        scored = [(i["key"], i["score"] and round(i["score"], 3)) for i in r.json()["items"]]
+        assert scored == [("tea", 0.994), ("car", 0.11), ("plain", None)]  # no vector: last, no score
         r = await lg.post("/store/items/search", json={"namespace_prefix": ["m"], "query": "drink"})
         assert r.status_code == 422 and "query_vector" in r.json()["detail"]
         assert (await lg.get("/ok")).json() == {"ok": True}

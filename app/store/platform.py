@@ -14,17 +14,17 @@ as ``x-api-key``, as the SDK sends it, or ``Authorization: Bearer``), with the s
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, BackgroundTasks, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import PlannedRoute
-from app.core.names import DocumentedKey
+from app.core.names import KEY_PATTERN, DocumentedKey
 from app.core.numbers import StrictBool, StrictInt
 from app.store import schemas
 from app.store.dependencies import StoreServiceDep
@@ -35,6 +35,7 @@ router = APIRouter(prefix="/langgraph", route_class=PlannedRoute, tags=["store"]
 
 _ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
 JSON = "application/json"
+DOTTED_LABELS = r"^([^.\u0000]+(\.[^.\u0000]+)*)?$"
 NO_QUERY_VECTOR = (
     "a search with a query needs query_vector, the query's embedding: the gateway does not embed text "
     "(GatewayStore in storage_gateway_client embeds it on the client)"
@@ -45,11 +46,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _false(value: bool) -> bool:
+    if value:
+        raise ValueError("must be false or a list of field paths")
+    return value
+
+
+NotIndexed = Annotated[StrictBool, AfterValidator(_false), WithJsonSchema({"const": False})]
+"""LangGraph's ``index=False`` (a JSON false, not ``0``)."""
+
+
 class PlatformPut(_Body):
     namespace: schemas.Namespace
     key: DocumentedKey
     value: dict[str, Any] = Field(examples=[{"title": "My Document"}])
-    index: Literal[False] | list[str] | None = Field(
+    index: NotIndexed | list[str] | None = Field(
         default=None, description="LangGraph's; not acted on (the gateway does not embed text): send `vectors`."
     )
     ttl: schemas.Minutes | None = None
@@ -102,7 +113,10 @@ async def put_item(
     background: BackgroundTasks,
 ) -> Response:
     """Store `value` under (namespace, key), with its `vectors` if sent."""
-    op = schemas.PutOp(op="put", namespace=body.namespace, key=body.key, value=body.value, ttl=body.ttl, vectors=body.vectors)
+    # the service checks what the schemas do not (``construct``: the body is validated already)
+    op = schemas.PutOp.model_construct(
+        op="put", namespace=body.namespace, key=body.key, value=body.value, ttl=body.ttl, vectors=body.vectors
+    )
     outcome = await service.run(conn, namespace, service.check([op]), False, writes=True)
     if outcome.new_dims:
         background.add_task(service.dims_committed, outcome.new_dims)
@@ -113,13 +127,15 @@ async def put_item(
 @by_fastapi
 async def get_item(
     namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep, background: BackgroundTasks,
-    key: Annotated[str, Query(min_length=1, max_length=1024, description="The item's key.")],
-    item_namespace: Annotated[str, Query(alias="namespace", max_length=4096, description="Labels joined by `.`.")] = "",
+    key: Annotated[str, Query(min_length=1, max_length=1024, pattern=KEY_PATTERN, description="The item's key.")],
+    item_namespace: Annotated[
+        str, Query(alias="namespace", max_length=4096, pattern=DOTTED_LABELS, description="Labels joined by `.`.")
+    ] = "",
     refresh_ttl: Annotated[bool, Query()] = False,
 ) -> Response:
     """The item, or `null` when there is none."""
     labels = item_namespace.split(".") if item_namespace else []
-    op = schemas.GetOp(op="get", namespace=labels, key=key, refresh_ttl=refresh_ttl)
+    op = schemas.GetOp.model_construct(op="get", namespace=labels, key=key, refresh_ttl=refresh_ttl)
     outcome = await service.run(conn, namespace, service.check([op]), False, writes=False)
     if outcome.refresh:
         background.add_task(service.refresh_after, namespace, outcome.refresh)
@@ -131,7 +147,7 @@ async def get_item(
 @by_fastapi
 async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
     """Delete the item; 204 whether or not it existed."""
-    op = schemas.PutOp(op="put", namespace=body.namespace, key=body.key, value=None)
+    op = schemas.PutOp.model_construct(op="put", namespace=body.namespace, key=body.key, value=None, ttl=None, vectors=None)
     await service.run(conn, namespace, service.check([op]), False, writes=True)
     return Response(status_code=204)
 
@@ -146,7 +162,7 @@ async def search_items(
     """Items under `namespace_prefix` matching `filter`; with `query` (and `query_vector`) by similarity."""
     if body.query and body.query_vector is None:
         raise InvalidInput("query_vector", NO_QUERY_VECTOR)
-    op = schemas.SearchOp(
+    op = schemas.SearchOp.model_construct(
         op="search", namespace_prefix=body.namespace_prefix, filter=body.filter, limit=body.limit, offset=body.offset,
         query_vector=body.query_vector if body.query else None, distance=body.distance, refresh_ttl=bool(body.refresh_ttl),
     )
@@ -166,7 +182,7 @@ async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, co
         conditions.append(schemas.MatchCondition(match_type="prefix", path=body.prefix))
     if body.suffix:
         conditions.append(schemas.MatchCondition(match_type="suffix", path=body.suffix))
-    op = schemas.ListNamespacesOp(
+    op = schemas.ListNamespacesOp.model_construct(
         op="list_namespaces", match_conditions=conditions, max_depth=body.max_depth, limit=body.limit, offset=body.offset,
     )
     outcome = await service.run(conn, namespace, service.check([op]), False, writes=False)

@@ -18,12 +18,16 @@ class SqliteStoreSql(StoreSql):
     nulls_last = "{0} IS NULL, {0}"
 
     def distance(self, distance: str, dims: int) -> str:
+        # an item without a vector of the size has none (sqlite-vec refuses a NULL vector)
         if distance == "cosine":
-            return "vec_distance_cosine(v.embedding, :q)"
+            return "(CASE WHEN v.embedding IS NULL THEN NULL ELSE vec_distance_cosine(v.embedding, :q) END)"
         if distance == "l2":
-            return "vec_distance_l2(v.embedding, :q)"
+            return "(CASE WHEN v.embedding IS NULL THEN NULL ELSE vec_distance_l2(v.embedding, :q) END)"
         # -(a . b) = -(1 - cosine distance) * |a| * |b|; a zero vector has no direction
-        return "(CASE WHEN v.norm = 0 OR :qn = 0 THEN 0.0 ELSE -((1.0 - vec_distance_cosine(v.embedding, :q)) * v.norm * :qn) END)"
+        return (
+            "(CASE WHEN v.embedding IS NULL THEN NULL WHEN v.norm = 0 OR :qn = 0 THEN 0.0 "
+            "ELSE -((1.0 - vec_distance_cosine(v.embedding, :q)) * v.norm * :qn) END)"
+        )
 
     def vector_param(self, vector: array[float]) -> Any:
         return vector.tobytes()
