@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter, BackgroundTasks, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
+from app.core.dependencies import NamespacePath, VectorsConnection, VectorsSearchConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import PlannedRoute
@@ -126,7 +126,7 @@ async def put_item(
 @router.get("/store/items", summary="Get an item (LangGraph Platform)", responses=_ERRORS)
 @by_fastapi
 async def get_item(
-    namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep, background: BackgroundTasks,
+    namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep, background: BackgroundTasks,
     key: Annotated[str, Query(min_length=1, max_length=1024, pattern=KEY_PATTERN, description="The item's key.")],
     item_namespace: Annotated[
         str, Query(alias="namespace", max_length=4096, pattern=DOTTED_LABELS, description="Labels joined by `.`.")
@@ -156,7 +156,7 @@ async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: Vect
 @accepts(Body.JSON, read_only=True)
 @by_fastapi
 async def search_items(
-    body: PlatformSearch, namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep,
+    body: PlatformSearch, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep,
     background: BackgroundTasks,
 ) -> Response:
     """Items under `namespace_prefix` matching `filter`; with `query` (and `query_vector`) by similarity."""
@@ -175,7 +175,7 @@ async def search_items(
 @router.post("/store/namespaces", summary="List namespaces (LangGraph Platform)", response_model=ListNamespaceResponse, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @by_fastapi
-async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep) -> Response:
+async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep) -> Response:
     """Namespaces matching `prefix` and `suffix` (`*`: any one label), cut to `max_depth`."""
     conditions = []
     if body.prefix:

@@ -5,6 +5,7 @@ search over many items walks, a namespace's labels split from its text (``split_
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import text
@@ -40,6 +41,7 @@ class PostgresStoreSql(StoreSql):
     nulls_last = "{0} ASC NULLS LAST"
 
     def __init__(self, ef_search: int = 100) -> None:
+        super().__init__()
         self.ef_search = ef_search
         self.indexed: frozenset[int] = frozenset()
         """Embedding sizes whose HNSW index is valid (the index builder keeps it up to date)."""
@@ -64,13 +66,23 @@ class PostgresStoreSql(StoreSql):
     def truncated(self, depth_param: str) -> str:
         return f"array_to_string((string_to_array(i.prefix, '.'))[1:CAST({depth_param} AS integer)], '.')"
 
+    def walks(self, dims: int, distance: str) -> bool:
+        return distance == "cosine" and dims in self.indexed and dims <= HNSW_MAX_DIMS
+
+    async def reading(self, conn: AsyncConnection, queries: Sequence[tuple[array[float], str]]) -> None:
+        """Reads run each statement in autocommit, as AsyncPostgresStore's do: no BEGIN and COMMIT
+        (two round trips) around them. Unless a query search may walk a graph: it sets its
+        ``hnsw.ef_search`` for its transaction alone (``SET LOCAL``)."""
+        if not any(self.walks(len(vector), distance) for vector, distance in queries):
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+
     async def graph_search(
         self, conn: AsyncConnection, ns: str, scope: Scope, q: array[float], dims: int, distance: str,
         want: int,
     ) -> list[StoredItem] | None:
         """The nearest vectors of the size's HNSW index (cosine only), then the scope on their items;
         None without a valid index or when more are wanted than the graph gives at once."""
-        if distance != "cosine" or dims not in self.indexed or dims > HNSW_MAX_DIMS:
+        if not self.walks(dims, distance):
             return None
         candidates = max(self.ef_search, want * 4)
         if candidates > 1000:

@@ -10,6 +10,7 @@ reached through an item's id, which only a scoped ``store_items`` row hands out.
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from app.vectors.filters import SqlBuilder
 
 DISTANCES = ("cosine", "l2", "inner_product")
 UPSERT_ROWS = 100  # items per INSERT of a run of puts (11 parameters each)
+SIZE_TTL = 5.0  # seconds a scope's size (exact search or the graph) is taken as known
+SIZE_ENTRIES = 4096
 ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
 
 
@@ -92,6 +95,9 @@ def prefix_range(sql: SqlBuilder, labels: Sequence[str], column: str = "i.prefix
 class StoreSql(ABC):
     """The store's statements on one backend."""
 
+    def __init__(self) -> None:
+        self._sizes: dict[tuple[str, tuple[str, ...], int], tuple[float, bool]] = {}
+
     dialect: ClassVar[str]
     value_out: ClassVar[str]  # the value column as JSON text
     value_in: ClassVar[str]  # a bound JSON text (``{}``) as the value column takes it
@@ -121,6 +127,14 @@ class StoreSql(ABC):
     @abstractmethod
     def truncated(self, depth_param: str) -> str:
         """``i.prefix`` cut to its first ``depth_param`` labels."""
+
+    def walks(self, dims: int, distance: str) -> bool:
+        """Whether a query search of this size and distance can take candidates from an ANN index."""
+        return False
+
+    async def reading(self, conn: AsyncConnection, queries: Sequence[tuple[array[float], str]]) -> None:  # noqa: B027 - nothing by default
+        """Before a read-only batch (``queries``: its query searches' vectors and distances) runs
+        on ``conn``, a connection no transaction has begun on yet."""
 
     async def graph_search(
         self, conn: AsyncConnection, ns: str, scope: Scope, q: array[float], dims: int, distance: str,
@@ -165,7 +179,7 @@ class StoreSql(ABC):
         (those without a vector of its size last), otherwise most recently updated first."""
         if query is not None:
             vector, distance = query
-            if len(vector) and await self._larger_than(conn, ns, scope, exact_threshold):
+            if self.walks(len(vector), distance) and await self._larger_than(conn, ns, scope, exact_threshold):
                 found = await self.graph_search(conn, ns, scope, vector, len(vector), distance, offset + limit)
                 if found is not None and len(found) >= offset + limit:
                     return found[offset:offset + limit]
@@ -197,7 +211,20 @@ class StoreSql(ABC):
         return item
 
     async def _larger_than(self, conn: AsyncConnection, ns: str, scope: Scope, threshold: int) -> bool:
-        """Whether more than ``threshold`` items are under the scope's prefix (its filter aside)."""
+        """Whether more than ``threshold`` items are under the scope's prefix (its filter aside),
+        as counted within the last ``SIZE_TTL`` seconds (a scope's size only chooses a plan)."""
+        now = time.monotonic()
+        cache_key = (ns, scope.prefix, threshold)
+        cached = self._sizes.get(cache_key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        if len(self._sizes) >= SIZE_ENTRIES:
+            self._sizes.clear()
+        larger = await self._count_above(conn, ns, scope, threshold)
+        self._sizes[cache_key] = (now + SIZE_TTL, larger)
+        return larger
+
+    async def _count_above(self, conn: AsyncConnection, ns: str, scope: Scope, threshold: int) -> bool:
         sql = SqlBuilder()
         where = f"i.namespace = :ns AND {prefix_range(sql, scope.prefix)}"
         stmt = text(f"SELECT count(*) FROM (SELECT 1 FROM store_items i WHERE {where} LIMIT :t) s")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastapi import BackgroundTasks, Response
 
-from app.core.dependencies import NamespacePath, VectorsConnection, VectorsReadConnection
+from app.core.dependencies import NamespacePath, VectorsConnection, VectorsSearchConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.http.planning import served_by_fastapi
@@ -47,7 +47,7 @@ async def batch(
 @accepts(Body.JSON, read_only=True)
 @by_fastapi
 async def read(
-    body: ReadRequest, namespace: NamespacePath, conn: VectorsReadConnection, service: StoreServiceDep,
+    body: ReadRequest, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep,
     background: BackgroundTasks,
 ) -> Response:
     """Gets, searches and namespace listings, answered in order; a TTL refreshed by the read

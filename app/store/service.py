@@ -214,8 +214,11 @@ class StoreService:
     # --- running a batch --------------------------------------------------------------------------
 
     async def run(self, conn: AsyncConnection, ns: str, ops: Sequence[Any], omit_expired: bool, *, writes: bool) -> BatchOutcome:
-        """Run the checked ``ops`` in order on ``conn`` (one transaction); the answer's body."""
+        """Run the checked ``ops`` in order on ``conn`` (one transaction, or for reads each
+        statement on its own where the backend gains by it: ``StoreSql.reading``); the results."""
         now = utcnow()
+        if not writes:
+            await self.sql.reading(conn, [(op[3], op[1].distance) for op in ops if op[0] == "search" and op[3] is not None])
         results: list[Any] = [None] * len(ops)
         outcome = BatchOutcome(results)
         i = 0
@@ -230,7 +233,7 @@ class StoreService:
                 for n, op in enumerate(run, start=i):
                     item = found.get((op[1], op[2]))
                     results[n] = item_json(item) if item is not None else None
-                    if item is not None and op[3]:
+                    if item is not None and op[3] and item.ttl_minutes is not None:
                         outcome.refresh.append(item)
             elif kind == "put":
                 await self._puts(conn, ns, ops[i:j], now, outcome)
@@ -243,7 +246,7 @@ class StoreService:
                 )
                 results[i] = [item_json(item, with_score=True) for item in items]
                 if op.refresh_ttl:
-                    outcome.refresh.extend(items)
+                    outcome.refresh.extend(item for item in items if item.ttl_minutes is not None)
                 j = i + 1
             else:
                 op = ops[i][1]
