@@ -187,19 +187,27 @@ class StoreSql(ABC):
         where = self._scope_sql(sql, scope)
         params: dict[str, Any] = {**sql.params, "ns": ns, "now": scope.now, "lim": limit, "off": offset}
         recent = "i.updated_at DESC, i.prefix, i.key"
-        score, order, joined = "NULL", recent, ""
-        if query is not None:  # each item's best field: its vectors of the query's size, grouped
+        if query is None:
+            sql_text = (
+                f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, NULL AS d FROM store_items i "
+                f"WHERE {where} ORDER BY {recent} LIMIT :lim OFFSET :off"
+            )
+        else:
+            # each item's best field (its vectors of the query's size, grouped), ranked on ids
+            # and sort keys alone; only the page's items are read whole
             vector, distance = query
             params.update(q=self.vector_param(vector), qn=math.sqrt(sum(x * x for x in vector)), dims=len(vector))
-            score = f"min({self.distance(distance, len(vector))})"
-            joined = " LEFT JOIN store_vectors v ON v.item_id = i.id AND v.dims = :dims"
-            where += " GROUP BY i.id"
-            order = f"{self.nulls_last.format('d')}, {recent}"
-        stmt = typed(
-            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, {score} AS d FROM store_items i{joined} "
-            f"WHERE {where} ORDER BY {order} LIMIT :lim OFFSET :off",
-            now=stamp(),
-        ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
+            ranked = (
+                f"SELECT i.id, min({self.distance(distance, len(vector))}) AS d, i.updated_at AS u, i.prefix AS p, "
+                "i.key AS k FROM store_items i LEFT JOIN store_vectors v ON v.item_id = i.id AND v.dims = :dims "
+                f"WHERE {where} GROUP BY i.id, i.updated_at, i.prefix, i.key "
+                f"ORDER BY {self.nulls_last.format('d')}, u DESC, p, k LIMIT :lim OFFSET :off"
+            )
+            sql_text = (
+                f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, s.d FROM ({ranked}) s "
+                f"JOIN store_items i ON i.id = s.id ORDER BY {self.nulls_last.format('s.d')}, s.u DESC, s.p, s.k"
+            )
+        stmt = typed(sql_text, now=stamp()).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
         rows = await conn.execute(stmt, params)
         return [self._scored(r, query[1] if query else None) for r in rows]
 
