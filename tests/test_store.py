@@ -223,3 +223,18 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(backend: Bac
             assert [i["key"] for i in found] == [f"k{i}" for i in np.argsort(-cos)[:10]]
             rare = {"op": "search", "namespace_prefix": ["p"], "query_vector": q.tolist(), "filter": {"rare": True}}
             assert [i["key"] for i in (await batch(http, ns, rare, path="read"))[0]] == ["k7"]
+
+
+async def test_the_langgraph_json_factories_keep_memory_and_threads_in_the_gateway(
+    server: Server, namespace: str, api_key: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage_gateway_client import make_checkpointer, make_store
+
+    monkeypatch.setenv("STORAGE_GATEWAY_URL", server.url)
+    monkeypatch.setenv("STORAGE_GATEWAY_NAMESPACE", namespace)
+    monkeypatch.setenv("STORAGE_GATEWAY_API_KEY", api_key or "")
+    async with make_store() as store, make_checkpointer() as saver:
+        await store.aput(("m",), "k", {"v": 1})
+        assert await saver.aget_tuple({"configurable": {"thread_id": "none"}}) is None
+    async with GatewayClient(server.url, namespace, api_key) as gw:
+        assert (await gw.store().aget(("m",), "k")).value == {"v": 1}  # type: ignore[union-attr]
