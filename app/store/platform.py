@@ -25,7 +25,7 @@ from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, p
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import PlannedRoute
 from app.core.names import KEY_PATTERN, DocumentedKey
-from app.core.numbers import StrictBool, StrictInt
+from app.core.numbers import MAX_LIST_ITEMS, StrictBool, StrictInt
 from app.store import schemas
 from app.store.dependencies import StoreServiceDep
 from app.store.router import by_fastapi
@@ -60,11 +60,13 @@ class PlatformPut(_Body):
     namespace: schemas.Namespace
     key: DocumentedKey
     value: dict[str, Any] = Field(examples=[{"title": "My Document"}])
-    index: NotIndexed | list[str] | None = Field(
+    index: NotIndexed | Annotated[list[str], Field(max_length=256, fail_fast=True)] | None = Field(
         default=None, description="LangGraph's; not acted on (the gateway does not embed text): send `vectors`."
     )
     ttl: schemas.Minutes | None = None
-    vectors: list[schemas.VectorIn] | None = Field(default=None, description="Extension: the item's embeddings.")
+    vectors: list[schemas.VectorIn] | None = Field(
+        default=None, max_length=MAX_LIST_ITEMS, fail_fast=True, description="Extension: the item's embeddings."
+    )
 
 
 class PlatformDelete(_Body):
@@ -84,8 +86,8 @@ class PlatformSearch(_Body):
 
 
 class PlatformNamespaces(_Body):
-    prefix: Annotated[list[schemas.Label], Field(max_length=schemas.MAX_LABELS)] | None = None
-    suffix: Annotated[list[schemas.Label], Field(max_length=schemas.MAX_LABELS)] | None = None
+    prefix: Annotated[list[schemas.Label], Field(max_length=schemas.MAX_LABELS, fail_fast=True)] | None = None
+    suffix: Annotated[list[schemas.Label], Field(max_length=schemas.MAX_LABELS, fail_fast=True)] | None = None
     max_depth: StrictInt | None = Field(default=None, ge=1)
     limit: StrictInt = Field(default=100, ge=1)
     offset: StrictInt = Field(default=0, ge=0)

@@ -14,14 +14,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from app.core.names import DocumentedKey
-from app.core.numbers import MAX_LIST_ITEMS, FiniteFloat, StrictBool, StrictInt
+from app.core.numbers import MAX_LIST_ITEMS, StrictBool, StrictInt
 
 MAX_LABELS = 256  # hard ceiling; `store.max_namespace_depth` is the limit checked
 LABEL_PATTERN = r"^[^.\u0000]+$"
 Label = Annotated[str, Field(min_length=1, max_length=1024, pattern=LABEL_PATTERN)]
 Namespace = Annotated[
     list[Label],
-    Field(max_length=MAX_LABELS, description="LangGraph's namespace: labels without `.`.", examples=[["users", "u1"]]),
+    Field(max_length=MAX_LABELS, fail_fast=True, description="LangGraph's namespace: labels without `.`.", examples=[["users", "u1"]]),
 ]
 Vector = Annotated[list[Annotated[float, Strict()]], Field(min_length=1, max_length=16000, fail_fast=True)]
 Distance = Literal["cosine", "l2", "inner_product"]
@@ -85,12 +85,12 @@ class SearchOp(_Body):
 
 class MatchCondition(_Body):
     match_type: Literal["prefix", "suffix"]
-    path: Annotated[list[Label], Field(max_length=MAX_LABELS, description="Labels; `*` matches any one label.")]
+    path: Annotated[list[Label], Field(max_length=MAX_LABELS, fail_fast=True, description="Labels; `*` matches any one label.")]
 
 
 class ListNamespacesOp(_Body):
     op: Literal["list_namespaces"]
-    match_conditions: list[MatchCondition] = Field(default_factory=list, max_length=8)
+    match_conditions: list[MatchCondition] = Field(default_factory=list, max_length=8, fail_fast=True)
     max_depth: StrictInt | None = Field(default=None, ge=1, description="Namespaces longer than this are cut to it (and deduplicated).")
     limit: StrictInt = Field(default=100, ge=1)
     offset: StrictInt = Field(default=0, ge=0)
@@ -151,4 +151,3 @@ class Deleted(BaseModel):
     done: bool = Field(description="False when more remain: send the request again.")
 
 
-FiniteVector = Annotated[list[FiniteFloat], Field(max_length=16000)]  # the compatibility API's query_vector
