@@ -15,7 +15,7 @@ classes they import are replaced here, before they are imported, by classes whos
   default, which GatewayStore, InMemoryStore and AsyncPostgresStore follow).
 - ``AsyncSqliteStore.from_conn_string(...)``: a ``GatewayStore`` on the test's own event loop.
 - the SDK's integration fixtures ``async_threads`` / ``sync_threads``: httpx clients on the
-  gateway's LangGraph Platform API (``/v1/{namespace}/langgraph``), the key as ``x-api-key``.
+  gateway's LangGraph Platform API (``/v1/{namespace}/store/langgraph``), the key as ``x-api-key``.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _platform(client_type: type[Any]) -> Any:
     return client_type(
-        base_url=f"{URL}/v1/{PREFIX}-sdk-{uuid.uuid4().hex[:8]}/langgraph", headers={"x-api-key": KEY}, timeout=30.0
+        base_url=f"{URL}/v1/{PREFIX}-sdk-{uuid.uuid4().hex[:8]}/store/langgraph", headers={"x-api-key": KEY}, timeout=30.0
     )
 
 

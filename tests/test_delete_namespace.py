@@ -3,7 +3,8 @@
 The shared test (``tests/test_capabilities.py``) checks each capability's namespaced rows; this
 one runs the command on a namespace seeded in every built-in capability and checks what no
 namespace column marks: file chunks by blob id, a collection's own points table, a thread's
-checkpoints, values and pending writes by its id; and that it stops and resumes.
+checkpoints, values and pending writes by its id, a store item's vectors by its id; and that it
+stops and resumes.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from app.checkpoints.models import checkpoint_blobs, checkpoint_threads, checkpo
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.files.models import file_chunks, files
+from app.store.models import store_items, store_vectors
 from app.vectors.models import vector_collections
 from tests.conftest import Backend, Server, run_cli
 from tests.test_migrations import settings_for
 
 
-async def _what_only_ids_hold(backend: Backend, ns: str) -> dict[str, int]:
-    """Rows of ``ns`` in the tables keyed by ids its registry rows hand out, and its points tables."""
+async def _what_only_ids_hold(backend: Backend, ns: str, item_ids: list[int]) -> dict[str, int]:
+    """Rows of ``ns`` in the tables keyed by ids its registry rows hand out, its points tables, and
+    the vectors of the store items ``item_ids``."""
     databases = Databases.open(settings_for(backend))
     try:
         out: dict[str, int] = {}
@@ -43,7 +46,18 @@ async def _what_only_ids_hold(backend: Backend, ns: str) -> dict[str, int]:
             ids = list((await conn.execute(select(vector_collections.c.id).where(vector_collections.c.namespace == ns))).scalars())
             names = set(await conn.run_sync(lambda sync: inspect(sync).get_table_names()))
             out["points tables"] = len({f"vec_{i}" for i in ids} & names)
+            query = select(func.count()).select_from(store_vectors).where(store_vectors.c.item_id.in_(item_ids))
+            out["store_vectors"] = (await conn.execute(query)).scalar_one()
         return out
+    finally:
+        await databases.close()
+
+
+async def _store_items(backend: Backend, ns: str) -> list[int]:
+    databases = Databases.open(settings_for(backend))
+    try:
+        async with databases.engine(Database.vectors).connect() as conn:
+            return list((await conn.execute(select(store_items.c.id).where(store_items.c.namespace == ns))).scalars())
     finally:
         await databases.close()
 
@@ -53,7 +67,8 @@ async def test_the_command_deletes_everything_of_one_namespace(
 ) -> None:
     for capability in server.capabilities:
         await capability.samples_for("seed").seed(http, namespace)
-    before = await _what_only_ids_hold(backend, namespace)
+    item_ids = await _store_items(backend, namespace)
+    before = await _what_only_ids_hold(backend, namespace, item_ids)
     assert all(before.values()), before
     if backend.chunks_in_database:
         assert before["file_chunks"] > 0
@@ -75,7 +90,9 @@ async def test_the_command_deletes_everything_of_one_namespace(
     assert deleted["vectors"] == {"collections": 1, "points": 1}, deleted  # its Idempotency-Key answers with it
     assert deleted["checkpoints"] == {"threads": 1, "checkpoints": 1, "checkpoint_retention": 1}, deleted
     assert deleted["kv"] == {"kv_entries": 1} and deleted["records"] == {"records": 1}, deleted
-    assert await _what_only_ids_hold(backend, namespace) == dict.fromkeys(before, 0)
+    assert deleted["store"] == {"items": 1, "vectors": 1}, deleted
+    assert await _what_only_ids_hold(backend, namespace, item_ids) == dict.fromkeys(before, 0)
+    assert await _store_items(backend, namespace) == []
     assert (await http.get(f"/v1/{namespace}/files/c1/f1")).status_code == 404
     assert (await http.get(f"/v1/{namespace}/vectors/c1")).status_code == 404
 

@@ -20,6 +20,7 @@ README = (ROOT / "README.md").read_text()
 EXPECTED_OUTPUTS = [
     "dark 2 ['m1']\n",
     "{'answer': 'yes'}\n3 checkpoints\n",
+    "m1 I love green tea 2 []\n",
     "tea is green {'topic': 'tea', 'year': 2024} [b'\\x00\\x01', b'bytes', None] ['hi', 'hello!']\n",
 ]
 

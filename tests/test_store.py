@@ -161,7 +161,7 @@ async def test_the_platform_api_takes_x_api_key_and_a_query_vector(
 ) -> None:
     writer = await make_key(http, namespace, "store:write")
     reader = await make_key(http, namespace, "store:read")
-    base = f"{server.url}/v1/{namespace}/langgraph"
+    base = f"{server.url}/v1/{namespace}/store/langgraph"
     async with httpx.AsyncClient(base_url=base, headers={"x-api-key": writer}) as lg:
         for key, vector in (("tea", [1.0, 0.0]), ("car", [0.0, 1.0])):
             body = {"namespace": ["m"], "key": key, "value": {"k": key}, "vectors": [{"field": "$", "vector": vector}]}

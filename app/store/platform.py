@@ -17,21 +17,20 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, BackgroundTasks, Query, Response
+from fastapi import BackgroundTasks, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from app.core.dependencies import NamespacePath, VectorsConnection, VectorsSearchConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
-from app.core.http.routing import PlannedRoute
 from app.core.names import KEY_PATTERN, DocumentedKey
 from app.core.numbers import MAX_LIST_ITEMS, StrictBool, StrictInt
 from app.store import schemas
 from app.store.dependencies import StoreServiceDep
-from app.store.router import by_fastapi
+from app.store.router import by_fastapi, router
 
-# included by the store router (app.store.capability): one capability, one router, one gate
-router = APIRouter(prefix="/langgraph", route_class=PlannedRoute, tags=["store"])
+# on the store's own router (one capability, one router, one gate), imported by app.store.capability
+PREFIX = "/langgraph"
 
 _ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
 JSON = "application/json"
@@ -101,13 +100,13 @@ class ListNamespaceResponse(BaseModel):
     namespaces: list[list[str]]
 
 
-@router.get("/ok", summary="Health (LangGraph Platform)", responses=_ERRORS)
+@router.get(f"{PREFIX}/ok", summary="Health (LangGraph Platform)", responses=_ERRORS)
 async def ok() -> Response:
     """`{"ok": true}`, as LangGraph Platform answers it."""
     return Response(b'{"ok":true}', media_type=JSON)
 
 
-@router.put("/store/items", summary="Put an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
+@router.put(f"{PREFIX}/store/items", summary="Put an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
 @accepts(Body.JSON)
 @by_fastapi
 async def put_item(
@@ -125,7 +124,7 @@ async def put_item(
     return Response(status_code=204)
 
 
-@router.get("/store/items", summary="Get an item (LangGraph Platform)", responses=_ERRORS)
+@router.get(f"{PREFIX}/store/items", summary="Get an item (LangGraph Platform)", responses=_ERRORS)
 @by_fastapi
 async def get_item(
     namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep, background: BackgroundTasks,
@@ -144,7 +143,7 @@ async def get_item(
     return Response(orjson.dumps(outcome.results[0]), media_type=JSON)
 
 
-@router.delete("/store/items", summary="Delete an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
+@router.delete(f"{PREFIX}/store/items", summary="Delete an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
 @accepts(Body.JSON)
 @by_fastapi
 async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
@@ -154,7 +153,7 @@ async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: Vect
     return Response(status_code=204)
 
 
-@router.post("/store/items/search", summary="Search items (LangGraph Platform)", response_model=SearchItemsResponse, responses=_ERRORS)
+@router.post(f"{PREFIX}/store/items/search", summary="Search items (LangGraph Platform)", response_model=SearchItemsResponse, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @by_fastapi
 async def search_items(
@@ -174,7 +173,7 @@ async def search_items(
     return Response(orjson.dumps({"items": outcome.results[0]}), media_type=JSON)
 
 
-@router.post("/store/namespaces", summary="List namespaces (LangGraph Platform)", response_model=ListNamespaceResponse, responses=_ERRORS)
+@router.post(f"{PREFIX}/store/namespaces", summary="List namespaces (LangGraph Platform)", response_model=ListNamespaceResponse, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
 @by_fastapi
 async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep) -> Response:

@@ -1,6 +1,6 @@
 """Async client for storage-gateway."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._client import GatewayClient
 from ._files import FileDownload, FileHead, FileInfo, FileList, FilesUsage, IntegrityError

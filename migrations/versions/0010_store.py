@@ -1,7 +1,7 @@
 """The store capability: LangGraph items and their vectors (vectors database)
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 
 Items and their vectors live in the vectors database, where sqlite-vec and pgvector are, so that
 an item and its vectors are written in one transaction. The HNSW index of each embedding size in
@@ -12,8 +12,8 @@ from alembic import op
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
