@@ -101,8 +101,8 @@ class ListNamespaceResponse(BaseModel):
 
 
 @router.get(f"{PREFIX}/ok", summary="Health (LangGraph Platform)", responses=_ERRORS)
-async def ok() -> Response:
-    """`{"ok": true}`, as LangGraph Platform answers it."""
+async def ok(namespace: NamespacePath) -> Response:
+    """`{"ok": true}`, as LangGraph Platform answers it (to a key allowed to read the namespace)."""
     return Response(b'{"ok":true}', media_type=JSON)
 
 
