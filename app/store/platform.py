@@ -20,14 +20,14 @@ import orjson
 from fastapi import BackgroundTasks, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from app.core.dependencies import NamespacePath, VectorsConnection, VectorsSearchConnection
+from app.core.dependencies import NamespacePath, VectorsConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN, DocumentedKey
 from app.core.numbers import MAX_LIST_ITEMS, StrictBool, StrictInt
 from app.store import schemas
 from app.store.dependencies import StoreServiceDep
-from app.store.router import by_fastapi, router
+from app.store.router import router
 
 # on the store's own router (one capability, one router, one gate), imported by app.store.capability
 PREFIX = "/langgraph"
@@ -108,7 +108,6 @@ async def ok(namespace: NamespacePath) -> Response:
 
 @router.put(f"{PREFIX}/store/items", summary="Put an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
 @accepts(Body.JSON)
-@by_fastapi
 async def put_item(
     body: PlatformPut, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
     background: BackgroundTasks,
@@ -125,9 +124,8 @@ async def put_item(
 
 
 @router.get(f"{PREFIX}/store/items", summary="Get an item (LangGraph Platform)", responses=_ERRORS)
-@by_fastapi
 async def get_item(
-    namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep, background: BackgroundTasks,
+    namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep, background: BackgroundTasks,
     key: Annotated[str, Query(min_length=1, max_length=1024, pattern=KEY_PATTERN, description="The item's key.")],
     item_namespace: Annotated[
         str, Query(alias="namespace", max_length=4096, pattern=DOTTED_LABELS, description="Labels joined by `.`.")
@@ -145,7 +143,6 @@ async def get_item(
 
 @router.delete(f"{PREFIX}/store/items", summary="Delete an item (LangGraph Platform)", status_code=204, responses=_ERRORS)
 @accepts(Body.JSON)
-@by_fastapi
 async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
     """Delete the item; 204 whether or not it existed."""
     op = schemas.PutOp.model_construct(op="put", namespace=body.namespace, key=body.key, value=None, ttl=None, vectors=None)
@@ -155,9 +152,8 @@ async def delete_item(body: PlatformDelete, namespace: NamespacePath, conn: Vect
 
 @router.post(f"{PREFIX}/store/items/search", summary="Search items (LangGraph Platform)", response_model=SearchItemsResponse, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
-@by_fastapi
 async def search_items(
-    body: PlatformSearch, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep,
+    body: PlatformSearch, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
     background: BackgroundTasks,
 ) -> Response:
     """Items under `namespace_prefix` matching `filter`; with `query` (and `query_vector`) by similarity."""
@@ -175,8 +171,7 @@ async def search_items(
 
 @router.post(f"{PREFIX}/store/namespaces", summary="List namespaces (LangGraph Platform)", response_model=ListNamespaceResponse, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
-@by_fastapi
-async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep) -> Response:
+async def list_namespaces(body: PlatformNamespaces, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
     """Namespaces matching `prefix` and `suffix` (`*`: any one label), cut to `max_depth`."""
     conditions = []
     if body.prefix:

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from fastapi import BackgroundTasks, Response
 
-from app.core.dependencies import NamespacePath, VectorsConnection, VectorsSearchConnection
+from app.core.dependencies import NamespacePath, VectorsConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.http.limits import Body, accepts
-from app.core.http.planning import served_by_fastapi
 from app.core.http.routing import CapabilityRouter
 from app.store.dependencies import StoreServiceDep
 from app.store.schemas import BatchRequest, BatchResults, Deleted, ReadRequest, SubtreeDelete
 
 router = CapabilityRouter("store", tags=["store"])
-
-# Routes with a request body model or background tasks are served by FastAPI's handler
-# (app.core.http.planning): the one reason store routes are not planned.
-by_fastapi = served_by_fastapi("a request body model or background tasks")
 
 _ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
 JSON = "application/json"
@@ -30,7 +25,6 @@ JSON = "application/json"
 
 @router.post("/batch", summary="Run store operations", response_model=BatchResults, responses=_ERRORS)
 @accepts(Body.JSON)
-@by_fastapi
 async def batch(
     body: BatchRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
     background: BackgroundTasks,
@@ -45,9 +39,8 @@ async def batch(
 
 @router.post("/read", summary="Run store reads", response_model=BatchResults, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
-@by_fastapi
 async def read(
-    body: ReadRequest, namespace: NamespacePath, conn: VectorsSearchConnection, service: StoreServiceDep,
+    body: ReadRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
     background: BackgroundTasks,
 ) -> Response:
     """Gets, searches and namespace listings, answered in order; a TTL refreshed by the read
@@ -60,7 +53,6 @@ async def read(
 
 @router.post("/namespaces/delete", summary="Delete a namespace subtree", response_model=Deleted, responses=_ERRORS)
 @accepts(Body.JSON)
-@by_fastapi
 async def delete_subtree(
     body: SubtreeDelete, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
 ) -> Response:
