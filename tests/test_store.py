@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from langgraph.store.base import InvalidNamespaceError
+from sqlalchemy import event
 
 from app.core.config import Database
 from app.main import create_app
@@ -201,7 +202,9 @@ async def test_background_sweep_and_subtree_delete_work_in_bounded_batches(backe
 @pytest.mark.postgres_only
 async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(backend: Backend, server: Server, tmp_path: Path) -> None:
     """Above `exact_search_threshold` items a query search walks the size's HNSW index (built in
-    the background), then compares exactly when the graph finds too few that pass the filter."""
+    the background), then compares exactly when the graph finds too few that pass the filter. Reads
+    run in autocommit (a plain route's read transaction would begin lazily), a graph walk in a
+    transaction."""
     settings = in_process_settings(backend, tmp_path, store={"index_min_vectors": 1, "exact_search_threshold": 10})
     app = create_app(settings)
     rng = np.random.default_rng(7)
@@ -219,8 +222,17 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(backend: Bac
             assert 12 in state.services["store"].sql.indexed
             q = rng.normal(size=12).astype(np.float32)
             cos = vectors @ q / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(q))
+            in_transaction: list[bool] = []  # after each statement of a read (PostgreSQL's own view)
+            event.listen(
+                state.databases.engine(Database.vectors).sync_engine, "after_cursor_execute",
+                lambda conn, *_: in_transaction.append(conn.connection.driver_connection.is_in_transaction()),
+            )
+            await batch(http, ns, {"op": "get", "namespace": ["p"], "key": "k1"}, {"op": "search", "filter": {"odd": 1}}, path="read")
+            assert in_transaction and not any(in_transaction)  # autocommit: no BEGIN and COMMIT round trips
+            in_transaction.clear()
             found = (await batch(http, ns, {"op": "search", "namespace_prefix": ["p"], "query_vector": q.tolist()}, path="read"))[0]
             assert [i["key"] for i in found] == [f"k{i}" for i in np.argsort(-cos)[:10]]
+            assert in_transaction and all(in_transaction)  # a graph walk's SET LOCAL needs its transaction
             rare = {"op": "search", "namespace_prefix": ["p"], "query_vector": q.tolist(), "filter": {"rare": True}}
             assert [i["key"] for i in (await batch(http, ns, rare, path="read"))[0]] == ["k7"]
 
