@@ -170,8 +170,10 @@ async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, se
         await wait_plan(gw, "d", data[0], {"hnsw", "hnsw_iterative"}, limit=5)
         for user in ("u7", "u123", "nobody"):
             answer = await gw.vectors.search_explained("d", data[0], 5, filters={"user": user})
-            # the table's row count is PostgreSQL's estimate (reltuples, seen 4,500 for 4,000 under load)
-            assert N // 500 <= answer["plan"]["estimated_matches"] <= N // 300, (user, answer["plan"])
+            # each user's share is 1/400; the table's row count is PostgreSQL's own estimate
+            # (reltuples: seen 4,500 and 6,000 for these 4,000 rows on a loaded machine)
+            plan = answer["plan"]
+            assert abs(plan["estimated_matches"] - plan["rows"] / 400) <= 1 and plan["rows"] >= N, (user, plan)
         await gw.vectors.drop_collection("d")
         conn = await pg_connect(server.backend)
         try:
