@@ -143,6 +143,27 @@ async def test_metadata_numbers_read_back_and_filter_alike_on_both_backends(http
     assert await found({"huge": 1e300, "neg": -3.4e20, "tiny": 5e-324}) == ["c1"]
 
 
+async def test_metadata_numbers_no_float_holds_are_422_naming_the_field(http: httpx.AsyncClient, namespace: str) -> None:
+    """Found by attack (issue 44): metadata ``1e400`` and ``-1e400`` were stored and read back as
+    null, ``1e-400`` as ``0.0``. Each is now a 422 naming its place, as a vector payload's
+    infinity is, and nothing is stored; numbers a float holds (``5e-324``, ``0e-500``) still pass."""
+    base = f"/v1/{namespace}/checkpoints"
+    head = '{"thread_id":"t","checkpoint_id":"c1","checkpoint":{"type":"bytes","data":"AA=="},'
+    j = {"Content-Type": "application/json"}
+    for number in ("1e400", "-1e400", "1e-400", "0.5E-99999"):
+        r = await http.post(f"{base}/put", content=head + '"metadata":{"a":{"b":[1,' + number + "]}}}", headers=j)
+        assert_problem(r, 422, "metadata.a.b.1")
+        assert number in r.json()["detail"]
+    r = await http.post(f"{base}/put", content=head + '"channel_versions":{"v":1e-400}}', headers=j)
+    assert_problem(r, 422, "channel_versions.v")
+    assert_problem(await http.post(f"{base}/search", content='{"filter":{"a":-1e-400}}', headers=j), 422, "filter.a")
+    assert_problem(await http.get(f"{base}/tuple", params={"thread_id": "t"}), 404)
+    r = await http.post(f"{base}/put", content=head + '"metadata":{"s":"1e400, in a string","n":[5e-324,0e-500,1e-300]}}', headers=j)
+    assert r.status_code == 200, r.text
+    got = (await http.get(f"{base}/tuple", params={"thread_id": "t"})).json()["metadata"]
+    assert got == {"s": "1e400, in a string", "n": [5e-324, 0.0, 1e-300]}
+
+
 async def test_copies_in_opposite_directions_at_once_all_succeed(http: httpx.AsyncClient, namespace: str) -> None:
     """Copies of a into b and of b into a, 20 pairs at once against the real server: each locks
     both threads in thread_id order, so none waits on the other in a cycle. Before, each held

@@ -86,8 +86,8 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     if request.method not in _SAFE_METHODS:
         if principal is ANONYMOUS:
             refuse_foreign_origin(request)
-        if (space := disk_space_of(request)) is not None:
-            space.check_write(request)  # 507 while the disk is full, unless it frees space
+        if not reads and (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full, unless it frees space (a POST read never needs any)
     namespace = request.path_params.get("namespace", "")
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):

@@ -7,7 +7,7 @@ import logging
 from typing import Annotated
 
 import orjson
-from fastapi import Query, Response
+from fastapi import Query, Request, Response
 from pydantic import TypeAdapter, ValidationError
 
 from app.checkpoints.dependencies import CheckpointsServiceDep
@@ -32,6 +32,7 @@ from app.checkpoints.schemas import (
 from app.core.dependencies import CheckpointsConnection, NamespacePath
 from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
 from app.core.fast import fast
+from app.core.jsonvalue import check_float_range
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
 from app.core.http.routing import CapabilityRouter
@@ -51,12 +52,14 @@ _READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 @accepts(Body.JSON)
 @fast(one_statement="postgresql")
 async def put_checkpoint(
-    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointCreate, request: Request, conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
     their version are kept once. Storing the same id again replaces the checkpoint. 413 when the
     checkpoint with its metadata, versions and the values they reference would weigh more than
-    `checkpoints.max_checkpoint_bytes`."""
+    `checkpoints.max_checkpoint_bytes`; 422 for a number no 64-bit float holds (`1e400`, `1e-400`)."""
+    check_float_range(await request.body())
     return Response(orjson.dumps(await service.put(conn, namespace, body)), media_type=JSON)
 
 
@@ -97,13 +100,15 @@ async def get_tuple(
 @accepts(Body.JSON, read_only=True)
 @fast(one_statement="postgresql")
 async def search_checkpoints(
-    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointSearch, request: Request, conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`. A page
     also ends before the checkpoint that would make it hold more than `checkpoints.max_page_bytes`
     (with values and pending writes): follow `next_cursor` until it is null. A first checkpoint
     heavier than that alone is a 409."""
+    check_float_range(await request.body())
     return Response(await service.search(conn, namespace, body), media_type=JSON)
 
 
