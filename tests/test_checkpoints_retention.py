@@ -417,17 +417,17 @@ async def test_a_thread_with_too_many_delta_channels_keeps_every_ancestor_and_re
     checkpoint's whole channel_versions, up to 16 MiB each, went into memory at once: gigabytes
     for a long thread); past MAX_DELTA_CHANNELS names, none, and every ancestor of a kept
     checkpoint stays (nothing a delta channel could need is lost)."""
-    from app.checkpoints import service as service_module
+    from app.checkpoints import lineage as lineage_module
     from app.checkpoints.repository import MAX_DELTA_CHANNELS
 
     seen: list[list[Any]] = []
-    real = service_module.kept_ids
+    real = lineage_module.kept_ids
 
     def spy(rows: Any, keep: int, stored: Any) -> set[str]:
         seen.append(list(rows))
         return real(rows, keep, stored)
 
-    monkeypatch.setattr(service_module, "kept_ids", spy)
+    monkeypatch.setattr(lineage_module, "kept_ids", spy)
 
     async def put(thread: str, i: int, counters: dict[str, int]) -> None:
         body = {

@@ -30,7 +30,15 @@ from app.checkpoints.schemas import (
     WritesCreate,
 )
 from app.core.dependencies import CheckpointsConnection, NamespacePath
-from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
+    problem_responses,
+)
 from app.core.fast import fast
 from app.core.jsonvalue import check_float_range
 from app.core.http.limits import Body, accepts
@@ -45,6 +53,7 @@ JSON = "application/json"
 _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
 _KEY_TEXT = {"pattern": KEY_PATTERN}  # checked by _valid, as the body models check the same fields
 _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
+_COPY_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, TooManyRequests, ServiceUnavailable)
 _READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 
 
@@ -116,41 +125,36 @@ async def search_checkpoints(
 async def delete_thread(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
-    conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
 ) -> Deleted:
     """Every checkpoint, value and pending write of the thread (`adelete_thread`); fine if it has none."""
     thread_id = _valid("thread", "thread_id", thread_id)
-    return Deleted(deleted=await service.delete_thread(conn, namespace, thread_id))
+    return Deleted(deleted=await service.delete_thread(namespace, thread_id))
 
 
 @router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-async def delete_runs(
-    namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Deleted:
+async def delete_runs(namespace: NamespacePath, body: RunsDelete, service: CheckpointsServiceDep) -> Deleted:
     """Checkpoints whose metadata `run_id` is listed, with their writes (`adelete_for_runs`)."""
-    return Deleted(deleted=await service.delete_runs(conn, namespace, body.run_ids))
+    return Deleted(deleted=await service.delete_runs(namespace, body.run_ids))
 
 
-@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_WRITE_ERRORS)
+@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_COPY_ERRORS)
 @accepts(Body.JSON)
-async def copy_thread(
-    namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Copied:
-    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`);
-    413 when the source holds more than `checkpoints.max_copy_bytes`."""
-    return Copied(copied=await service.copy_thread(conn, namespace, body.source_thread_id, body.target_thread_id))
+async def copy_thread(namespace: NamespacePath, body: ThreadCopy, service: CheckpointsServiceDep) -> Copied:
+    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`),
+    all at once into a thread without checkpoints; 413 when the source holds more than
+    `checkpoints.max_copy_bytes`; 429 (with `Retry-After`) past `fairness.heavy_per_namespace` copies of the
+    namespace at once."""
+    return Copied(copied=await service.copy_thread(namespace, body.source_thread_id, body.target_thread_id))
 
 
 @router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-async def prune(
-    namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Deleted:
+async def prune(namespace: NamespacePath, body: ThreadsPrune, service: CheckpointsServiceDep) -> Deleted:
     """`keep_latest`: only the newest checkpoint per checkpoint_ns stays, with the ancestors its
     delta channels need; `delete`: nothing stays (`aprune`)."""
-    return Deleted(deleted=await service.prune(conn, namespace, body.thread_ids, body.strategy))
+    return Deleted(deleted=await service.prune(namespace, body.thread_ids, body.strategy))
 
 
 @router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)
