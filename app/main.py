@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings=settings,
         capabilities=capabilities.load(settings.extra_capabilities),
         rate_limiter=RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst),
+        namespace_limiter=RateLimiter(settings.auth.namespace_rate_limit_per_second, settings.auth.namespace_rate_limit_burst),
     )
 
     @asynccontextmanager

@@ -181,3 +181,26 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
         assert limited[0].json()["code"] == "rate_limited"
     finally:
         stop_server(server)
+
+
+def test_a_namespace_rate_limit_is_shared_by_its_keys(backend: Backend, server: Server, tmp_path: Path, namespace: str) -> None:
+    """Issue 44: with ``auth.namespace_rate_limit_*`` a namespace's requests draw from one bucket
+    whatever key sends them (a tenant cannot multiply its share by minting keys); another
+    namespace, and the admin key, keep theirs."""
+    other = f"{namespace}-other"
+    limited = start_server(backend, tmp_path / "log", GATEWAY_AUTH__NAMESPACE_RATE_LIMIT_PER_SECOND="0.05",
+                           GATEWAY_AUTH__NAMESPACE_RATE_LIMIT_BURST="4")
+    try:
+        with httpx.Client(base_url=limited.url, headers=bearer(ADMIN_KEY)) as admin:
+            keys = [admin.post("/v1/admin/keys", json={"namespace": ns, "scopes": ["kv:read"]}).json()["key"]
+                    for ns in (namespace, namespace, other)]
+            statuses = [httpx.get(f"{limited.url}/v1/{namespace}/kv/c/k", headers=bearer(keys[i % 2])).status_code
+                        for i in range(6)]
+            assert statuses == [404] * 4 + [429] * 2, statuses  # both keys drew from one bucket of 4
+            r = httpx.get(f"{limited.url}/v1/{namespace}/kv/c/k", headers=bearer(keys[0]))
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["code"] == "rate_limited"
+            assert namespace in r.json()["detail"]
+            assert httpx.get(f"{limited.url}/v1/{other}/kv/c/k", headers=bearer(keys[2])).status_code == 404
+            assert admin.get(f"/v1/{namespace}/kv/c/k").status_code == 404  # the admin key has no namespace bucket
+    finally:
+        stop_server(limited)

@@ -3,7 +3,9 @@
 The capability is the gate's (``app.core.http.routing``: ``/v1/{namespace}/<capability>/...``) and the
 action the route's: reads are GET/HEAD and the POSTs declared read-only (``@accepts(...,
 read_only=True)``). The check runs from the headers alone, before any byte of the body is read
-and before any handler touches data, so a refusal says nothing about what exists.
+and before any handler touches data, so a refusal says nothing about what exists. Rate limits
+(optional, per process): per key when the key is known, per namespace once the key may use it
+(a namespace's keys share its bucket; the admin key has none).
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
+    limiter = gateway_state(request.app).namespace_limiter
+    if limiter.enabled and not principal.is_admin:
+        wait = limiter.acquire(namespace)
+        if wait > 0:
+            raise TooManyRequests(
+                f"rate limit exceeded for namespace {namespace!r} (all its keys together)",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

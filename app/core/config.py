@@ -224,6 +224,12 @@ class AuthSettings(_Strict):
     )
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second per key; 0 = off.")
     rate_limit_burst: int = Field(default=50, ge=1, description="Token bucket size for the rate limit.")
+    namespace_rate_limit_per_second: float = Field(
+        default=0.0, ge=0,
+        description="Requests per second per namespace, whatever the key (the admin key aside), per process; 0 = off. "
+        "A proxy in front enforces it across processes and replicas (docs/operations.md).",
+    )
+    namespace_rate_limit_burst: int = Field(default=100, ge=1, description="Token bucket size for the namespace rate limit.")
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="With mode=disabled, origins (`scheme://host[:port]`) besides the gateway's own whose browser "
