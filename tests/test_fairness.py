@@ -9,7 +9,7 @@ and one namespace runs at most ``fairness.heavy_per_namespace`` copies at once (
 The bound stated: another namespace's single write waits for at most one turn of a heavy write
 (``fairness.chunk_bytes`` of rows, 1 MiB, or one row larger than that) and SQLite's own retry
 sleep (see ``bench/bench_fairness.py`` and ``docs/benchmarks.md`` for what it measures). Here, on
-a shared test machine, the victim's p99 is held to ``BOUND`` or four times its own p99 measured
+a shared test machine, the victim's p99 is held to ``BOUND`` or five times its own p99 measured
 just before the flood, whichever is larger; before, it was the length of a whole copy on SQLite
 (a second or more for the 60 MiB copied here), and up to 1.6 s on PostgreSQL.
 """
@@ -29,7 +29,7 @@ from tests.conftest import Server
 MiB = 1024 * 1024
 VALUES_PER_PUT, PUTS = 10, 6  # a thread of 60 MiB of values (1 MiB each), in puts of 10
 FLOOD_SECONDS = 4.0
-BOUND = 0.5  # seconds: the victim's p99 under the flood (see the module's docstring)
+BOUND = 0.3  # seconds: the victim's p99 under the flood (see the module's docstring)
 
 
 def p99(latencies: list[float]) -> float:
@@ -131,7 +131,7 @@ async def test_a_copy_flood_does_not_stall_another_namespaces_writes(
     assert set(victim_statuses) == {200}, victim_statuses
     assert copies and set(copies) == {200}
     assert set(seen) <= {0, PUTS}, seen  # a copy appears whole, or not at all
-    bound = max(BOUND, 4 * p99(reference))
+    bound = max(BOUND, 5 * p99(reference))
     assert p99(latencies) < bound, (
         f"another namespace's write p99 {p99(latencies) * 1000:.0f} ms under the flood (max {max(latencies) * 1000:.0f} "
         f"ms, {len(latencies)} writes, {len(copies)} copies), bound {bound * 1000:.0f} ms; alone: p99 "

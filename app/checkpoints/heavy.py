@@ -1,11 +1,14 @@
-"""The long writes of checkpoints on SQLite, in turns (``app.core.db.fairshare``).
+"""The long writes of checkpoints in turns (``app.core.db.fairshare``): copies on both backends,
+deletes, prunes and the retention sweep on SQLite (PostgreSQL keeps one transaction for those).
 
 Every row of a thread hangs off its registry row's ``pk``; a registry row parked in a namespace no
 request can name (``~copy``, ``~trash``: ``NAME_PATTERN`` starts with a letter or digit) hides all
-of them from every read, and its ``thread_id`` (``<namespace>/<pk>/<nonce>``) says whose they were.
-That is the whole design:
+of them from every read, and its ``thread_id`` (``<namespace>/...``) says whose they were. That is
+the whole design:
 
-- a **copy** reads the source at one snapshot (a read transaction), writes its rows in turns under
+- a **copy** reads the source at one snapshot (SQLite: a read transaction, the rows written back
+  from the gateway; PostgreSQL: ``pg_export_snapshot``, each turn copying a range of keys in the
+  database as of it), writes its rows in turns under
   a registry row parked in ``~copy`` (the staging thread), then renames that row to the target in
   one short transaction: the whole copy appears at once, or none of it. When the target has rows
   by then (a copy into a thread in use), the staged rows are moved into it in turns, table by

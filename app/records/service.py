@@ -40,10 +40,10 @@ class RecordsService:
         await self.repo.upsert(conn, ns, c, k, value, _utcnow())
 
     async def upsert_batch(self, ns: str, c: str, records: list[RecordCreate], body: bytes = b"") -> int:
-        """Validate every record first, then write them all in one transaction: a heavy write's
-        turn (``app.core.db.fairshare``: on SQLite it begins after the single writes waiting, and
-        one batch is bounded by ``limits.max_body_bytes``). ``body`` (the request's JSON) gives
-        the values with their numbers as written."""
+        """Validate every record first, then write them all in one transaction: past a turn's
+        bytes a heavy write's turn (``app.core.db.fairshare``: on SQLite it begins after the single
+        writes waiting; one batch is bounded by ``limits.max_body_bytes``). ``body`` (the
+        request's JSON) gives the values with their numbers as written."""
         limit = self.limits.max_batch_items
         if len(records) > limit:
             message = f"at most {limit} records per batch (got {len(records)})"
@@ -63,7 +63,7 @@ class RecordsService:
             if since >= LITERAL_YIELD_CHARS:  # the event loop's turn between values, as between their parses
                 since = 0
                 await asyncio.sleep(0)
-        async with self.heavy.turn() as conn:
+        async with self.heavy.batch(sum(len(k) + len(v) for k, v in items)) as conn:
             await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 

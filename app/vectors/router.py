@@ -124,9 +124,9 @@ async def upsert_points(
     ] = None,
 ) -> Response:
     """Upsert a batch in one statement; ids are generated for points without one. The batch is one
-    transaction, a heavy write's turn (on SQLite it begins after the single writes waiting)."""
+    transaction; a large one a heavy write's turn (on SQLite it begins after the single writes waiting)."""
     raw = await request.body()
-    async with service.heavy.turn() as conn:
+    async with service.heavy.batch(len(raw)) as conn:
         answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
     _after_commit(service, written, background)
     return json_response(answer)

@@ -99,7 +99,8 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
             conn.exec_driver_sql(f"BEGIN {mode}")
             return
         with queue.wanting():  # heavy writes give way meanwhile (app.core.db.fairshare)
-            await_only(queue.after_heavy_turn())  # (this process's turn in progress: woken when it ends)
+            if queue.heavy_turn_on:  # this process's heavy turn in progress: woken when it ends
+                await_only(queue.after_heavy_turn())
             conn.exec_driver_sql(f"BEGIN {mode}")
 
 

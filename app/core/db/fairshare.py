@@ -15,8 +15,9 @@ progress (plus SQLite's own retry sleep, at most 25 ms after a turn of up to 100
 the number of heavy operations running. Where an operation must be all-or-nothing, its turns
 write where no read looks (a copy's staging thread), and one short turn makes the result visible
 (``app.checkpoints.heavy``); an operation that is atomic by contract and cannot be staged
-cheaply (a records or vector batch, whose rows replace rows in place) is one turn, bounded by the
-request's own limits (``limits.max_body_bytes``, ``limits.max_batch_items``).
+cheaply (a records or vector batch, whose rows replace rows in place) is one transaction, bounded
+by the request's own limits (``limits.max_body_bytes``, ``limits.max_batch_items``): a turn when
+its body is larger than a turn, else a single write (``HeavyWrites.batch``).
 
 On PostgreSQL writers of different rows do not wait for each other: a turn is a plain
 transaction. A copy still goes in turns there (each reading the source at one exported snapshot),
@@ -33,7 +34,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import text
@@ -98,6 +99,11 @@ class HeavyWrites:
                         await conn.execute(text(f"SET TRANSACTION SNAPSHOT '{snapshot}'"))
                         yield conn
             self._turns.observe(time.perf_counter() - started)
+
+    def batch(self, nbytes: int) -> AbstractAsyncContextManager[AsyncConnection]:
+        """The one transaction of an atomic batch of ``nbytes`` (its request body): a heavy turn
+        when it is larger than a turn, else a single write (a one-point upsert is not heavy)."""
+        return self.turn() if nbytes > self.chunk_bytes else self.single()
 
     @asynccontextmanager
     async def single(self) -> AsyncIterator[AsyncConnection]:

@@ -147,6 +147,11 @@ class WriteQueue:
         finally:
             self._heavy_turn.release()
 
+    @property
+    def heavy_turn_on(self) -> bool:
+        """Whether a heavy turn of this process holds the lock now."""
+        return not self._heavy_done.is_set()
+
     async def after_heavy_turn(self) -> None:
         """Once the heavy turn of this process in progress, if any, has ended: a single write
         about to wait for the lock waits for this instead (woken when the turn commits, where
