@@ -528,7 +528,9 @@ async def test_a_page_weighs_only_the_checkpoints_it_answers(backend: Backend, s
             body = checkpoint(checkpoint_id="a0", channel_versions={f"ch{k}": "1" for k in range(20)})
             assert (await http.post(f"/v1/{namespace}/checkpoints/put", json=body)).status_code == 200
         engine = gateway_state(app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        # IMMEDIATE (SQLite): a transaction that has read cannot wait for the write lock (SQLITE_BUSY at
+        # once), and the gateway's background work (a WAL checkpoint, a new pooled connection) takes it now and then
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "t").scalar_subquery()
             row = (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().one()
