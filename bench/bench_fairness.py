@@ -18,7 +18,7 @@ Heavy operations, each from 4 clients:
   checkpoints share a database);
 - ``vector batch``: 250 points of 1,536 dimensions; the light namespace upserts one point.
 
-    .venv/bin/python bench/bench_fairness.py [--seconds N] [--copy-mib N] [--backends sqlite,postgres]
+    .venv/bin/python bench/bench_fairness.py [--seconds N] [--copy-mib N] [--backends sqlite,postgres] [--ops copy,...]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ async def ok(r: Awaitable[httpx.Response]) -> httpx.Response:
 # --- what the heavy namespace holds -------------------------------------------------------------
 
 
-async def seed(url: str, key: str, copy_mib: int) -> None:
+async def seed(url: str, key: str, copy_mib: int, ops: list[str]) -> None:
     async with client(url, key) as c:
         base = f"/v1/{HEAVY}/checkpoints"
         value = base64.b64encode(os.urandom(MiB)).decode()
@@ -93,7 +93,7 @@ async def seed(url: str, key: str, copy_mib: int) -> None:
                 "checkpoint": {"type": "bytes", "data": "AA=="}, "blobs": blobs, "channel_versions": {"v0": str(i)},
             }))
         small = base64.b64encode(os.urandom(16 * 1024)).decode()
-        for i in range(2000):  # the long thread: 2,000 checkpoints of 16 KiB
+        for i in range(2000 if "copy + prune" in ops else 0):  # the long thread: 2,000 checkpoints of 16 KiB
             await ok(c.post(f"{base}/put", json={
                 "thread_id": "long", "checkpoint_id": f"c{i:05}", "parent_checkpoint_id": f"c{i - 1:05}" if i else None,
                 "checkpoint": {"type": "bytes", "data": "AA=="}, "channel_versions": {"m": str(i)},
@@ -233,15 +233,15 @@ ROWS: list[tuple[str, Op, Callable[[httpx.AsyncClient, int], Awaitable[None]]]] 
 ]
 
 
-async def bench(url: str, seconds: float, copy_mib: int) -> list[tuple[str, dict[str, Any]]]:
+async def bench(url: str, seconds: float, copy_mib: int, ops: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
     keys = {ns: await key_for(url, ns) for ns in (HEAVY, LIGHT)}
-    await seed(url, keys[HEAVY], copy_mib)
+    await seed(url, keys[HEAVY], copy_mib, ops)
     async with client(url, keys[LIGHT]) as c:
         await ok(c.put(f"/v1/{LIGHT}/vectors/v", json={"vector_size": 8}))
-    return [(name, await row(url, keys, name, write, seconds)) for name, _, write in ROWS]
+    return [(name, write.__name__, await row(url, keys, name, write, seconds)) for name, _, write in ROWS if name in ops]
 
 
-def run_backend(name: str, seconds: float, copy_mib: int) -> list[tuple[str, dict[str, Any]]]:
+def run_backend(name: str, seconds: float, copy_mib: int, ops: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
     work = Path(tempfile.mkdtemp(prefix=f"bench-fair-{name}-"))
     pg = None
     try:
@@ -259,7 +259,7 @@ def run_backend(name: str, seconds: float, copy_mib: int) -> list[tuple[str, dic
         server = start_server(backend, work / "gateway.log", "--workers", "1",
                               GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
         try:
-            return asyncio.run(bench(server.url, seconds, copy_mib))
+            return asyncio.run(bench(server.url, seconds, copy_mib, ops))
         finally:
             stop_server(server)
     finally:
@@ -273,15 +273,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="seconds under load per row (default 15)")
     parser.add_argument("--copy-mib", type=int, default=240, help="MiB of the thread copied (default 240)")
     parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--ops", default=",".join(name for name, _, _ in ROWS), help="heavy operations (default all)")
     args = parser.parse_args()
+    ops = args.ops.split(",")
+    if unknown := set(ops) - {name for name, _, _ in ROWS}:
+        parser.error(f"unknown operations: {sorted(unknown)}")
     print(f"bench_fairness {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, 1 worker, {CLIENTS} heavy clients, "
           f"{args.seconds:g} s a row, copy of {args.copy_mib} MiB; latencies of the light namespace's writes in ms")
     print("| backend | heavy operation (x4) | light write | alone p50 / p99 | under load p50 / p99 / max | light writes | heavy ops | 429s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.backends.split(","):
-        for (op, r), (_, _, write) in zip(run_backend(name, args.seconds, args.copy_mib), ROWS, strict=True):
+        for op, write, r in run_backend(name, args.seconds, args.copy_mib, ops):
             alone, loaded = r["alone"], r["loaded"]
-            print(f"| {name} | {op} | {write.__name__.replace('_', ' ')} | {alone[0]:.1f} / {alone[1]:.1f} | "
+            print(f"| {name} | {op} | {write.replace('_', ' ')} | {alone[0]:.1f} / {alone[1]:.1f} | "
                   f"{loaded[0]:.1f} / {loaded[1]:.1f} / {loaded[2]:.1f} | {r['writes']} | {r['ops']} | {r['refused']} |",
                   flush=True)
 
