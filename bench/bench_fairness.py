@@ -171,17 +171,24 @@ async def point_put(c: httpx.AsyncClient, i: int) -> None:
     await ok(c.post(f"/v1/{LIGHT}/vectors/v/points", json={"points": [{"id": f"p{i % 100}", "vector": [0.5] * 8}]}))
 
 
-async def light_writes(url: str, key: str, write: Callable[[httpx.AsyncClient, int], Awaitable[None]], until: float) -> list[float]:
+async def light_writes(
+    url: str, key: str, write: Callable[[httpx.AsyncClient, int], Awaitable[None]], until: float,
+) -> tuple[list[float], int]:
+    """The light namespace's writes until ``until``: their latencies (failed ones too), and how many failed."""
     latencies: list[float] = []
+    failed = 0
     async with client(url, key) as c:
         i = 0
         while time.monotonic() < until:
             started = time.monotonic()
-            await write(c, i)
+            try:
+                await write(c, i)
+            except (RuntimeError, httpx.HTTPError):  # a 503 or a timeout is a result here, not the end of the run
+                failed += 1
             latencies.append(time.monotonic() - started)
             i += 1
             await asyncio.sleep(0.02)
-    return latencies
+    return latencies, failed
 
 
 def heavy_load(url: str, key: str, name: str, seconds: float, started: Any, out: Any) -> None:
@@ -190,39 +197,42 @@ def heavy_load(url: str, key: str, name: str, seconds: float, started: Any, out:
     if name == "vector batch":
         POINTS.extend(_points(k) for k in range(CLIENTS))
 
-    async def run() -> tuple[int, int]:
-        done, refused = 0, 0
+    async def run() -> tuple[int, int, int]:
+        done, refused, failed = 0, 0, 0
         started.set()
         until = time.monotonic() + seconds
 
         async def heavy_client(k: int) -> None:
-            nonlocal done, refused
+            nonlocal done, refused, failed
             async with client(url, key) as c:
                 n = 0
                 while time.monotonic() < until:
-                    refused += await op(c, k, n)
-                    done += 1
+                    try:
+                        refused += await op(c, k, n)
+                        done += 1
+                    except (RuntimeError, httpx.HTTPError):
+                        failed += 1
                     n += 1
 
         await asyncio.gather(*(heavy_client(k) for k in range(CLIENTS)))
-        return done, refused
+        return done, refused, failed
 
     out.put(asyncio.run(run()))
 
 
 async def row(url: str, keys: dict[str, str], name: str, write: Callable[[httpx.AsyncClient, int], Awaitable[None]],
               seconds: float) -> dict[str, Any]:
-    alone = await light_writes(url, keys[LIGHT], write, time.monotonic() + seconds / 2)
+    alone, _ = await light_writes(url, keys[LIGHT], write, time.monotonic() + seconds / 2)
     spawn = multiprocessing.get_context("spawn")
     started, out = spawn.Event(), spawn.Queue()
     load = spawn.Process(target=heavy_load, args=(url, keys[HEAVY], name, seconds, started, out))
     load.start()
     await asyncio.get_running_loop().run_in_executor(None, started.wait)
-    loaded = await light_writes(url, keys[LIGHT], write, time.monotonic() + seconds)
-    done, refused = await asyncio.get_running_loop().run_in_executor(None, out.get)
+    loaded, light_failed = await light_writes(url, keys[LIGHT], write, time.monotonic() + seconds)
+    done, refused, failed = await asyncio.get_running_loop().run_in_executor(None, out.get, True, seconds + 600)
     load.join()
     return {"alone": (pct(alone, 0.5), pct(alone, 0.99)), "loaded": (pct(loaded, 0.5), pct(loaded, 0.99), pct(loaded, 1.0)),
-            "writes": len(loaded), "ops": done, "refused": refused}
+            "writes": len(loaded), "failed": light_failed, "ops": done, "refused": refused, "ops_failed": failed}
 
 
 ROWS: list[tuple[str, Op, Callable[[httpx.AsyncClient, int], Awaitable[None]]]] = [
@@ -280,13 +290,13 @@ def main() -> None:
         parser.error(f"unknown operations: {sorted(unknown)}")
     print(f"bench_fairness {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, 1 worker, {CLIENTS} heavy clients, "
           f"{args.seconds:g} s a row, copy of {args.copy_mib} MiB; latencies of the light namespace's writes in ms")
-    print("| backend | heavy operation (x4) | light write | alone p50 / p99 | under load p50 / p99 / max | light writes | heavy ops | 429s |")
+    print("| backend | heavy operation (x4) | light write | alone p50 / p99 | under load p50 / p99 / max | light writes (failed) | heavy ops (failed) | 429s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.backends.split(","):
         for op, write, r in run_backend(name, args.seconds, args.copy_mib, ops):
             alone, loaded = r["alone"], r["loaded"]
             print(f"| {name} | {op} | {write.replace('_', ' ')} | {alone[0]:.1f} / {alone[1]:.1f} | "
-                  f"{loaded[0]:.1f} / {loaded[1]:.1f} / {loaded[2]:.1f} | {r['writes']} | {r['ops']} | {r['refused']} |",
+                  f"{loaded[0]:.1f} / {loaded[1]:.1f} / {loaded[2]:.1f} | {r['writes']} ({r['failed']}) | {r['ops']} ({r['ops_failed']}) | {r['refused']} |",
                   flush=True)
 
 
