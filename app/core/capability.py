@@ -36,9 +36,8 @@ from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.config import Database
-from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.core.errors import DatabaseErrorRule
-from app.core.namespace_data import NamespaceData, TableData
+from app.core.namespace_data import NamespaceData, TableData, writer
 from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
@@ -156,12 +155,30 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of 
 async def in_batches(engine: AsyncEngine, step: Callable[[AsyncConnection], Awaitable[int]], batch: int) -> None:
     """A periodic job's round: ``step`` in its own write transaction (SQLite: ``BEGIN IMMEDIATE``),
     again while a step handled a whole ``batch``, so one round never holds the lock for long."""
-    writer = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
     while True:
-        async with writer.begin() as conn:
+        async with writer(engine).begin() as conn:
             handled = await step(conn)
         if handled < batch:
             return
+
+
+def expiry_sweep(
+    name: str, engine: AsyncEngine, sweep: Callable[[AsyncConnection], Awaitable[int]], batch: int, every: float,
+    log: logging.Logger, what: str,
+) -> Periodic:
+    """A capability's TTL sweep: ``sweep`` deletes up to ``batch`` expired rows a step (``in_batches``),
+    every ``every`` seconds, logging how many ``what`` each step deleted."""
+
+    async def step(conn: AsyncConnection) -> int:
+        deleted = await sweep(conn)
+        if deleted:
+            log.info("%s deleted %d expired %s", name.replace("-", " "), deleted, what)
+        return deleted
+
+    async def run() -> None:
+        await in_batches(engine, step, batch)
+
+    return Periodic(name, every, run)
 
 
 async def create_tables(state: GatewayState, database: Database, *tables: Table) -> None:
@@ -172,7 +189,7 @@ async def create_tables(state: GatewayState, database: Database, *tables: Table)
     engine = state.databases.engine(database)
     # IMMEDIATE: another gateway on the same SQLite files may be writing (a deferred transaction
     # that read the schema could not then take the write lock: SQLITE_BUSY without waiting)
-    async with engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"}).begin() as conn:
+    async with writer(engine).begin() as conn:
         for table in tables:
             await conn.run_sync(table.create, checkfirst=True)
 

@@ -6,9 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from app.core.capability import Capability, Change, Periodic, in_batches
+from app.core.capability import Capability, Change, Periodic, expiry_sweep
 from app.core.config import Database
 from app.core.state import GatewayState
 from app.core.fast.fixed_statements import fixed_statements
@@ -31,19 +29,10 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[KvService]:
 
 
 def periodic(service: KvService, state: GatewayState) -> Iterator[Periodic]:
-    engine = state.databases.engine(Database.metadata)
-
-    async def step(conn: AsyncConnection) -> int:
-        deleted = await service.sweep(conn)
-        if deleted:
-            log.info("kv sweep deleted %d expired entries", deleted)
-        return deleted
-
-    async def sweep() -> None:
-        """Delete expired entries in bounded batches."""
-        await in_batches(engine, step, service.settings.sweep_batch)
-
-    yield Periodic("kv-sweep", service.settings.sweep_interval_seconds, sweep)
+    yield expiry_sweep(
+        "kv-sweep", state.databases.engine(Database.metadata), service.sweep, service.settings.sweep_batch,
+        service.settings.sweep_interval_seconds, log, "entries",
+    )
 
 
 CAPABILITY = Capability(

@@ -11,9 +11,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from sqlalchemy import delete, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.capability import Capability, Change, Periodic, in_batches
+from app.core.capability import Capability, Change, Periodic, expiry_sweep
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, writer
 from app.core.state import GatewayState
@@ -46,18 +46,10 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[StoreService]:
 
 def periodic(service: StoreService, state: GatewayState) -> Iterator[Periodic]:
     engine = state.databases.engine(Database.vectors)
-
-    async def step(conn: AsyncConnection) -> int:
-        deleted = await service.sweep(conn)
-        if deleted:
-            log.info("store sweep deleted %d expired items", deleted)
-        return deleted
-
-    async def sweep() -> None:
-        """Delete expired items in bounded batches."""
-        await in_batches(engine, step, service.settings.sweep_batch)
-
-    yield Periodic("store-sweep", service.settings.sweep_interval_seconds, sweep)
+    yield expiry_sweep(
+        "store-sweep", engine, service.sweep, service.settings.sweep_batch,
+        service.settings.sweep_interval_seconds, log, "items",
+    )
     from app.store.postgres import PostgresStoreSql
 
     if isinstance(service.sql, PostgresStoreSql):

@@ -23,7 +23,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.config import LimitsSettings, StoreSettings
-from app.core.db.databases import SQLITE_BEGIN_OPTION
+from app.core.namespace_data import writer
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.jsonvalue import encode_value, is_unicode, jsonb_text
 from app.core.names import key_problem
@@ -284,8 +284,7 @@ class StoreService:
         """Restart the TTL of ``items`` in a write transaction of its own (after a read-only batch)."""
         if self.engine is None or not any(item.ttl_minutes is not None for item in items):
             return
-        writer = self.engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-        async with writer.begin() as conn:
+        async with writer(self.engine).begin() as conn:
             await self.sql.refresh(conn, ns, items, utcnow())
 
     # --- whole namespaces ----------------------------------------------------------------------------
