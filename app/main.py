@@ -77,7 +77,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings=settings,
         capabilities=capabilities.load(settings.extra_capabilities),
         rate_limiter=RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst),
-        namespace_limiter=RateLimiter(settings.auth.namespace_rate_limit_per_second, settings.auth.namespace_rate_limit_burst),
     )
 
     @asynccontextmanager
@@ -91,7 +90,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             keys = KeyCache(databases.engine(Database.metadata), settings.auth.revocation_check_seconds)
             state.key_cache = keys
             async with AsyncExitStack() as stack:
-                await stack.enter_async_context(databases.checkpointing())
                 await stack.enter_async_context(keep_disk_space(state, databases))
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
                 stack.push_async_callback(_cancel, watcher)

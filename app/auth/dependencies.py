@@ -3,9 +3,7 @@
 The capability is the gate's (``app.core.http.routing``: ``/v1/{namespace}/<capability>/...``) and the
 action the route's: reads are GET/HEAD and the POSTs declared read-only (``@accepts(...,
 read_only=True)``). The check runs from the headers alone, before any byte of the body is read
-and before any handler touches data, so a refusal says nothing about what exists. Rate limits
-(optional, per process): per key when the key is known, per namespace once the key may use it
-(a namespace's keys share its bucket; the admin key has none).
+and before any handler touches data, so a refusal says nothing about what exists.
 """
 
 from __future__ import annotations
@@ -88,20 +86,12 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     if request.method not in _SAFE_METHODS:
         if principal is ANONYMOUS:
             refuse_foreign_origin(request)
-        if not reads and (space := disk_space_of(request)) is not None:
-            space.check_write(request)  # 507 while the disk is full, unless it frees space (a POST read never needs any)
+        if (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full, unless it frees space
     namespace = request.path_params.get("namespace", "")
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
-    limiter = gateway_state(request.app).namespace_limiter
-    if limiter.enabled and not principal.is_admin:
-        wait = limiter.acquire(namespace)
-        if wait > 0:
-            raise TooManyRequests(
-                f"rate limit exceeded for namespace {namespace!r} (all its keys together)",
-                headers={"Retry-After": str(max(1, math.ceil(wait)))},
-            )
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

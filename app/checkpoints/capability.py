@@ -16,8 +16,7 @@ from app.checkpoints.router import router
 from app.checkpoints.samples import SAMPLES
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
-from app.core.capability import Capability, Change, Periodic
-from app.core.db.fairshare import HeavyWrites
+from app.core.capability import Capability, Change, Periodic, in_batches
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
@@ -34,18 +33,19 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[CheckpointsService]:
     fixed = fixed_statements(dialect)
     repository = CheckpointsRepository(backend, insert_builder(dialect))
     writer = writer_for(dialect, repository, backend, fixed)
-    databases = state.databases
-    heavy = HeavyWrites(
-        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), settings.fairness,
-        Database.checkpoints.value,
-    )
     yield CheckpointsService(
-        repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints, heavy
+        repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints
     )
 
 
 def periodic(service: CheckpointsService, state: GatewayState) -> Iterator[Periodic]:
-    yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, service.sweep_round)
+    engine = state.databases.engine(Database.checkpoints)
+
+    async def sweep() -> None:
+        """Apply retention in bounded batches."""
+        await in_batches(engine, service.sweep, service.settings.sweep_batch)
+
+    yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, sweep)
 
 
 class CheckpointsData(NamespaceData[CheckpointsService]):

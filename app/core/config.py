@@ -224,12 +224,6 @@ class AuthSettings(_Strict):
     )
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second per key; 0 = off.")
     rate_limit_burst: int = Field(default=50, ge=1, description="Token bucket size for the rate limit.")
-    namespace_rate_limit_per_second: float = Field(
-        default=0.0, ge=0,
-        description="Requests per second per namespace, whatever the key (the admin key aside), per process; 0 = off. "
-        "A proxy in front enforces it across processes and replicas (docs/operations.md).",
-    )
-    namespace_rate_limit_burst: int = Field(default=100, ge=1, description="Token bucket size for the namespace rate limit.")
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="With mode=disabled, origins (`scheme://host[:port]`) besides the gateway's own whose browser "
@@ -348,28 +342,6 @@ class StoreSettings(_Strict):
         default=30.0, gt=0, description="How often embedding sizes without an HNSW index are looked for (pgvector)."
     )
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of a query search (pgvector).")
-
-
-class FairnessSettings(_Strict):
-    """Fair shares of the write path between namespaces (``app.core.db.fairshare``)."""
-
-    chunk_bytes: int = Field(
-        default=1024 * 1024, ge=4096,
-        description="Most bytes of rows one turn (transaction) of a heavy write writes: a thread copy on both backends; "
-        "on SQLite also a prune, delete or retention sweep, whose turns let SQLite's write lock go to the single writes "
-        "waiting (a row larger than this is a turn of its own; deleted bytes weigh an eighth).",
-    )
-    chunk_rows: int = Field(default=500, ge=1, description="Most rows one turn of a heavy write writes.")
-    yield_seconds: float = Field(
-        default=0.5, ge=0,
-        description="How long a heavy write's turn gives way to single writes waiting for SQLite's write lock before "
-        "it takes its turn anyway (so heavy writes advance under a flood of single writes).",
-    )
-    heavy_per_namespace: int = Field(
-        default=2, ge=1,
-        description="Heavy operations (thread copies) one namespace may run at once per process; more are answered "
-        "429 with `Retry-After`.",
-    )
 
 
 class S3Settings(_Strict):
@@ -612,7 +584,6 @@ class Settings(BaseSettings):
     kv: KvSettings = KvSettings()
     checkpoints: CheckpointsSettings = CheckpointsSettings()
     store: StoreSettings = StoreSettings()
-    fairness: FairnessSettings = FairnessSettings()
     auth: AuthSettings = AuthSettings()
     fast_paths: FastPathSettings = FastPathSettings()
 

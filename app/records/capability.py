@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Change
 from app.core.config import Database
-from app.core.db.fairshare import HeavyWrites
 from app.core.state import GatewayState
 from app.core.fast.fixed_statements import fixed_statements
 from app.core.db.upsert import insert_builder
@@ -21,14 +20,9 @@ from app.records.service import RecordsService
 @asynccontextmanager
 async def lifecycle(state: GatewayState) -> AsyncIterator[RecordsService]:
     """The records service for the checkpoints database's backend."""
-    databases = state.databases
-    dialect = databases.dialect(Database.checkpoints)
+    dialect = state.databases.dialect(Database.checkpoints)
     repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
-    heavy = HeavyWrites(
-        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), state.settings.fairness,
-        Database.checkpoints.value,
-    )
-    yield RecordsService(repository, state.settings.limits, heavy)
+    yield RecordsService(repository, state.settings.limits)
 
 
 CAPABILITY = Capability(

@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import Capability, Change
 from app.core.config import Database
-from app.core.db.fairshare import HeavyWrites
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
 from app.vectors.backend import RegistryCache
@@ -30,13 +29,10 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     (``app.vectors.builder``), run for as long as the app runs."""
     databases = state.databases
     settings = state.settings
-    heavy = HeavyWrites(
-        databases.engine(Database.vectors), databases.write_queue(Database.vectors), settings.fairness, Database.vectors.value
-    )
     if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex
 
-        yield VectorService(SqliteVecIndex(), settings, RegistryCache(), heavy=heavy)
+        yield VectorService(SqliteVecIndex(), settings, RegistryCache())
         return
     from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
 
@@ -59,7 +55,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     builder = IndexBuilder(engine, settings.vectors)
     builder.start()
     try:
-        yield VectorService(index, settings, RegistryCache(), builder, heavy)
+        yield VectorService(index, settings, RegistryCache(), builder)
     finally:
         await builder.stop()
 

@@ -116,6 +116,7 @@ async def upsert_points(
     body: PointsUpsert,
     request: Request,
     namespace: NamespacePath,
+    conn: VectorsConnection,
     service: VectorServiceDep,
     background: BackgroundTasks,
     idempotency_key: Annotated[
@@ -123,11 +124,9 @@ async def upsert_points(
         Header(alias="Idempotency-Key", description="A retry with the same key and body replays the first answer."),
     ] = None,
 ) -> Response:
-    """Upsert a batch in one statement; ids are generated for points without one. The batch is one
-    transaction; a large one a heavy write's turn (on SQLite it begins after the single writes waiting)."""
+    """Upsert a batch in one statement; ids are generated for points without one."""
     raw = await request.body()
-    async with service.heavy.batch(len(raw)) as conn:
-        answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
+    answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
     _after_commit(service, written, background)
     return json_response(answer)
 

@@ -10,11 +10,8 @@ database also loads sqlite-vec on every new connection. SQLite write transaction
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,22 +20,17 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.util import await_only
 
 from app.core.db.sqlite import WRITER_PRAGMAS
 from app.core.db.writequeue import WriteQueue
 from app.core.fast.inline_sqlite import InlineConnection
-from app.core.fast.one_statement import OneStatementConnections, borrow_driver_connection
-from app.core.fences.sqlalchemy_ import close_pooled
+from app.core.fast.one_statement import OneStatementConnections
 from app.core.ops import metrics
 from app.core.config import Database, Settings
 
 log = logging.getLogger("app.databases")
 
 SQLITE_BEGIN_OPTION = "sqlite_begin"
-HEAVY_OPTION = "gateway_heavy"
-"""An execution option: this connection's transactions are turns of a heavy write
-(``app.core.db.fairshare``), which do not say they want the lock as single writes do."""
 
 
 class DatabaseSetupError(RuntimeError):
@@ -63,7 +55,7 @@ def _load_sqlite_vec(dbapi_connection: Any) -> None:
     dbapi_connection.run_async(load)
 
 
-def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: int, queue: WriteQueue | None) -> None:
+def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: int) -> None:
     sync_engine = engine.sync_engine
 
     @event.listens_for(sync_engine, "connect")
@@ -75,8 +67,6 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         # back (app.core.db.diskspace runs `PRAGMA incremental_vacuum`); no effect on an existing one.
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
-        # No commit checkpoints the WAL (a request never pays for one): ``Databases.checkpointing``.
-        cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         for pragma in WRITER_PRAGMAS:
             cursor.execute(pragma)
@@ -93,22 +83,12 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
 
     @event.listens_for(sync_engine, "begin")
     def on_begin(conn: Any) -> None:
-        options = conn.get_execution_options()
-        mode = options.get(SQLITE_BEGIN_OPTION, "DEFERRED")
-        if queue is None or mode != "IMMEDIATE" or options.get(HEAVY_OPTION):
-            conn.exec_driver_sql(f"BEGIN {mode}")
-            return
-        with queue.wanting():  # heavy writes give way meanwhile (app.core.db.fairshare)
-            if queue.heavy_turn_on:  # this process's heavy turn in progress: woken when it ends
-                await_only(queue.after_heavy_turn())
-            conn.exec_driver_sql(f"BEGIN {mode}")
+        mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
 
 
 # A pooled connection unused for longer than this is pinged before it is handed out.
 PING_AFTER_IDLE_SECONDS = 10.0
-
-CHECKPOINT_SECONDS = 0.1
-"""How often the WAL of each SQLite file is looked at, and checkpointed when it was written to."""
 
 
 def _install_idle_ping(engine: AsyncEngine) -> None:
@@ -137,9 +117,8 @@ def _install_idle_ping(engine: AsyncEngine) -> None:
             raise sa_exc.DisconnectionError(f"idle connection failed its ping: {exc}") from exc
 
 
-def create_engine(settings: Settings, db: Database, queue: WriteQueue | None = None) -> AsyncEngine:
-    """One engine for ``db`` with the pool and timeouts from settings (and, on SQLite, ``db``'s
-    write queue, which its write transactions tell that they wait)."""
+def create_engine(settings: Settings, db: Database) -> AsyncEngine:
+    """One engine for ``db`` with the pool and timeouts from settings."""
     url = settings.database_url(db)
     conf = settings.databases.get(db)
     if url.startswith("sqlite"):
@@ -162,7 +141,7 @@ def create_engine(settings: Settings, db: Database, queue: WriteQueue | None = N
             # every driver-path request, which runs in autocommit.
             pool_reset_on_return=None,
         )
-        _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000), queue)
+        _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000))
         return engine
     engine = create_async_engine(
         url,
@@ -204,64 +183,16 @@ class Databases:
         dbs = cls(settings)
         files: dict[Database, Path] = {}
         for db in Database:
+            engine = create_engine(settings, db)
+            _count_new_connections(engine, db)
+            dbs.engines[db] = engine
             path = dbs.sqlite_file(db)
             if path is not None:
                 files[db] = path
                 dbs.write_queues[db] = WriteQueue(path, settings.databases.get(db).connect_timeout)
-            engine = create_engine(settings, db, dbs.write_queues.get(db))
-            _count_new_connections(engine, db)
-            dbs.engines[db] = engine
         if settings.fast_paths.one_statement:
-            dbs.one_statement = OneStatementConnections(dbs.engines, settings, files, dbs.write_queues, dbs.checkpoint_wal)
+            dbs.one_statement = OneStatementConnections(dbs.engines, settings, files)
         return dbs
-
-    async def checkpoint_wal(self, db: Database) -> None:
-        """A PASSIVE checkpoint of ``db``'s WAL on a pooled connection (aiosqlite's thread)."""
-        raw = await borrow_driver_connection(self.engines[db])
-        try:
-            driver: Any = raw.driver_connection  # aiosqlite
-            # its row read to the end: a statement left unfinished stays active on the pooled
-            # connection (its next user could not create a function: "Error creating function")
-            await driver.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
-            metrics.SQLITE_CHECKPOINTS.labels(database=db.value).inc()
-        finally:
-            await close_pooled(raw)
-
-    @contextlib.asynccontextmanager
-    async def checkpointing(self) -> AsyncIterator[None]:
-        """While the app runs: every ``CHECKPOINT_SECONDS``, a checkpoint of each SQLite file whose
-        WAL was written to since the last look. The pool's connections never checkpoint when they
-        commit (``wal_autocheckpoint=0``), SQLite's default, which made the commit that crossed
-        1,000 pages copy the WAL into the database and fsync it before it returned: after a
-        thread copy that held a read snapshot for seconds, a small write of another namespace
-        paid for the 240 MiB that had waited (9 s, issue 44)."""
-        tasks = [
-            asyncio.get_running_loop().create_task(self._keep_checkpointed(db, path), name=f"checkpoints-{db.value}")
-            for db in Database if (path := self.sqlite_file(db)) is not None
-        ]
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _keep_checkpointed(self, db: Database, path: Path) -> None:
-        wal = path.with_name(path.name + "-wal")
-        seen: tuple[int, int] | None = None
-        while True:
-            await asyncio.sleep(CHECKPOINT_SECONDS)
-            try:
-                stat = os.stat(wal)
-            except FileNotFoundError:
-                continue
-            if (stat.st_mtime_ns, stat.st_size) == seen:
-                continue
-            seen = (stat.st_mtime_ns, stat.st_size)
-            try:
-                await self.checkpoint_wal(db)
-            except Exception as exc:  # noqa: BLE001 (a full disk, a busy pool: the next look tries again)
-                log.warning("WAL checkpoint of %s failed: %s", db.value, exc)
 
     def engine(self, db: Database) -> AsyncEngine:
         return self.engines[db]

@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -285,14 +284,11 @@ class InlineConnection:
     inline."""
 
     def __init__(
-        self, reader: InlineStatements, borrow: Callable[[], Awaitable[PoolProxiedConnection]],
-        wanting: Callable[[], AbstractContextManager[None]] | None = None,
+        self, reader: InlineStatements, borrow: Callable[[], Awaitable[PoolProxiedConnection]]
     ) -> None:
         self.reader = reader
         self._borrow = borrow
         self._pooled: PoolProxiedConnection | None = None
-        self.wanting = wanting or nullcontext
-        """Around a write sent to the pool: it waits for the lock (``WriteQueue.wanting``)."""
 
     async def pooled(self) -> PoolProxiedConnection:
         if self._pooled is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.config import Database, Settings
-from app.core.db.writequeue import WriteQueue
 from app.core.db.transactions import RequestConnections
 from app.core.fast import OneStatement
 from app.core.fast import fixed_statements
 from app.core.fast.fixed_statements import StatementConnection
 from app.core.fast.inline_sqlite import InlineConnection, InlineStatements
 from app.core.fences.sqlalchemy_ import close_pooled
+from app.core.ops import metrics
 
 log = logging.getLogger("app.db")
 
@@ -62,13 +62,8 @@ class OneStatementConnections:
     """The one-statement connections of the three databases (and their SQLite files' inline
     statements, unless ``fast_paths.inline_sqlite`` is off), owned by ``Databases``."""
 
-    def __init__(
-        self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path],
-        write_queues: Mapping[Database, WriteQueue], checkpoint: Callable[[Database], Coroutine[Any, Any, None]],
-    ) -> None:
+    def __init__(self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path]) -> None:
         self._engines = engines
-        self._write_queues = write_queues
-        self._checkpoint_wal = checkpoint  # Databases.checkpoint_wal: a PASSIVE checkpoint on a pooled connection
         self.inline: dict[Database, InlineStatements] = {}
         self._checkpoints: dict[Database, asyncio.Task[None]] = {}  # in flight (inline writes')
         for db, path in sqlite_files.items():
@@ -102,15 +97,22 @@ class OneStatementConnections:
         reader = self.inline.get(db)
         if reader is None:
             return None
-        queue = self._write_queues.get(db)
-        return InlineConnection(
-            reader, lambda: borrow_driver_connection(self._engines[db]), queue.wanting if queue is not None else None
-        )
+        return InlineConnection(reader, lambda: borrow_driver_connection(self._engines[db]))
 
     def _checkpointer(self, db: Database) -> Callable[[], None]:
-        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a checkpoint of ``db``'s
-        WAL (``Databases.checkpoint_wal``), one at a time, never awaited by a request (inline writes
-        never checkpoint on the loop's thread)."""
+        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
+        ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
+        a request (inline writes never checkpoint on the loop's thread)."""
+        counter = metrics.SQLITE_CHECKPOINTS.labels(database=db.value)
+
+        async def checkpoint() -> None:
+            raw = await borrow_driver_connection(self._engines[db])
+            try:
+                driver: Any = raw.driver_connection  # aiosqlite
+                await driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                counter.inc()
+            finally:
+                await close_pooled(raw)
 
         def done(task: asyncio.Task[None]) -> None:
             del self._checkpoints[db]
@@ -119,7 +121,7 @@ class OneStatementConnections:
 
         def ask() -> None:
             if db not in self._checkpoints:
-                task = self._checkpoints[db] = asyncio.get_running_loop().create_task(self._checkpoint_wal(db))
+                task = self._checkpoints[db] = asyncio.get_running_loop().create_task(checkpoint())
                 task.add_done_callback(done)
 
         return ask

@@ -98,7 +98,7 @@ FILE_BYTES_SPLICED = Counter(
 
 SQLITE_CHECKPOINTS = Counter(
     "gateway_sqlite_checkpoints",
-    "WAL checkpoints run through the pool (PASSIVE), in the background: no commit runs one.",
+    "WAL checkpoints run through the pool after inline writes (PASSIVE).",
     ("database",),
     registry=REGISTRY,
 )
@@ -163,18 +163,3 @@ async def metrics_endpoint(request: Request) -> Response:
         pools.register(PoolCollector(databases))
         body += generate_latest(pools)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-HEAVY_TURNS = Histogram(
-    "gateway_heavy_turn_seconds",
-    "How long one turn of a heavy write (a thread copy, prune, delete or sweep, a batch) held its "
-    "transaction: on SQLite, what another namespace's single write may wait for (app.core.db.fairshare).",
-    ("database",),
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-    registry=REGISTRY,
-)
-HEAVY_REFUSED = Counter(
-    "gateway_heavy_refused",
-    "Heavy operations refused 429 because their namespace ran fairness.heavy_per_namespace already.",
-    ("what",),
-    registry=REGISTRY,
-)
