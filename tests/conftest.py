@@ -41,6 +41,8 @@ from sqlalchemy.engine import make_url
 
 from storage_gateway_client import GatewayClient
 
+pytest_plugins = ["tests.stuck"]  # a hung test fails with its tasks' stacks
+
 if TYPE_CHECKING:
     from app.core.capability import Capability
     from app.core.config import Settings
