@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -25,7 +24,7 @@ from app.core.ops.health import router as health_router
 from app.core.http.docs import install_docs
 from app.core.http.openapi import install_openapi
 from app import capabilities
-from app.core.capability import running
+from app.core.capability import cancel_and_wait, running
 from app.core.http.routing import include_capability, include_guarded
 from app.core.ops.gc_tuning import tune_garbage_collector
 from app.core.state import GatewayState
@@ -65,12 +64,6 @@ def describe_connect_error(settings: Settings, db: Database, exc: BaseException)
     return f"{db.value} database ({safe}) is not usable: {reason}"
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     state = GatewayState(
@@ -92,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(keep_disk_space(state, databases))
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
-                stack.push_async_callback(_cancel, watcher)
+                stack.push_async_callback(cancel_and_wait, watcher)
                 for capability in state.capabilities:
                     state.services[capability.name] = await stack.enter_async_context(capability.lifecycle(state))
                 # Background jobs start once every lifecycle is done: a sweep's write transaction

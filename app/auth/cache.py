@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.auth import service
 from app.auth.service import Principal
+from app.core.capability import stop_if_cancelled
 
 log = logging.getLogger("app.auth")
 
@@ -102,5 +103,6 @@ class KeyCache:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 (the cache just goes stale: lookups hit the database)
+                stop_if_cancelled()
                 log.warning("checking for revoked API keys failed: %s", exc.__class__.__name__)
             await sleep(self.check_seconds)

@@ -24,7 +24,6 @@ dependency (``app.core.state.service_of``) hands it the request's connection and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -129,11 +128,20 @@ async def running(periodic: Iterable[Periodic]) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait until they end, raising what one raised other than its cancel.
+    A cancel of the caller itself propagates (``suppress(CancelledError)`` around ``await task``
+    would swallow it too, and a caller whose task never ends could then not be cancelled)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
 
 
 async def _forever(job: Periodic) -> None:
@@ -145,8 +153,19 @@ async def _forever(job: Periodic) -> None:
         except asyncio.CancelledError:
             raise
         except Exception:  # the next round tries again
+            stop_if_cancelled()
             log.warning("%s failed", job.name, exc_info=True)
         await asyncio.sleep(job.every)
+
+
+def stop_if_cancelled() -> None:
+    """In a background loop's ``except Exception``: raise ``CancelledError`` if this task was asked
+    to stop. A job's cleanup can replace the ``CancelledError`` with an error of its own (an
+    ``await`` in a ``finally`` on a connection the cancel broke); the loop would then sleep and go
+    on, and whoever awaits the cancelled task (an app's shutdown) would wait forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of CAP:ACTION scopes

@@ -60,6 +60,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.capability import cancel_and_wait, stop_if_cancelled
 from app.core.config import VectorsSettings
 from app.vectors.backend import CollectionInfo
 from app.vectors import recall, subgraphs
@@ -212,11 +213,7 @@ class IndexBuilder:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks = []
 
     async def _run(self) -> None:
@@ -245,6 +242,7 @@ class IndexBuilder:
             except asyncio.CancelledError:
                 raise
             except Exception:  # the next write or sweep tries again; never take the service down
+                stop_if_cancelled()
                 log.warning("vectors index check of collection %d failed", coll_id, exc_info=True)
 
     async def _sweep_forever(self) -> None:
@@ -257,6 +255,7 @@ class IndexBuilder:
             except asyncpg.UndefinedTableError:
                 log.info("vectors index sweep: no collection registry yet (migrations not run)")
             except Exception:
+                stop_if_cancelled()
                 log.warning("vectors index sweep failed", exc_info=True)
             sweeps += 1
             await asyncio.sleep(min(self.sweep_seconds, FIRST_SWEEP_GAP_SECONDS) if sweeps == 1 else self.sweep_seconds)
@@ -567,9 +566,7 @@ class IndexBuilder:
         try:
             await raw.execute(stmt, timeout=BUILD_TIMEOUT_SECONDS)
         finally:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            await cancel_and_wait(reporter)
             INDEX_BUILD_TUPLES.labels(kind).set(0)
             INDEX_BUILD_TOTAL.labels(kind).set(0)
         # The build counted the rows for the statistics: no second scan of a big table.
@@ -594,6 +591,7 @@ class IndexBuilder:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - progress is best effort
+                stop_if_cancelled()
                 continue
             if row is None:
                 continue

@@ -51,6 +51,7 @@ from fastapi import Request
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.core.capability import cancel_and_wait
 from app.core.config import Database
 from app.core.db.databases import Databases
 from app.core.errors import InsufficientStorage
@@ -194,9 +195,7 @@ class DiskSpace:
 
     async def close(self) -> None:
         if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+            await cancel_and_wait(self._watcher)
 
 
 def _write_zeros(path: Path, size: int) -> None:
