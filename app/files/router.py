@@ -25,6 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app.core.http import splice
 from app.core.http.conditions import Conditions, quote_etag
 from app.core.dependencies import CollectionPath, FileId, NamespacePath, PageLimit
+from app.core.fast import fast
 from app.core.errors import (
     BadRequest,
     InvalidInput,
@@ -408,6 +409,7 @@ async def list_files(
         **problem_responses(NotFound, RangeNotSatisfiable, ObjectStoreUnavailable),
     },
 )
+@fast()
 async def get_file(
     request: Request,
     namespace: NamespacePath,
