@@ -276,7 +276,7 @@ async def bench_pgvector_direct(pg_uri: str, data: np.ndarray, queries: np.ndarr
     conn = await asyncpg.connect(uri)
     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     await conn.close()
-    from app.core.config import VectorsSettings
+    from app.vectors.settings import VectorsSettings
 
     defaults = VectorsSettings()  # the gateway's index parameters, built inline (pgvector's usual way)
     m, efc, ef = defaults.hnsw_m, defaults.hnsw_ef_construction, defaults.ef_search

@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from app.core.config import S3Settings
+from app.files.settings import S3Settings
 from app.files.local import LocalFiles
 from app.files.s3 import S3Objects
 from tests.conftest import Backend

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.core.ops.settings_doc import rows
+from tests.settings_doc import rows
 from tests.conftest import ROOT, Backend, start_server, stop_server
 
 README = (ROOT / "README.md").read_text()

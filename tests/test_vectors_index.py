@@ -457,7 +457,7 @@ async def test_a_bulk_load_through_another_process_is_not_indexed_half_way(
 async def test_writes_during_a_build_do_not_pile_up_in_the_schedule() -> None:
     """Each write postpones its collection's check; the schedule keeps one entry for it
     however many writes arrive while the builder is busy (it used to keep one per write)."""
-    from app.core.config import VectorsSettings
+    from app.vectors.settings import VectorsSettings
     from app.vectors.backend import CollectionInfo
     from app.vectors.builder import IndexBuilder
 

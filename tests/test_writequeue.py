@@ -1,4 +1,4 @@
-"""``app.core.db.writequeue``: write transactions on a SQLite file take turns, and the next one is
+"""``app.files.writequeue``: write transactions on a SQLite file take turns, and the next one is
 woken when the last lets go (no sleeping retries), across tasks and across processes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.db.writequeue import WriteQueue
+from app.files.writequeue import WriteQueue
 
 
 async def test_tasks_take_turns_in_order(tmp_path: Path) -> None:

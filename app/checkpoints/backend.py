@@ -11,21 +11,34 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
+import orjson
 from sqlalchemy import BigInteger, Text, and_, bindparam, case, cast, delete, exists, func, insert, literal, select, text, true, tuple_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ColumnElement, FromClause
 
 from app.checkpoints.models import checkpoint_blobs as blobs
-from app.core.jsonvalue import dumps_text, jsonb_text
+from app.core.jsonvalue import jsonb_text
 from app.checkpoints.models import checkpoint_metadata_terms as terms
 
 Scalar = str | int | float | bool | None
+
+
+def dumps_text(value: Any) -> str:
+    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included: orjson cannot
+    write those, and they are JSON all the same (Python's json writes them the same way)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def canonical_json(value: Scalar) -> str:

@@ -18,9 +18,11 @@ from app.checkpoints.reads import CheckpointReader, PageRow
 from app.checkpoints.repository import DELETE_CHUNK, CheckpointKey, CheckpointsRepository, Lineage
 from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
-from app.core.config import CheckpointsSettings, LimitsSettings
+from app.checkpoints.settings import CheckpointsSettings
+from app.core.config import LimitsSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
-from app.core.jsonvalue import dumps_text, jsonb_text
+from app.checkpoints.backend import dumps_text
+from app.core.jsonvalue import jsonb_text
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.fast.fixed_statements import StatementConnection
 

@@ -2,7 +2,8 @@
 
 The seed's ``persistence:`` block is accepted as written; each database may also be given a full
 URL under ``databases.<name>.url``. Resolution of the three database URLs lives here and nowhere
-else, so the rest of the service only ever sees ``Settings.database_url(Database.X)``.
+else, so the rest of the service only ever sees ``Settings.database_url(Database.X)``. A
+capability's own section lives in its package (``app/files/settings.py``, ...); ``Settings`` composes them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from app.checkpoints.settings import CheckpointsSettings
+from app.files.settings import S3_MAX_PARTS, FilesBackendName, FilesSettings
+from app.kv.settings import KvSettings
+from app.vectors.settings import VectorsSettings
+
 CONFIG_ENV = "GATEWAY_CONFIG"
-S3_MAX_PARTS = 10_000  # parts of one S3 multipart upload
 
 
 class Database(StrEnum):
@@ -247,65 +252,6 @@ class AuthSettings(_Strict):
         return value
 
 
-class KvSettings(_Strict):
-    """Key-value entries: expiry and its background sweep."""
-
-    sweep_interval_seconds: float = Field(
-        default=60.0, gt=0, description="How often expired kv entries are deleted in the background."
-    )
-    sweep_batch: int = Field(default=1000, ge=1, description="Most expired entries deleted per statement.")
-    max_ttl_seconds: int = Field(default=10 * 365 * 24 * 3600, ge=1, description="Largest `ttl_seconds`.")
-
-
-class CheckpointsSettings(_Strict):
-    """LangGraph checkpoints: sizes per request and the retention sweep."""
-
-    max_blob_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1, description="Largest checkpoint, channel value or pending write (typed bytes)."
-    )
-    max_metadata_bytes: int = Field(default=64 * 1024, ge=2, description="Largest checkpoint metadata (JSON).")
-    max_checkpoint_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1, le=2**60,
-        description="Most stored bytes of one checkpoint with its metadata, channel versions and the channel values "
-        "it references (a put that would make more is a 413 and stores nothing).",
-    )
-    max_pending_bytes: int = Field(
-        default=16 * 1024 * 1024, ge=1, le=2**60,
-        description="Most stored bytes of the pending writes of one checkpoint (a put of writes that would make "
-        "more is a 413 and stores nothing).",
-    )
-    max_copy_bytes: int = Field(
-        default=256 * 1024 * 1024, ge=1, le=2**60,
-        description="Most stored bytes of a thread one copy writes again: every row it writes whole (checkpoints' bytes "
-        "and JSON, values, pending writes and, on SQLite, metadata filter terms, with their keys and identifiers, and 256 "
-        "bytes a row); copying a larger thread is a 413 and copies nothing.",
-    )
-    max_page_bytes: int = Field(
-        default=32 * 1024 * 1024, ge=2, le=2**61,
-        description="A read answers at most this many stored bytes: a search (list) page ends before the checkpoint "
-        "that would make its checkpoints, with their channel values and pending writes, weigh more (`next_cursor` "
-        "goes on). At least `max_checkpoint_bytes` + `max_pending_bytes` (which, left unset, are at most half of it each), "
-        "so that every checkpoint written can be read.",
-    )
-    sweep_interval_seconds: float = Field(
-        default=60.0, gt=0, description="How often checkpoint retention (keep latest N, idle TTL) is applied."
-    )
-    sweep_batch: int = Field(default=100, ge=1, description="Most threads one retention statement batch handles.")
-
-    @model_validator(mode="after")
-    def _a_checkpoint_fits_a_page(self) -> CheckpointsSettings:
-        # write limits left at their defaults fit a smaller page: half of it each
-        for name in ("max_checkpoint_bytes", "max_pending_bytes"):
-            if name not in self.model_fields_set:
-                setattr(self, name, min(getattr(self, name), max(1, self.max_page_bytes // 2)))
-        if self.max_checkpoint_bytes + self.max_pending_bytes > self.max_page_bytes:
-            raise ValueError(
-                "max_page_bytes must be at least max_checkpoint_bytes + max_pending_bytes (a checkpoint written "
-                "could not be read)"
-            )
-        return self
-
-
 class StoreSettings(_Strict):
     """LangGraph long-term memory (the store capability): sizes, TTL sweep and vector search."""
 
@@ -342,204 +288,6 @@ class StoreSettings(_Strict):
         default=30.0, gt=0, description="How often embedding sizes without an HNSW index are looked for (pgvector)."
     )
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of a query search (pgvector).")
-
-
-class S3Settings(_Strict):
-    """The bucket of ``files.backend: s3``; credentials come from the standard AWS chain."""
-
-    endpoint_url: str | None = Field(
-        default=None, description="S3 API URL (MinIO, SeaweedFS, R2, ...); unset: AWS S3 of `region`."
-    )
-    region: str = Field(default="us-east-1", description="Region of the bucket (signs requests).")
-    bucket: str | None = Field(default=None, description="Bucket holding file bytes (required for s3).")
-    prefix: str = Field(default="files/", max_length=512, description="Key prefix of every object the gateway writes.")
-    addressing: Literal["auto", "path", "virtual"] = Field(
-        default="auto",
-        description="`path` (bucket in the URL path) or `virtual` (bucket in the host name); "
-        "`auto`: path with an `endpoint_url`, virtual on AWS.",
-    )
-    server_side_encryption: Literal["AES256", "aws:kms"] | None = Field(
-        default=None, description="SSE of new objects: `AES256` (SSE-S3) or `aws:kms`."
-    )
-    kms_key_id: str | None = Field(default=None, description="KMS key of `aws:kms` (default: the bucket's).")
-    part_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=5 * 1024 * 1024, le=1024**3,
-        description="Multipart upload part size (each upload buffers at most two parts); S3 takes at most "
-        "10,000 parts, so `limits.max_file_bytes` may be at most 10,000 times this.",
-    )
-    max_connections: int = Field(
-        default=100, ge=1,
-        description="HTTP connections kept to the S3 endpoint, per pool: one for downloads, one for every other "
-        "call. Downloads from the bucket in progress at once are at most this many, and one namespace's at most "
-        "`files.max_downloads_per_namespace` (default: half); more are 503 with Retry-After.",
-    )
-    connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection to S3.")
-    read_timeout: float = Field(default=30.0, gt=0, description="Seconds an S3 response may stay silent.")
-    presign_downloads: bool = Field(
-        default=False, description="Answer downloads with a redirect to a short-lived presigned URL."
-    )
-    presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600, description="Lifetime of a presigned URL.")
-    splice_downloads: bool = Field(
-        default=True,
-        description="Move a download of 4 MiB or more from the S3 connection to the client's in the kernel "
-        "(Linux `splice`; plain-HTTP endpoint without a proxy, client without TLS to the gateway).",
-    )
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix_shape(cls, value: str) -> str:
-        if value.startswith("/") or ".." in value.split("/"):
-            raise ValueError("must not start with / or contain .. segments")
-        return value if value == "" or value.endswith("/") else value + "/"
-
-    def path_style(self) -> bool:
-        return self.addressing == "path" or (self.addressing == "auto" and self.endpoint_url is not None)
-
-
-FilesBackendName = Literal["database", "s3", "directory"]
-
-
-class DirectorySettings(_Strict):
-    """The local directory of ``files.backend: directory`` (one machine: every worker shares it)."""
-
-    path: Path | None = Field(default=None, description="Where file bytes are written (default: `files` in `data_dir`).")
-    fsync: bool = Field(
-        default=True,
-        description="Flush each new file to disk before its row is committed (off: a power cut may "
-        "lose recent files' bytes while their rows survive).",
-    )
-
-
-class FilesSettings(_Strict):
-    """Where file bytes live, and housekeeping of uploads in progress."""
-
-    backend: FilesBackendName | None = Field(
-        default=None,
-        description="Where new file bytes go: `database` chunks, an `s3` bucket or a local `directory`; unset: "
-        "`directory` when the metadata database is SQLite (the embedded default), else `database`.",
-    )
-    s3: S3Settings = S3Settings()
-    directory: DirectorySettings = DirectorySettings()
-    upload_stale_seconds: float = Field(
-        default=600.0, gt=0, description="An upload whose body stopped arriving for this long is abandoned and swept (its "
-        "heartbeat is touched with every stored chunk, and a few times per this while bytes still arrive)."
-    )
-    sweep_interval_seconds: float = Field(default=60.0, gt=0, description="How often abandoned uploads are swept.")
-    max_downloads: int | None = Field(
-        default=None, ge=1,
-        description="Downloads in progress per process, each holding a metadata connection while its client reads "
-        "(database chunks: for at most download_snapshot_seconds) (default: half of the metadata pool_size + "
-        "max_overflow); more are 503 with Retry-After.",
-    )
-    download_snapshot_seconds: float = Field(
-        default=60.0, gt=0,
-        description="A download of a file stored as several database chunks reads them in one snapshot (a replace or "
-        "delete meanwhile does not change what it sends) for at most this long; a download still running then reads "
-        "each further chunk on its own, and is cut off short if the file was replaced or deleted meanwhile. Bounds how "
-        "long a slow client holds back PostgreSQL's VACUUM or SQLite's WAL checkpoints, and a pooled connection.",
-    )
-    max_downloads_per_namespace: int | None = Field(
-        default=None, ge=1, description="Of those, how many one namespace may hold (default: half of max_downloads); "
-        "also how many downloads from the bucket one namespace may hold (default: half of files.s3.max_connections).",
-    )
-    inline_types: list[str] = Field(
-        default_factory=list,
-        description="Media types served inline besides images, audio, video, text/plain and JSON (e.g. `text/html`): "
-        "all others are downloads (`Content-Disposition: attachment`), since they could run as pages of the gateway.",
-    )
-    inline_types_by_namespace: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description="More media types served inline in one namespace only, by namespace (e.g. "
-        "`{\"site\": [\"text/html\"]}` for a plugin that serves pages on purpose).",
-    )
-
-    @model_validator(mode="after")
-    def _s3_has_bucket(self) -> FilesSettings:
-        if self.backend == "s3" and not self.s3.bucket:
-            raise ValueError("files.backend is s3 but files.s3.bucket is not set")
-        return self
-
-
-class VectorsSettings(_Strict):
-    """Defaults of the vectors capability (each collection may override the index options)."""
-
-    max_collections_per_namespace: int = Field(
-        default=1000, ge=1,
-        description="Collections one namespace may hold (each is a table with its indexes); creating one more is 409 "
-        "`too_many_collections`.",
-    )
-    hnsw_m: int = Field(default=16, ge=2, le=100, description="HNSW graph degree (pgvector `m`).")
-    hnsw_ef_construction: int = Field(default=128, ge=4, le=1000, description="HNSW build breadth; at least twice hnsw_m.")
-    ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of an unfiltered query up to 100,000 points; "
-        "the planner scales it with the collection (sqrt) and for filters, and raises it to a graph's calibrated one.")
-    target_recall: float = Field(
-        default=0.98, ge=0, le=1,
-        description="Once a collection's HNSW graph is built (and when it has doubled or halved since), the builder "
-        "searches `calibration_queries` of its points exactly and through the graph, and its searches then use at "
-        "least the smallest ef_search (40 to 1000) whose mean recall@10 reached this; 0: no calibration, and none "
-        "kept by an earlier run is used (pgvector).",
-    )
-    calibration_queries: int = Field(
-        default=50, ge=1, le=1000,
-        description="Points sampled for a recall calibration; each costs one exact scan of the collection (pgvector).",
-    )
-    exact_search_threshold: int = Field(
-        default=5000,
-        ge=0,
-        description="A filtered search an index narrows to at most this many estimated matches compares "
-        "them exactly instead of searching the graph (pgvector).",
-    )
-    index_min_rows: int = Field(
-        default=1000,
-        ge=0,
-        description="A collection gets its HNSW index (built in the background) once it holds this many points; "
-        "below that, searches are exact (pgvector).",
-    )
-    index_quiet_seconds: float = Field(
-        default=1.0,
-        ge=0,
-        description="The background HNSW build starts after a collection had no point writes for this long (pgvector).",
-    )
-    index_sweep_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description="How often collections whose HNSW index is missing or invalid are looked for (pgvector).",
-    )
-    index_build_memory_mb: int = Field(
-        default=1024,
-        ge=1,
-        description="`maintenance_work_mem` of a background HNSW build; the graph should fit in it (pgvector).",
-    )
-    index_progress_log_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="How often a running background index build logs its progress (pgvector).",
-    )
-    subgraph_max_share: float = Field(
-        default=0.1,
-        gt=0,
-        le=1,
-        description="A value of a declared keyword field gets a payload subgraph (a partial HNSW index of its "
-        "points, built in the background) when it holds more than `exact_search_threshold` points and at most "
-        "this share of the collection; above it the main graph finds its matches cheaply (at 500,000 points "
-        "and limit 10, from about 9%: twice limit / share candidates within the unfiltered ef_search) (pgvector).",
-    )
-    subgraph_max_count: int = Field(
-        default=64,
-        ge=0,
-        le=1000,
-        description="Most payload subgraphs per collection, the most common values first; 0: none (pgvector).",
-    )
-    idempotency_ttl_seconds: int = Field(default=86400, ge=60, description="How long Idempotency-Key answers are kept.")
-
-    @model_validator(mode="after")
-    def _buildable_graph(self) -> VectorsSettings:
-        if self.hnsw_ef_construction < 2 * self.hnsw_m:  # pgvector refuses to build such a graph
-            raise ValueError(
-                f"vectors.hnsw_ef_construction ({self.hnsw_ef_construction}) must be at least twice vectors.hnsw_m "
-                f"({2 * self.hnsw_m})"
-            )
-        return self
 
 
 class Settings(BaseSettings):

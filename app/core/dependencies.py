@@ -92,21 +92,7 @@ async def _key_path(key: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BY
     return validate_key("key", key)
 
 
-async def _file_id_path(
-    file_id: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="File id (percent-encoded).", examples=["u1.png"])],
-) -> str:
-    return validate_key("file_id", file_id)
-
-
-async def _point_id_path(
-    point_id: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="Point id (percent-encoded).", examples=["p1"])],
-) -> str:
-    return validate_key("point_id", point_id)
-
-
 Key = Annotated[str, Depends(_key_path)]
-FileId = Annotated[str, Depends(_file_id_path)]
-PointId = Annotated[str, Depends(_point_id_path)]
 
 
 # --- pages --------------------------------------------------------------------------------

@@ -278,17 +278,6 @@ def parse_value(field: str, raw: bytes, max_bytes: int) -> str:
     return encode_value(field, value, max_bytes)
 
 
-def dumps_text(value: Any) -> str:
-    """``value`` as compact JSON text (orjson's), integers beyond 64 bits included: orjson cannot
-    write those, and they are JSON all the same (Python's json writes them the same way)."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError as exc:
-        if "64-bit" not in str(exc):
-            raise
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
 # Where compact JSON text may hold a number that needs ``jsonb_text``'s walk: an exponent, a
 # negative zero, or 19 digits in a row (an integer that may not fit 64 bits). A string that only
 # looks like one costs the walk, nothing else.

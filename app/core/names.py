@@ -16,19 +16,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 NAME_MAX_LENGTH = 128
 KEY_MAX_BYTES = 1024
 
-_NAME_RE = re.compile(NAME_PATTERN)
 # C0 controls, DEL and C1 controls.
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def validate_name(field: str, value: str) -> str:
-    """A namespace or collection name, or ``InvalidInput`` naming ``field``."""
-    if not _NAME_RE.fullmatch(value):
-        raise InvalidInput(
-            field,
-            "must be 1-128 characters of A-Z a-z 0-9 _ . - starting with a letter or digit",
-        )
-    return value
 
 
 def key_problem(value: str, max_bytes: int = KEY_MAX_BYTES) -> str | None:

@@ -21,6 +21,7 @@ from app.files.router import router
 from app.files.samples import SAMPLES
 from app.files.s3 import S3Objects
 from app.files.service import FilesService
+from app.files.writequeue import WriteQueue
 
 log = logging.getLogger("app.files")
 
@@ -31,14 +32,18 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
     settings = state.settings
     databases = state.databases
     objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
+    sqlite_file = databases.sqlite_file(Database.metadata)
+    queue = WriteQueue(sqlite_file, settings.databases.metadata.connect_timeout) if sqlite_file is not None else None
     try:
         service = FilesService(
             databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects,
-            inline=lambda: databases.inline_connection(Database.metadata), queue=databases.write_queue(Database.metadata),
+            inline=lambda: databases.inline_connection(Database.metadata), queue=queue,
         )
         state.storage_checks["files"] = service.readiness
         yield service
     finally:
+        if queue is not None:
+            queue.close()
         if objects is not None:
             await objects.close()
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from app.core.config import Database, FilesBackendName, Settings
+from app.core.config import Database, Settings
+from app.files.settings import FilesBackendName
 from app.core.db.databases import Databases
 from app.files.backend import backend_for
 from app.files.s3 import S3Objects

@@ -17,6 +17,7 @@ from typing import Annotated
 from urllib.parse import quote
 
 import anyio
+from prometheus_client import Counter
 from fastapi import Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
@@ -24,7 +25,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.core.http import splice
 from app.core.http.conditions import Conditions, quote_etag
-from app.core.dependencies import CollectionPath, FileId, NamespacePath, PageLimit
+from app.core.dependencies import CollectionPath, NamespacePath, PageLimit
+from app.core.fast import fast
 from app.core.errors import (
     BadRequest,
     InvalidInput,
@@ -36,10 +38,10 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.http.limits import Body, accepts
-from app.core.ops.metrics import FILE_BYTES_SPLICED
+from app.core.ops.metrics import REGISTRY
 from app.core.names import KEY_PATTERN, key_json_schema, validate_key
 from app.core.http.routing import CapabilityRouter
-from app.files.dependencies import Files
+from app.files.dependencies import FileId, Files
 from app.files.multipart import read_form
 from app.files.s3 import ObjectStoreUnavailable
 from app.files.schemas import FilePage, FileRead, FilesUsage
@@ -53,6 +55,11 @@ from app.files.s3 import SocketBody
 from app.files.storage import BlobReader, VersionGone
 
 log = logging.getLogger("app.files")
+FILE_BYTES_SPLICED = Counter(
+    "gateway_file_bytes_spliced",
+    "Bytes of S3 downloads moved from the S3 connection to the client's in the kernel (files.s3.splice_downloads).",
+    registry=REGISTRY,
+)
 
 router = CapabilityRouter("files", tags=["files"])
 
@@ -408,6 +415,7 @@ async def list_files(
         **problem_responses(NotFound, RangeNotSatisfiable, ObjectStoreUnavailable),
     },
 )
+@fast()
 async def get_file(
     request: Request,
     namespace: NamespacePath,

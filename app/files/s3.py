@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal, TypedDict
 from urllib.parse import SplitResult, urlsplit
 
-from app.core.config import S3Settings
+from app.files.settings import S3Settings
 from app.core.errors import ServiceUnavailable
 
 if TYPE_CHECKING:  # types-aiobotocore[s3], a test extra; nothing is imported at run time

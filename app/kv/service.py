@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, UTC
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.http.conditions import WriteConditions, quote_etag
-from app.core.config import KvSettings, LimitsSettings
+from app.core.config import LimitsSettings
+from app.kv.settings import KvSettings
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge, PreconditionFailed
 from app.core.jsonvalue import LITERAL_YIELD_CHARS, encode_value, json_string, literal_members, parse_value
 from app.core.names import validate_key

@@ -61,7 +61,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import cancel_and_wait, stop_if_cancelled
-from app.core.config import VectorsSettings
+from app.vectors.settings import VectorsSettings
 from app.vectors.backend import CollectionInfo
 from app.vectors import recall, subgraphs
 from app.vectors.payload_index import MAX_DECLARED_VALUE_BYTES, PayloadIndex, sql_index_name

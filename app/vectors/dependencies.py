@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
 from app.core.dependencies import NamespacePath
+from app.core.names import KEY_MAX_BYTES, KEY_PATTERN, validate_key
 from app.core.state import service_of
 from app.vectors.service import VectorService
 
@@ -23,6 +24,15 @@ VectorServiceDep = Annotated[VectorService, Depends(get_vector_service)]
 
 async def _namespace(namespace: NamespacePath) -> str:
     return namespace
+
+
+async def _point_id_path(
+    point_id: Annotated[str, Path(min_length=1, max_length=KEY_MAX_BYTES, json_schema_extra={"pattern": KEY_PATTERN}, description="Point id (percent-encoded).", examples=["p1"])],
+) -> str:
+    return validate_key("point_id", point_id)
+
+
+PointId = Annotated[str, Depends(_point_id_path)]
 
 
 PointNamespace = Annotated[str, Depends(_namespace)]

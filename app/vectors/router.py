@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import BackgroundTasks, Header, Query, Request, Response
 
-from app.core.dependencies import CollectionPath, NamespacePath, PageLimit, PointId, VectorsConnection
+from app.core.dependencies import CollectionPath, NamespacePath, PageLimit, VectorsConnection
 from app.core.errors import (
     Conflict,
     InvalidInput,
@@ -19,7 +19,7 @@ from app.core.errors import (
 from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
-from app.vectors.dependencies import PointNamespace, VectorServiceDep
+from app.vectors.dependencies import PointId, PointNamespace, VectorServiceDep
 from app.vectors.encoding import json_response
 from app.vectors.schemas import (
     CollectionCreate,

@@ -22,7 +22,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.core.db.sqlite import WRITER_PRAGMAS
-from app.core.db.writequeue import WriteQueue
 from app.core.fast.inline_sqlite import InlineConnection
 from app.core.fast.one_statement import OneStatementConnections
 from app.core.ops import metrics
@@ -175,7 +174,6 @@ class Databases:
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
-    write_queues: dict[Database, WriteQueue] = field(default_factory=dict)  # SQLite files' (app.core.db.writequeue)
     one_statement: OneStatementConnections | None = None  # fast_paths.one_statement (app.core.fast.one_statement)
 
     @classmethod
@@ -189,7 +187,6 @@ class Databases:
             path = dbs.sqlite_file(db)
             if path is not None:
                 files[db] = path
-                dbs.write_queues[db] = WriteQueue(path, settings.databases.get(db).connect_timeout)
         if settings.fast_paths.one_statement:
             dbs.one_statement = OneStatementConnections(dbs.engines, settings, files)
         return dbs
@@ -216,10 +213,6 @@ class Databases:
 
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
 
-    def write_queue(self, db: Database) -> WriteQueue | None:
-        """The queue of ``db``'s write transactions when it is a SQLite file (``app.core.db.writequeue``)."""
-        return self.write_queues.get(db)
-
     def inline_connection(self, db: Database) -> InlineConnection | None:
         """``db``'s SQLite file's inline statements (``app.core.fast.inline_sqlite``), for a
         capability's own inline transaction; None on PostgreSQL, in memory, or when turned off."""
@@ -228,7 +221,5 @@ class Databases:
     async def close(self) -> None:
         if self.one_statement is not None:
             await self.one_statement.close()
-        for queue in self.write_queues.values():
-            queue.close()
         for engine in self.engines.values():
             await engine.dispose()

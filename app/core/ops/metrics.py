@@ -90,12 +90,6 @@ SQLITE_INLINE_WRITES = Counter(
     registry=REGISTRY,
 )
 
-FILE_BYTES_SPLICED = Counter(
-    "gateway_file_bytes_spliced",
-    "Bytes of S3 downloads moved from the S3 connection to the client's in the kernel (files.s3.splice_downloads).",
-    registry=REGISTRY,
-)
-
 SQLITE_CHECKPOINTS = Counter(
     "gateway_sqlite_checkpoints",
     "WAL checkpoints run through the pool after inline writes (PASSIVE).",

@@ -1,6 +1,6 @@
 """The README's configuration table, generated from the settings model so the two cannot drift.
 
-``python -m app.core.ops.settings_doc`` prints it; a test checks the README holds every row.
+``python -m tests.settings_doc`` prints it; a test checks the README holds every row.
 """
 
 from __future__ import annotations
