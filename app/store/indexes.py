@@ -5,12 +5,14 @@ partial index per size (``WHERE dims = n``) on ``store_vectors``, once that size
 A round reads the sizes in use (``store_dims``) and the valid indexes, tells the search which
 sizes it can walk (``PostgresStoreSql.indexed``), drops an index a failed build left invalid,
 and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwhile), one
-process at a time (a session advisory lock per size).
+process at a time (a session advisory lock per size), without the requests' statement timeout
+and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,6 +22,7 @@ from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name,
 
 log = logging.getLogger("app.store")
 
+BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
 LOCK_CLASS = 0x73746F72  # "stor": key 1 of a build's advisory lock (key 2: the size)
 _INDEXES = (
     "SELECT CAST(c.relname AS text), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
@@ -28,10 +31,11 @@ _INDEXES = (
 
 
 class IndexBuilder:
-    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings) -> None:
+    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, memory_mb: int) -> None:
         self.engine = engine
         self.sql = sql
         self.settings = settings
+        self.memory_mb = memory_mb  # maintenance_work_mem of a build (vectors.index_build_memory_mb)
 
     async def round(self) -> None:
         async with self.engine.connect() as conn:
@@ -58,10 +62,19 @@ class IndexBuilder:
                 )).scalar_one()
                 if int(count) < self.settings.index_min_vectors:
                     return
-                if invalid:
-                    await conn.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}"))
-                log.info("store: building the HNSW index of %d-dimensional vectors", dims)
-                await conn.execute(text(hnsw_index_sql(dims)))
+                raw: Any = (await conn.get_raw_connection()).driver_connection  # asyncpg's
+                # A build outlasts the requests' statement_timeout (30 s by default; 100,000 vectors
+                # of 384 dimensions take minutes on two cores), and its graph must fit in memory.
+                await raw.execute(
+                    f"SET statement_timeout = 0; SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
+                )
+                try:
+                    if invalid:
+                        await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}", timeout=BUILD_TIMEOUT_SECONDS)
+                    log.info("store: building the HNSW index of %d-dimensional vectors", dims)
+                    await raw.execute(hnsw_index_sql(dims), timeout=BUILD_TIMEOUT_SECONDS)
+                finally:
+                    await raw.execute("RESET statement_timeout; RESET lock_timeout; RESET maintenance_work_mem")
                 self.sql.indexed = self.sql.indexed | {dims}
             finally:
                 await conn.execute(text("SELECT pg_advisory_unlock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})
