@@ -6,7 +6,8 @@ A round reads the sizes in use (``store_dims``) and the valid indexes, tells the
 sizes it can walk (``PostgresStoreSql.indexed``), drops an index a failed build left invalid,
 and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwhile), one
 process at a time (a session advisory lock per size), without the requests' statement timeout
-and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds.
+and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds;
+then the table is analyzed, so that the planner walks the new graph at once.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class IndexBuilder:
                         await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}", timeout=BUILD_TIMEOUT_SECONDS)
                     log.info("store: building the HNSW index of %d-dimensional vectors", dims)
                     await raw.execute(hnsw_index_sql(dims), timeout=BUILD_TIMEOUT_SECONDS)
+                    # Fresh statistics: planned on tables that grew since autovacuum last looked
+                    # (a bulk load), a walk of the graph costs more than sorting the few rows
+                    # PostgreSQL believes there are, and every query search compares exactly.
+                    await raw.execute("ANALYZE store_items, store_vectors", timeout=BUILD_TIMEOUT_SECONDS)
                 finally:
                     await raw.execute("RESET statement_timeout; RESET lock_timeout; RESET maintenance_work_mem")
                 self.sql.indexed = self.sql.indexed | {dims}
