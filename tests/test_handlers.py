@@ -162,6 +162,7 @@ HOT = {
     ("POST", "/v1/{namespace}/vectors/{collection}/search"),
     *{("POST", f"/v1/{{namespace}}/checkpoints/{p}") for p in ("put", "writes", "search")},
     ("GET", "/v1/{namespace}/checkpoints/tuple"),
+    *{("POST", f"/v1/{{namespace}}/store/{p}") for p in ("batch", "read")},
 }
 
 
