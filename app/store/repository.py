@@ -116,6 +116,11 @@ class StoreSql(ABC):
 
     # --- the backend's facts -------------------------------------------------------------------------
 
+    def keys_match(self, keys: int) -> str:
+        """``i`` is one of ``keys`` (prefix, key) pairs ``:p0, :k0, ...``: on PostgreSQL an OR of
+        lookups of the unique index, a BitmapOr whatever the statistics say."""
+        return "(" + " OR ".join(f"(i.prefix = :p{n} AND i.key = :k{n})" for n in range(keys)) + ")"
+
     @abstractmethod
     def distance(self, distance: str, dims: int) -> str:
         """The distance of ``v.embedding`` to ``:q`` (``:qn``: the query's norm), lower nearer."""
@@ -171,8 +176,7 @@ class StoreSql(ABC):
         compiled form by the statement's memoized cache key instead of deriving the key each call)."""
         stmt = self._gets.get((keys, omit_expired))
         if stmt is None:
-            pairs = " OR ".join(f"(i.prefix = :p{n} AND i.key = :k{n})" for n in range(keys))
-            where = f"i.namespace = :ns AND ({pairs})"
+            where = f"i.namespace = :ns AND {self.keys_match(keys)}"
             if omit_expired:
                 where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
             stmt = typed(
