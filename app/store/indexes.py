@@ -5,7 +5,8 @@ partial index per size (``WHERE dims = n``) on ``store_vectors``, once that size
 A round reads the sizes in use (``store_dims``) and the valid indexes, tells the search which
 sizes it can walk (``PostgresStoreSql.indexed``), drops an index a failed build left invalid,
 and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwhile), one
-process at a time (a session advisory lock per size), without the requests' statement timeout
+build at a time whatever the size (a session advisory lock on the table: two CREATE INDEX
+CONCURRENTLY, or one and an ANALYZE, on one table deadlock), without the requests' statement timeout
 and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds;
 then the table is analyzed, so that the planner walks the new graph at once.
 """
@@ -24,7 +25,7 @@ from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name,
 log = logging.getLogger("app.store")
 
 BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
-LOCK_CLASS = 0x73746F72  # "stor": key 1 of a build's advisory lock (key 2: the size)
+LOCK_CLASS = 0x73746F72  # "stor": key 1 of the builds' advisory lock (key 2: 0, the whole table)
 _INDEXES = (
     "SELECT CAST(c.relname AS text), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
     "WHERE i.indrelid = to_regclass('store_vectors') AND c.relname LIKE 'store\\_hnsw\\_%'"
@@ -54,7 +55,7 @@ class IndexBuilder:
         conn = await self.engine.connect()
         try:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            if not (await conn.execute(text("SELECT pg_try_advisory_lock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})).scalar():
+            if not (await conn.execute(text("SELECT pg_try_advisory_lock(:c, 0)"), {"c": LOCK_CLASS})).scalar():
                 return  # another process builds it
             try:
                 count = (await conn.execute(
@@ -82,6 +83,6 @@ class IndexBuilder:
                     await raw.execute("RESET statement_timeout; RESET lock_timeout; RESET maintenance_work_mem")
                 self.sql.indexed = self.sql.indexed | {dims}
             finally:
-                await conn.execute(text("SELECT pg_advisory_unlock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})
+                await conn.execute(text("SELECT pg_advisory_unlock(:c, 0)"), {"c": LOCK_CLASS})
         finally:
             await conn.close()
