@@ -207,7 +207,9 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(
     the background, for longer than a request's statement timeout may run), then compares exactly
     when the graph finds too few that pass the filter. Reads run in autocommit (a plain route's read
     transaction would begin lazily), a graph walk in a transaction."""
-    settings = in_process_settings(backend, tmp_path, store={"index_min_vectors": 1, "exact_search_threshold": 10})
+    # 200 vectors: the lifespan's own first round finds no size of other tests' to build (one build
+    # at a time: it would hold the lock this test's build needs)
+    settings = in_process_settings(backend, tmp_path, store={"index_min_vectors": 200, "exact_search_threshold": 10})
     settings.databases.vectors.statement_timeout = 1.0
     app = create_app(settings)
     rng = np.random.default_rng(7)
