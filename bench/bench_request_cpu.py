@@ -59,6 +59,16 @@ ROWS |= {
     "checkpoint put": ("POST", "/v1/bench/checkpoints/put", CHECKPOINT, b""),
     "checkpoint get": ("GET", "/v1/bench/checkpoints/tuple", b"", b"thread_id=t"),
     "checkpoint search": ("POST", "/v1/bench/checkpoints/search", b'{"thread_id": "t", "limit": 10}', b""),
+    # What GatewayStore sends for one aget, and for one aput of an item with one 384-d vector.
+    "store get": ("POST", "/v1/bench/store/read", b'{"ops": [{"op": "get", "namespace": ["u", "m"], "key": "k", '
+                  b'"refresh_ttl": true}], "omit_expired": false}', b""),
+    "store get x16": ("POST", "/v1/bench/store/read", json.dumps({"ops": [
+        {"op": "get", "namespace": ["u", "m"], "key": f"k{i}", "refresh_ttl": True} for i in range(16)],
+        "omit_expired": False}).encode(), b""),
+    "store put": ("POST", "/v1/bench/store/batch", json.dumps({"ops": [{
+        "op": "put", "namespace": ["u", "m"], "key": "k", "value": {"text": "memory 1", "group": 1, "kind": "note"},
+        "vectors": [{"field": "text", "vector": [round(random.Random(8).gauss(0, 1), 6) for _ in range(384)]}]}],
+        "omit_expired": False}).encode(), b""),
 }
 FILE_ROWS: dict[str, tuple[str, str, bytes, bytes]] = {  # with --files
     "file upload (1 MiB)": ("PUT", "/v1/bench/files/f/up", bytes(range(256)) * 4096, b""),
@@ -130,13 +140,16 @@ async def measure(n: int, profile: str | None, rows: dict[str, tuple[str, str, b
     async with app.router.lifespan_context(app):
         _, made = await call(app, "POST", "/v1/admin/keys",
                              b'{"namespace": "bench", "scopes": ["kv:write", "records:write", "vectors:write", "files:write", '
-                             b'"checkpoints:write"]}')
+                             b'"checkpoints:write", "store:write"]}')
         scoped = json.loads(made)["key"]
         await call(app, "PUT", "/v1/bench/kv/c/k", b'{"a": 1}')
         await call(app, "PUT", "/v1/bench/files/f/down", bytes(range(256)) * 4096)
         for i in range(60):
             await call(app, "PUT", f"/v1/bench/records/h/{i:04d}", b'{"a": 1}')
         await call(app, "POST", "/v1/bench/checkpoints/put", CHECKPOINT)
+        await call(app, "POST", "/v1/bench/store/batch", ROWS["store put"][2])
+        await call(app, "POST", "/v1/bench/store/batch", json.dumps({"ops": [
+            {"op": "put", "namespace": ["u", "m"], "key": f"k{i}", "value": {"text": f"memory {i}", "group": i}} for i in range(16)]}).encode())
         await call(app, "PUT", "/v1/bench/vectors/v", b'{"vector_size": 4, "distance": "cosine"}')
         points = [{"id": f"p{i}", "vector": [i % 7, i % 5, i % 3, 1], "payload": {"i": i}} for i in range(200)]
         await call(app, "POST", "/v1/bench/vectors/v/points", json.dumps({"points": points}).encode())

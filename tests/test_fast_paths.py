@@ -1,6 +1,6 @@
 """The plain path answers exactly as the fast paths do (``app.core.fast``), on both backends.
 
-One script of kv, records, checkpoints and vectors requests (successes, conditions, pages,
+One script of kv, records, checkpoints, vectors and store requests (successes, conditions, pages,
 404s, 412s, 422s) runs against the test server (every fast path on) and against a second server
 on the same databases with ``fast_paths`` all off, each in a namespace of its own; every answer
 (status, headers that say something, body) must be the same but for what names its namespace.
@@ -92,6 +92,13 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str]]] = [
     ("POST", "vectors/v/search", {"vector": [1, 2], "limit": 3}, {}),
     ("POST", "vectors/v/search", b"not json", {}),
     ("POST", "vectors/missing/search", {"vector": [1, 2, 2]}, {}),
+    # store (LangGraph's batch of operations)
+    ("POST", "store/batch", {"ops": [{"op": "put", "namespace": ["m"], "key": f"k{i}", "value": {"i": i},
+                                      "vectors": [{"field": "t", "vector": [1, i, 2]}]} for i in range(4)]}, {}),
+    ("POST", "store/read", {"ops": [{"op": "get", "namespace": ["m"], "key": "k1"}, {"op": "get", "namespace": ["m"], "key": "no"},
+                                    {"op": "search", "namespace_prefix": ["m"], "query_vector": [1, 2, 2], "limit": 2}]}, {}),
+    ("POST", "store/read", {"ops": [{"op": "put", "namespace": ["m"], "key": "k"}]}, {}),
+    ("POST", "store/batch", {"ops": [{"op": "search", "namespace_prefix": ["m"], "filter": {"i": {"$gt": 1}}}]}, {}),
 ]
 
 

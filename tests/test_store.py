@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from langgraph.store.base import InvalidNamespaceError
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from app.core.config import Database
 from app.main import create_app
@@ -200,12 +200,17 @@ async def test_background_sweep_and_subtree_delete_work_in_bounded_batches(backe
 
 
 @pytest.mark.postgres_only
-async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(backend: Backend, server: Server, tmp_path: Path) -> None:
+async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(
+    backend: Backend, server: Server, tmp_path: Path
+) -> None:
     """Above `exact_search_threshold` items a query search walks the size's HNSW index (built in
-    the background), then compares exactly when the graph finds too few that pass the filter. Reads
-    run in autocommit (a plain route's read transaction would begin lazily), a graph walk in a
-    transaction."""
-    settings = in_process_settings(backend, tmp_path, store={"index_min_vectors": 1, "exact_search_threshold": 10})
+    the background, for longer than a request's statement timeout may run), then compares exactly
+    when the graph finds too few that pass the filter. Reads run in autocommit (a plain route's read
+    transaction would begin lazily), a graph walk in a transaction."""
+    # 200 vectors: the lifespan's own first round finds no size of other tests' to build (one build
+    # at a time: it would hold the lock this test's build needs)
+    settings = in_process_settings(backend, tmp_path, store={"index_min_vectors": 200, "exact_search_threshold": 10})
+    settings.databases.vectors.statement_timeout = 1.0
     app = create_app(settings)
     rng = np.random.default_rng(7)
     vectors = rng.normal(size=(200, 12)).astype(np.float32)
@@ -218,7 +223,12 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(backend: Bac
                 for i, v in enumerate(vectors)
             ])
             builder = next(job for job in CAPABILITY.periodic(state.services["store"], state) if job.name == "store-indexes")
-            await builder.run()
+            async with state.databases.engine(Database.vectors).connect() as writer:  # an open write: the build waits
+                await writer.execute(text("LOCK TABLE store_vectors IN ROW EXCLUSIVE MODE"))
+                building = asyncio.create_task(builder.run())
+                await asyncio.sleep(1.5)  # longer than the statement timeout
+                await writer.rollback()
+            await building
             assert 12 in state.services["store"].sql.indexed
             q = rng.normal(size=12).astype(np.float32)
             cos = vectors @ q / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(q))

@@ -55,7 +55,7 @@ def periodic(service: StoreService, state: GatewayState) -> Iterator[Periodic]:
     if isinstance(service.sql, PostgresStoreSql):
         from app.store.indexes import IndexBuilder
 
-        builder = IndexBuilder(engine, service.sql, service.settings)
+        builder = IndexBuilder(engine, service.sql, service.settings, state.settings.vectors.index_build_memory_mb)
         yield Periodic("store-indexes", service.settings.index_sweep_seconds, builder.round, at_start=True)
 
 

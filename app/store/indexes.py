@@ -5,12 +5,16 @@ partial index per size (``WHERE dims = n``) on ``store_vectors``, once that size
 A round reads the sizes in use (``store_dims``) and the valid indexes, tells the search which
 sizes it can walk (``PostgresStoreSql.indexed``), drops an index a failed build left invalid,
 and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwhile), one
-process at a time (a session advisory lock per size).
+build at a time whatever the size (a session advisory lock on the table: two CREATE INDEX
+CONCURRENTLY, or one and an ANALYZE, on one table deadlock), without the requests' statement timeout
+and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds;
+then the table is analyzed, so that the planner walks the new graph at once.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,7 +24,8 @@ from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name,
 
 log = logging.getLogger("app.store")
 
-LOCK_CLASS = 0x73746F72  # "stor": key 1 of a build's advisory lock (key 2: the size)
+BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
+LOCK_CLASS = 0x73746F72  # "stor": key 1 of the builds' advisory lock (key 2: 0, the whole table)
 _INDEXES = (
     "SELECT CAST(c.relname AS text), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
     "WHERE i.indrelid = to_regclass('store_vectors') AND c.relname LIKE 'store\\_hnsw\\_%'"
@@ -28,10 +33,11 @@ _INDEXES = (
 
 
 class IndexBuilder:
-    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings) -> None:
+    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, memory_mb: int) -> None:
         self.engine = engine
         self.sql = sql
         self.settings = settings
+        self.memory_mb = memory_mb  # maintenance_work_mem of a build (vectors.index_build_memory_mb)
 
     async def round(self) -> None:
         async with self.engine.connect() as conn:
@@ -49,7 +55,7 @@ class IndexBuilder:
         conn = await self.engine.connect()
         try:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            if not (await conn.execute(text("SELECT pg_try_advisory_lock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})).scalar():
+            if not (await conn.execute(text("SELECT pg_try_advisory_lock(:c, 0)"), {"c": LOCK_CLASS})).scalar():
                 return  # another process builds it
             try:
                 count = (await conn.execute(
@@ -58,12 +64,25 @@ class IndexBuilder:
                 )).scalar_one()
                 if int(count) < self.settings.index_min_vectors:
                     return
-                if invalid:
-                    await conn.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}"))
-                log.info("store: building the HNSW index of %d-dimensional vectors", dims)
-                await conn.execute(text(hnsw_index_sql(dims)))
+                raw: Any = (await conn.get_raw_connection()).driver_connection  # asyncpg's
+                # A build outlasts the requests' statement_timeout (30 s by default; 100,000 vectors
+                # of 384 dimensions take minutes on two cores), and its graph must fit in memory.
+                await raw.execute(
+                    f"SET statement_timeout = 0; SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
+                )
+                try:
+                    if invalid:
+                        await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}", timeout=BUILD_TIMEOUT_SECONDS)
+                    log.info("store: building the HNSW index of %d-dimensional vectors", dims)
+                    await raw.execute(hnsw_index_sql(dims), timeout=BUILD_TIMEOUT_SECONDS)
+                    # Fresh statistics: planned on tables that grew since autovacuum last looked
+                    # (a bulk load), a walk of the graph costs more than sorting the few rows
+                    # PostgreSQL believes there are, and every query search compares exactly.
+                    await raw.execute("ANALYZE store_items, store_vectors", timeout=BUILD_TIMEOUT_SECONDS)
+                finally:
+                    await raw.execute("RESET statement_timeout; RESET lock_timeout; RESET maintenance_work_mem")
                 self.sql.indexed = self.sql.indexed | {dims}
             finally:
-                await conn.execute(text("SELECT pg_advisory_unlock(:c, :d)"), {"c": LOCK_CLASS, "d": dims})
+                await conn.execute(text("SELECT pg_advisory_unlock(:c, 0)"), {"c": LOCK_CLASS})
         finally:
             await conn.close()

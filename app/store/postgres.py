@@ -91,10 +91,12 @@ class PostgresStoreSql(StoreSql):
         where = self._scope_sql(sql, scope)
         n = int(dims)
         await conn.execute(text(f"SET LOCAL hnsw.ef_search = {candidates}"))
+        # The candidates are MATERIALIZED: walked once, whatever the join's plan (with statistics
+        # that see a scope of one item, a nested loop walked the graph again for each item).
         stmt = typed(
-            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, min(c.d) AS d FROM ("
-            f"SELECT v.item_id, (CAST(v.embedding AS vector({n})) <=> :q) AS d FROM store_vectors v WHERE v.dims = {n} "
-            f"ORDER BY CAST(v.embedding AS vector({n})) <=> :q LIMIT {candidates}) c "
+            f"WITH c AS MATERIALIZED (SELECT v.item_id, (CAST(v.embedding AS vector({n})) <=> :q) AS d "
+            f"FROM store_vectors v WHERE v.dims = {n} ORDER BY CAST(v.embedding AS vector({n})) <=> :q LIMIT {candidates}) "
+            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)}, min(c.d) AS d FROM c "
             f"JOIN store_items i ON i.id = c.item_id WHERE {where} GROUP BY i.id ORDER BY d, i.updated_at DESC, i.prefix, i.key "
             f"LIMIT {int(want)}",
             now=stamp(),

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from sqlalchemy import Float, Integer, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.selectable import TextualSelect
 
 from app.core.db.tables import UtcDateTime
 from app.store.filters import FILTERS, Node
@@ -30,6 +31,7 @@ DISTANCES = ("cosine", "l2", "inner_product")
 UPSERT_ROWS = 100  # items per INSERT of a run of puts (11 parameters each)
 SIZE_TTL = 5.0  # seconds a scope's size (exact search or the graph) is taken as known
 SIZE_ENTRIES = 4096
+GET_SHAPES = 256  # statements of a run of gets kept built (by number of keys, omit_expired)
 ITEM_COLUMNS = "i.id, i.prefix, i.key, {value}, i.created_at, i.updated_at, i.ttl_minutes"
 
 
@@ -97,6 +99,7 @@ class StoreSql(ABC):
 
     def __init__(self) -> None:
         self._sizes: dict[tuple[str, tuple[str, ...], int], tuple[float, bool]] = {}
+        self._gets: dict[tuple[int, bool], TextualSelect] = {}
 
     dialect: ClassVar[str]
     value_out: ClassVar[str]  # the value column as JSON text
@@ -112,6 +115,11 @@ class StoreSql(ABC):
         return StoredItem(*row[:7])
 
     # --- the backend's facts -------------------------------------------------------------------------
+
+    def keys_match(self, keys: int) -> str:
+        """``i`` is one of ``keys`` (prefix, key) pairs ``:p0, :k0, ...``: on PostgreSQL an OR of
+        lookups of the unique index, a BitmapOr whatever the statistics say."""
+        return "(" + " OR ".join(f"(i.prefix = :p{n} AND i.key = :k{n})" for n in range(keys)) + ")"
 
     @abstractmethod
     def distance(self, distance: str, dims: int) -> str:
@@ -158,18 +166,25 @@ class StoreSql(ABC):
         if not keys:
             return {}
         params: dict[str, Any] = {"ns": ns, "now": now}
-        pairs = []
         for n, (prefix, key) in enumerate(keys):
             params[f"p{n}"], params[f"k{n}"] = prefix, key
-            pairs.append(f"(i.prefix = :p{n} AND i.key = :k{n})")
-        where = f"i.namespace = :ns AND ({' OR '.join(pairs)})"
-        if omit_expired:
-            where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
-        stmt = typed(
-            f"SELECT {ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=stamp()
-        ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
-        rows = await conn.execute(stmt, params)
+        rows = await conn.execute(self._get_statement(len(keys), omit_expired), params)
         return {(r[1], r[2]): self.item(r) for r in rows}
+
+    def _get_statement(self, keys: int, omit_expired: bool) -> TextualSelect:
+        """The statement reading ``keys`` items, built once per shape (SQLAlchemy then finds its
+        compiled form by the statement's memoized cache key instead of deriving the key each call)."""
+        stmt = self._gets.get((keys, omit_expired))
+        if stmt is None:
+            where = f"i.namespace = :ns AND {self.keys_match(keys)}"
+            if omit_expired:
+                where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+            stmt = typed(
+                f"SELECT {ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=stamp()
+            ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
+            if len(self._gets) < GET_SHAPES:
+                self._gets[(keys, omit_expired)] = stmt
+        return stmt
 
     async def search(
         self, conn: AsyncConnection, ns: str, scope: Scope, limit: int, offset: int,

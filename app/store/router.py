@@ -8,10 +8,12 @@ client's ``AsyncBatchedBaseStore`` sends one request per event-loop tick. LangGr
 
 from __future__ import annotations
 
-from fastapi import BackgroundTasks, Response
+from fastapi import Response
+from starlette.background import BackgroundTask
 
 from app.core.dependencies import NamespacePath, VectorsConnection
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
 from app.store.dependencies import StoreServiceDep
@@ -25,30 +27,24 @@ JSON = "application/json"
 
 @router.post("/batch", summary="Run store operations", response_model=BatchResults, responses=_ERRORS)
 @accepts(Body.JSON)
-async def batch(
-    body: BatchRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
-    background: BackgroundTasks,
-) -> Response:
+@fast()
+async def batch(body: BatchRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
     """Gets, puts (a null value deletes), searches and namespace listings, answered in order in
     one transaction: each sees the writes before it, and a refused batch changes nothing."""
     outcome = await service.run(conn, namespace, service.check(body.ops), body.omit_expired, writes=True)
-    if outcome.new_dims:
-        background.add_task(service.dims_committed, outcome.new_dims)
-    return Response(outcome.body, media_type=JSON)
+    after = BackgroundTask(service.dims_committed, outcome.new_dims) if outcome.new_dims else None
+    return Response(outcome.body, media_type=JSON, background=after)
 
 
 @router.post("/read", summary="Run store reads", response_model=BatchResults, responses=_ERRORS)
 @accepts(Body.JSON, read_only=True)
-async def read(
-    body: ReadRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep,
-    background: BackgroundTasks,
-) -> Response:
+@fast()
+async def read(body: ReadRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
     """Gets, searches and namespace listings, answered in order; a TTL refreshed by the read
     (`refresh_ttl`) restarts just after the answer."""
     outcome = await service.run(conn, namespace, service.check(body.ops), body.omit_expired, writes=False)
-    if outcome.refresh:
-        background.add_task(service.refresh_after, namespace, outcome.refresh)
-    return Response(outcome.body, media_type=JSON)
+    after = BackgroundTask(service.refresh_after, namespace, outcome.refresh) if outcome.refresh else None
+    return Response(outcome.body, media_type=JSON, background=after)
 
 
 @router.post("/namespaces/delete", summary="Delete a namespace subtree", response_model=Deleted, responses=_ERRORS)

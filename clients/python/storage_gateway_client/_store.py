@@ -284,7 +284,7 @@ class GatewayStore(AsyncBatchedBaseStore):
             )
         except InvalidRequest as exc:
             raise _store_error(exc) from None
-        return response.json()
+        return orjson.loads(response.content)
 
     # --- beyond LangGraph: namespace subtrees, TTL sweeps ---------------------------------------------
 
