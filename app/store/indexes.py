@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.config import StoreSettings
+from app.store.settings import StoreSettings
 from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name, hnsw_index_sql
 
 log = logging.getLogger("app.store")

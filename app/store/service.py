@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.config import LimitsSettings, StoreSettings
+from app.core.config import LimitsSettings
+from app.store.settings import StoreSettings
 from app.core.namespace_data import writer
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.jsonvalue import encode_value, is_unicode, jsonb_text
