@@ -4,20 +4,23 @@ search over many items walks, a namespace's labels split from its text (``split_
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.tables import UtcDateTime
-from app.store.repository import ITEM_COLUMNS, Scope, StoredItem, StoreSql, stamp, typed
+from app.store.repository import ITEM_COLUMNS, UPSERT_ROWS, ItemWrite, Scope, StoredItem, StoreSql, stamp, typed
 from app.vectors.filters import SqlBuilder
 from app.vectors.nulescape import escape_json, unescape_json
 
 _OPERATOR = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 HNSW_MAX_DIMS = 2000  # pgvector's limit for an HNSW index of `vector`
+WITH_ITEMS = 500  # most vectors inserted in the statement of their items (6 parameters each)
 
 
 def hnsw_index_name(dims: int) -> str:
@@ -53,6 +56,49 @@ class PostgresStoreSql(StoreSql):
         item = StoredItem(*row[:7])
         item.value = unescape_json(item.value)
         return item
+
+    async def upsert(self, conn: AsyncConnection, ns: str, items: Sequence[ItemWrite], now: datetime) -> list[int]:
+        """As on SQLite, but the vectors of items the statement inserted (``xmax = 0``: no older
+        version) go in with them, in the same statement: a put of a new item is one statement and
+        one round trip, where a replaced item's vectors are then deleted and inserted again."""
+        ids: list[int] = []
+        replaced: list[tuple[int, ItemWrite]] = []
+        for start in range(0, len(items), UPSERT_ROWS):
+            chunk = items[start:start + UPSERT_ROWS]
+            sql_text, params, types = self.items_upsert(ns, chunk, now)
+            rows = []
+            if sum(len(item.vectors) for item in chunk) <= WITH_ITEMS:
+                for n, item in enumerate(chunk):
+                    for j, (field, vector) in enumerate(item.vectors):
+                        x = f"{n}_{j}"
+                        params.update({f"xf{x}": field, f"xd{x}": len(vector), f"xe{x}": vector,
+                                       f"xn{x}": math.sqrt(sum(v * v for v in vector))})
+                        rows.append(f"({n}, :xf{x}, CAST(:xd{x} AS smallint), CAST(:xn{x} AS double precision), CAST(:xe{x} AS vector))")
+            if rows:
+                positions = ", ".join(f"(:p{n}, :k{n}, {n})" for n in range(len(chunk)))
+                sql_text = (
+                    f"WITH up AS ({sql_text} RETURNING id, prefix, key, (xmax = 0) AS inserted), "
+                    f"pos (p, k, n) AS (VALUES {positions}), "
+                    "vs AS (INSERT INTO store_vectors (item_id, field, dims, norm, embedding) "
+                    f"SELECT up.id, x.f, x.d, x.nm, x.e FROM (VALUES {', '.join(rows)}) AS x (n, f, d, nm, e) "
+                    "JOIN pos ON pos.n = x.n JOIN up ON up.prefix = pos.p AND up.key = pos.k WHERE up.inserted) "
+                    "SELECT id, prefix, key, inserted FROM up"
+                )
+            else:
+                sql_text += " RETURNING id, prefix, key, false AS inserted"
+            found = {(r[1], r[2]): (int(r[0]), bool(r[3]) and bool(rows)) for r in await conn.execute(typed(sql_text, **types), params)}
+            for item in chunk:
+                item_id, done = found[(item.prefix, item.key)]
+                ids.append(item_id)
+                if not done:
+                    replaced.append((item_id, item))
+        await self.replace_vectors(conn, replaced)
+        return ids
+
+    def ids_in(self, column: str, ids: Sequence[int]) -> tuple[str, dict[str, Any]]:
+        """One array parameter: one statement text, prepared once by asyncpg (ids written out made
+        each write a new statement, prepared in a round trip of its own)."""
+        return f"{column} = ANY(CAST(:ids AS bigint[]))", {"ids": [int(i) for i in ids]}
 
     def distance(self, distance: str, dims: int) -> str:
         return f"(v.embedding {_OPERATOR[distance]} :q)"

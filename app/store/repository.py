@@ -121,6 +121,10 @@ class StoreSql(ABC):
         lookups of the unique index, a BitmapOr whatever the statistics say."""
         return "(" + " OR ".join(f"(i.prefix = :p{n} AND i.key = :k{n})" for n in range(keys)) + ")"
 
+    def ids_in(self, column: str, ids: Sequence[int]) -> tuple[str, dict[str, Any]]:
+        """``column`` is one of ``ids`` (SQL and its parameters): on SQLite the ids written out."""
+        return f"{column} IN ({', '.join(str(int(i)) for i in ids)})", {}
+
     @abstractmethod
     def distance(self, distance: str, dims: int) -> str:
         """The distance of ``v.embedding`` to ``:q`` (``:qn``: the query's norm), lower nearer."""
@@ -300,37 +304,46 @@ class StoreSql(ABC):
         ids: list[int] = []
         for start in range(0, len(items), UPSERT_ROWS):
             chunk = items[start:start + UPSERT_ROWS]
-            params: dict[str, Any] = {"ns": ns, "now": now}
-            types: dict[str, Any] = {"now": stamp()}
-            rows = []
-            for n, item in enumerate(chunk):
-                params.update({f"p{n}": item.prefix, f"k{n}": item.key, f"d{n}": item.depth, f"l{n}": item.labels,
-                               f"v{n}": self.stored(item.value), f"e{n}": item.expires_at, f"t{n}": item.ttl_minutes})
-                types.update({f"e{n}": stamp(), f"t{n}": Float()})
-                rows.append(f"(:ns, :p{n}, :k{n}, :d{n}, :l{n}, {self.value_in.format(f':v{n}')}, :now, :now, :e{n}, :t{n})")
-            stmt = typed(
-                "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
-                f"expires_at, ttl_minutes) VALUES {', '.join(rows)} ON CONFLICT (namespace, prefix, key) DO UPDATE SET "
-                "value = excluded.value, updated_at = excluded.updated_at, expires_at = excluded.expires_at, "
-                "ttl_minutes = excluded.ttl_minutes RETURNING id, prefix, key",
-                **types,
-            )
-            found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(stmt, params)}
+            sql_text, params, types = self.items_upsert(ns, chunk, now)
+            found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)}
             ids += [found[(item.prefix, item.key)] for item in chunk]
-        await conn.execute(
-            text(f"DELETE FROM store_vectors WHERE item_id IN ({', '.join(str(i) for i in ids)})")
+        await self.replace_vectors(conn, list(zip(ids, items, strict=True)))
+        return ids
+
+    def items_upsert(self, ns: str, chunk: Sequence[ItemWrite], now: datetime) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """The INSERT ... ON CONFLICT of ``chunk``'s items (no RETURNING), its parameters and their types."""
+        params: dict[str, Any] = {"ns": ns, "now": now}
+        types: dict[str, Any] = {"now": stamp()}
+        rows = []
+        for n, item in enumerate(chunk):
+            params.update({f"p{n}": item.prefix, f"k{n}": item.key, f"d{n}": item.depth, f"l{n}": item.labels,
+                           f"v{n}": self.stored(item.value), f"e{n}": item.expires_at, f"t{n}": item.ttl_minutes})
+            types.update({f"e{n}": stamp(), f"t{n}": Float()})
+            rows.append(f"(:ns, :p{n}, :k{n}, :d{n}, :l{n}, {self.value_in.format(f':v{n}')}, :now, :now, :e{n}, :t{n})")
+        sql_text = (
+            "INSERT INTO store_items (namespace, prefix, key, depth, labels, value, created_at, updated_at, "
+            f"expires_at, ttl_minutes) VALUES {', '.join(rows)} ON CONFLICT (namespace, prefix, key) DO UPDATE SET "
+            "value = excluded.value, updated_at = excluded.updated_at, expires_at = excluded.expires_at, "
+            "ttl_minutes = excluded.ttl_minutes"
         )
+        return sql_text, params, types
+
+    async def replace_vectors(self, conn: AsyncConnection, written: Sequence[tuple[int, ItemWrite]]) -> None:
+        """The vectors of the items ``written`` (id, item) become theirs alone."""
+        if not written:
+            return
+        match, match_params = self.ids_in("item_id", [item_id for item_id, _ in written])
+        await conn.execute(text(f"DELETE FROM store_vectors WHERE {match}"), match_params)
         vectors = [
             {"id": item_id, "field": field, "dims": len(vector), "norm": math.sqrt(sum(x * x for x in vector)),
              "e": self.vector_param(vector)}
-            for item_id, item in zip(ids, items, strict=True) for field, vector in item.vectors
+            for item_id, item in written for field, vector in item.vectors
         ]
         if vectors:
             await conn.execute(
                 text("INSERT INTO store_vectors (item_id, field, dims, norm, embedding) VALUES (:id, :field, :dims, :norm, :e)"),
-                vectors,
+                vectors if len(vectors) > 1 else vectors[0],
             )
-        return ids
 
     async def delete(self, conn: AsyncConnection, ns: str, keys: Sequence[tuple[str, str]]) -> None:
         params: dict[str, Any] = {"ns": ns}
@@ -353,12 +366,10 @@ class StoreSql(ABC):
             if item.ttl_minutes is not None:
                 by_ttl.setdefault(item.ttl_minutes, []).append(item.id)
         for ttl, ids in by_ttl.items():
+            match, match_params = self.ids_in("id", ids)
             await conn.execute(
-                typed(
-                    f"UPDATE store_items SET expires_at = :exp WHERE namespace = :ns AND id IN ({', '.join(str(i) for i in ids)})",
-                    exp=stamp(),
-                ),
-                {"ns": ns, "exp": now + timedelta(minutes=ttl)},
+                typed(f"UPDATE store_items SET expires_at = :exp WHERE namespace = :ns AND {match}", exp=stamp()),
+                {**match_params, "ns": ns, "exp": now + timedelta(minutes=ttl)},
             )
 
     async def delete_subtree(self, conn: AsyncConnection, ns: str, prefix: Sequence[str], batch: int) -> int:
