@@ -148,6 +148,9 @@ async def bench(stores: dict[str, BaseStore], corpus: Corpus, seconds: float) ->
         out[name]["index s"] = time.perf_counter() - started
         print(f"{name}: {corpus.n:,} items loaded at {out[name]['load/s']:,.0f}/s, index ready "
               f"{out[name]['index s']:.0f} s later", flush=True)
+    if SETTLE:
+        waited = await settled(SETTLE[-1])
+        print(f"autovacuum after the loads: done {waited:.0f} s later", flush=True)
     for name, store in stores.items():
         out[name]["recall@10"] = await recall(store, corpus)
 
@@ -223,6 +226,27 @@ def reindexed(dsn: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awa
     return before, after
 
 
+SETTLE: list[str] = []  # a DSN of the PostgreSQL server: the cells wait for its autovacuum
+
+
+async def settled(dsn: str, limit: float = 600) -> float:
+    """Wait until no autovacuum worker runs on the server (the loads leave 100,000s of new rows
+    to vacuum and analyze, on the same two cores the cells measure); seconds waited."""
+    import asyncpg
+
+    started = time.perf_counter()
+    conn = await asyncpg.connect(dsn)
+    try:
+        while time.perf_counter() - started < limit:
+            busy = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")
+            if not busy:
+                break
+            await asyncio.sleep(1)
+    finally:
+        await conn.close()
+    return time.perf_counter() - started
+
+
 async def hnsw_valid(dsn: str) -> bool:
     import asyncpg
 
@@ -295,6 +319,7 @@ def run_size(n: int, pg_uri: str, work: Path, seconds: float) -> dict[str, dict[
         sq_gateway = start_gateway(Backend("sqlite", backend_env(sqlite_urls, sqlite_dir), sqlite_urls), work / f"gw-sq-{n}.log", n)
         try:
             READY["gateway (pg)"] = lambda: hnsw_valid(libpq(urls["vectors"]))
+            SETTLE.append(direct)
             LOADING["AsyncPostgresStore"] = reindexed(direct)
 
             async def run() -> dict[str, dict[Any, Any]]:

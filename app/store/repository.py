@@ -116,6 +116,13 @@ class StoreSql(ABC):
 
     # --- the backend's facts -------------------------------------------------------------------------
 
+    def keys_params(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """The parameters of ``keys_match`` for these (prefix, key) pairs."""
+        params: dict[str, Any] = {}
+        for n, (prefix, key) in enumerate(keys):
+            params[f"p{n}"], params[f"k{n}"] = prefix, key
+        return params
+
     def keys_match(self, keys: int) -> str:
         """``i`` is one of ``keys`` (prefix, key) pairs ``:p0, :k0, ...``: on PostgreSQL an OR of
         lookups of the unique index, a BitmapOr whatever the statistics say."""
@@ -169,9 +176,7 @@ class StoreSql(ABC):
         """The items of ``keys`` ((prefix, key) pairs) that exist."""
         if not keys:
             return {}
-        params: dict[str, Any] = {"ns": ns, "now": now}
-        for n, (prefix, key) in enumerate(keys):
-            params[f"p{n}"], params[f"k{n}"] = prefix, key
+        params: dict[str, Any] = {"ns": ns, "now": now, **self.keys_params(keys)}
         rows = await conn.execute(self._get_statement(len(keys), omit_expired), params)
         return {(r[1], r[2]): self.item(r) for r in rows}
 
