@@ -221,9 +221,14 @@ class StoreSql(ABC):
             # and sort keys alone; only the page's items are read whole
             vector, distance = query
             params.update(q=self.vector_param(vector), qn=math.sqrt(sum(x * x for x in vector)), dims=len(vector))
+            # The size is tested in the aggregate, not the join: with a fresh table's statistics
+            # (one row, before autovacuum's first ANALYZE) PostgreSQL joined through a BitmapAnd
+            # with the size's index, reading every vector of the size once per item (68 ms for
+            # 2,000 items, against 10 ms by the primary key alone and 3 ms once analyzed).
             ranked = (
-                f"SELECT i.id, min({self.distance(distance, len(vector))}) AS d, i.updated_at AS u, i.prefix AS p, "
-                "i.key AS k FROM store_items i LEFT JOIN store_vectors v ON v.item_id = i.id AND v.dims = :dims "
+                f"SELECT i.id, min(CASE WHEN v.dims = :dims THEN {self.distance(distance, len(vector))} END) AS d, "
+                "i.updated_at AS u, i.prefix AS p, "
+                "i.key AS k FROM store_items i LEFT JOIN store_vectors v ON v.item_id = i.id "
                 f"WHERE {where} GROUP BY i.id, i.updated_at, i.prefix, i.key "
                 f"ORDER BY {self.nulls_last.format('d')}, u DESC, p, k LIMIT :lim OFFSET :off"
             )
