@@ -11,7 +11,7 @@ README tells each plugin to run; the rows marked ``admin`` repeat kv get with th
 the row marked ``+200 idle`` runs kv get at concurrency 16 with 200 more keep-alive connections
 open and idle beside the load (issue 13: within 10% of the row without them).
 
-    .venv/bin/python bench/bench_kv_records.py [--quick] [--seconds N] [--workers N]
+    .venv/bin/python bench/bench_kv_records.py [--quick] [--seconds N] [--workers N] [--no-sqlite | --no-postgres]
 
 Targets (issue 17, which tightened issues 3 and 13's 0.25x and 2 ms): at concurrency 16 the gateway
 reaches >= 0.3x direct asyncpg throughput with a scoped key in every operation; at concurrency 1
@@ -304,8 +304,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="gateway worker processes (default: one per core, as the README runs it)")
     parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite gateway")
+    parser.add_argument("--no-postgres", action="store_true",
+                        help="the SQLite gateway only (no PostgreSQL, no direct asyncpg reference)")
     args = parser.parse_args()
     seconds = 1.0 if args.quick else args.seconds
+    if args.no_postgres:
+        work = Path(tempfile.mkdtemp(prefix="bench-kv-"))
+        try:
+            print_sqlite_table(run_sqlite_gateway(work, seconds, args.workers), seconds, args.workers)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
 
     import pgserver
 
@@ -316,15 +325,25 @@ def main() -> None:
         pg_backend = Backend("postgres", backend_env(urls, work / "pgdata"), urls)
         gateway_pg = run_gateway(pg_backend, work, seconds, args.workers)
         direct = bench_direct_both(urls, seconds)
-        gateway_sqlite = {}
-        if not args.no_sqlite:
-            sq_urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
-            sq_backend = Backend("sqlite", backend_env(sq_urls, work / "sqlite"), sq_urls)
-            gateway_sqlite = run_gateway(sq_backend, work, seconds, args.workers)
+        gateway_sqlite = {} if args.no_sqlite else run_sqlite_gateway(work, seconds, args.workers)
     finally:
         pg.cleanup()
         shutil.rmtree(work, ignore_errors=True)
     print_table(gateway_pg, direct, gateway_sqlite, seconds, args.workers)
+
+
+def run_sqlite_gateway(work: Path, seconds: float, workers: int) -> dict:
+    sq_urls = {db: f"sqlite+aiosqlite:///{work}/sqlite/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+    return run_gateway(Backend("sqlite", backend_env(sq_urls, work / "sqlite"), sq_urls), work, seconds, workers)
+
+
+def print_sqlite_table(sqlite: dict, seconds: float, workers: int) -> None:
+    print(f"\nkv/records benchmark, SQLite gateway: {seconds:.0f} s per cell, gateway workers: {workers}, {os.cpu_count()} CPUs")
+    header = f"{'operation':<18} {'conc':>4} | {'gw sqlite ops/s':>15} {'p50 ms':>7} {'p99 ms':>7}"
+    print(header)
+    print("-" * len(header))
+    for (name, conc), (ops, p50, p99) in sqlite.items():
+        print(f"{name:<18} {conc:>4} | {ops:>15.0f} {p50:>7.2f} {p99:>7.2f}")
 
 
 def bench_direct_both(urls: dict[str, str], seconds: float):  # noqa: ANN201
