@@ -33,11 +33,18 @@ _INDEXES = (
 
 
 class IndexBuilder:
-    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, memory_mb: int) -> None:
+    def __init__(
+        self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, memory_mb: int,
+        graph: tuple[int, int] = (16, 128),
+    ) -> None:
         self.engine = engine
         self.sql = sql
         self.settings = settings
         self.memory_mb = memory_mb  # maintenance_work_mem of a build (vectors.index_build_memory_mb)
+        # (m, ef_construction): the vectors capability's (vectors.hnsw_m, vectors.hnsw_ef_construction).
+        # At 64, as LangGraph's stores build, recall@10 at 100,000 items was 0.950-0.982 from
+        # build to build, below AsyncPostgresStore's in one of four runs (docs/benchmarks.md).
+        self.graph = graph
 
     async def round(self) -> None:
         async with self.engine.connect() as conn:
@@ -74,7 +81,7 @@ class IndexBuilder:
                     if invalid:
                         await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}", timeout=BUILD_TIMEOUT_SECONDS)
                     log.info("store: building the HNSW index of %d-dimensional vectors", dims)
-                    await raw.execute(hnsw_index_sql(dims), timeout=BUILD_TIMEOUT_SECONDS)
+                    await raw.execute(hnsw_index_sql(dims, *self.graph), timeout=BUILD_TIMEOUT_SECONDS)
                     # Fresh statistics: planned on tables that grew since autovacuum last looked
                     # (a bulk load), a walk of the graph costs more than sorting the few rows
                     # PostgreSQL believes there are, and every query search compares exactly.
