@@ -55,10 +55,7 @@ def periodic(service: StoreService, state: GatewayState) -> Iterator[Periodic]:
     if isinstance(service.sql, PostgresStoreSql):
         from app.store.indexes import IndexBuilder
 
-        vectors = state.settings.vectors
-        builder = IndexBuilder(
-            engine, service.sql, service.settings, vectors.index_build_memory_mb, (vectors.hnsw_m, vectors.hnsw_ef_construction)
-        )
+        builder = IndexBuilder(engine, service.sql, service.settings, state.settings.vectors)
         yield Periodic("store-indexes", service.settings.index_sweep_seconds, builder.round, at_start=True)
 
 

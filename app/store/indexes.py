@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.settings import StoreSettings
+from app.vectors.settings import VectorsSettings
 from app.store.postgres import HNSW_MAX_DIMS, PostgresStoreSql, hnsw_index_name, hnsw_index_sql
 
 log = logging.getLogger("app.store")
@@ -33,18 +34,15 @@ _INDEXES = (
 
 
 class IndexBuilder:
-    def __init__(
-        self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, memory_mb: int,
-        graph: tuple[int, int] = (16, 128),
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, sql: PostgresStoreSql, settings: StoreSettings, vectors: VectorsSettings) -> None:
         self.engine = engine
         self.sql = sql
         self.settings = settings
-        self.memory_mb = memory_mb  # maintenance_work_mem of a build (vectors.index_build_memory_mb)
-        # (m, ef_construction): the vectors capability's (vectors.hnsw_m, vectors.hnsw_ef_construction).
-        # At 64, as LangGraph's stores build, recall@10 at 100,000 items was 0.950-0.982 from
-        # build to build, below AsyncPostgresStore's in one of four runs (docs/benchmarks.md).
-        self.graph = graph
+        # maintenance_work_mem, m and ef_construction of a build: the vectors capability's
+        # (``index_build_memory_mb``, ``hnsw_m``, ``hnsw_ef_construction``). At LangGraph's
+        # ef_construction of 64, recall@10 at 100,000 items was 0.950-0.982 from build to build,
+        # below AsyncPostgresStore's in one of four runs (docs/benchmarks.md).
+        self.vectors = vectors
 
     async def round(self) -> None:
         async with self.engine.connect() as conn:
@@ -75,13 +73,13 @@ class IndexBuilder:
                 # A build outlasts the requests' statement_timeout (30 s by default; 100,000 vectors
                 # of 384 dimensions take minutes on two cores), and its graph must fit in memory.
                 await raw.execute(
-                    f"SET statement_timeout = 0; SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.memory_mb)}MB'"
+                    f"SET statement_timeout = 0; SET lock_timeout = 0; SET maintenance_work_mem = '{int(self.vectors.index_build_memory_mb)}MB'"
                 )
                 try:
                     if invalid:
                         await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {hnsw_index_name(dims)}", timeout=BUILD_TIMEOUT_SECONDS)
                     log.info("store: building the HNSW index of %d-dimensional vectors", dims)
-                    await raw.execute(hnsw_index_sql(dims, *self.graph), timeout=BUILD_TIMEOUT_SECONDS)
+                    await raw.execute(hnsw_index_sql(dims, self.vectors.hnsw_m, self.vectors.hnsw_ef_construction), timeout=BUILD_TIMEOUT_SECONDS)
                     # Fresh statistics: planned on tables that grew since autovacuum last looked
                     # (a bulk load), a walk of the graph costs more than sorting the few rows
                     # PostgreSQL believes there are, and every query search compares exactly.

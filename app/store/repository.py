@@ -73,6 +73,11 @@ class Scope:
     now: datetime
 
 
+def vector_norm(vector: array[float]) -> float:
+    """The Euclidean norm stored beside a vector (``store_vectors.norm``)."""
+    return math.sqrt(sum(x * x for x in vector))
+
+
 def typed(sql: str, **types: Any) -> TextClause:
     stmt = text(sql)
     binds = [bindparam(name, type_=type_) for name, type_ in types.items() if f":{name}" in sql]
@@ -117,15 +122,16 @@ class StoreSql(ABC):
     # --- the backend's facts -------------------------------------------------------------------------
 
     def keys_params(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
-        """The parameters of ``keys_match`` for these (prefix, key) pairs."""
+        """The parameters of ``keys_match`` for these (prefix, key) pairs (two or more; one is an
+        equality of its own)."""
         params: dict[str, Any] = {}
         for n, (prefix, key) in enumerate(keys):
             params[f"p{n}"], params[f"k{n}"] = prefix, key
         return params
 
     def keys_match(self, keys: int) -> str:
-        """``i`` is one of ``keys`` (prefix, key) pairs ``:p0, :k0, ...``: on PostgreSQL an OR of
-        lookups of the unique index, a BitmapOr whatever the statistics say."""
+        """``i`` is one of ``keys`` (two or more) (prefix, key) pairs ``:p0, :k0, ...``: an OR of
+        lookups of the unique index."""
         return "(" + " OR ".join(f"(i.prefix = :p{n} AND i.key = :k{n})" for n in range(keys)) + ")"
 
     def ids_in(self, column: str, ids: Sequence[int]) -> tuple[str, dict[str, Any]]:
@@ -176,8 +182,8 @@ class StoreSql(ABC):
         """The items of ``keys`` ((prefix, key) pairs) that exist."""
         if not keys:
             return {}
-        params: dict[str, Any] = {"ns": ns, "now": now, **self.keys_params(keys)}
-        rows = await conn.execute(self._get_statement(len(keys), omit_expired), params)
+        pairs = {"p0": keys[0][0], "k0": keys[0][1]} if len(keys) == 1 else self.keys_params(keys)
+        rows = await conn.execute(self._get_statement(len(keys), omit_expired), {"ns": ns, "now": now, **pairs})
         return {(r[1], r[2]): self.item(r) for r in rows}
 
     def _get_statement(self, keys: int, omit_expired: bool) -> TextualSelect:
@@ -185,7 +191,8 @@ class StoreSql(ABC):
         compiled form by the statement's memoized cache key instead of deriving the key each call)."""
         stmt = self._gets.get((keys, omit_expired))
         if stmt is None:
-            where = f"i.namespace = :ns AND {self.keys_match(keys)}"
+            match = "i.prefix = :p0 AND i.key = :k0" if keys == 1 else self.keys_match(keys)
+            where = f"i.namespace = :ns AND {match}"
             if omit_expired:
                 where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
             stmt = typed(
@@ -220,7 +227,7 @@ class StoreSql(ABC):
             # each item's best field (its vectors of the query's size, grouped), ranked on ids
             # and sort keys alone; only the page's items are read whole
             vector, distance = query
-            params.update(q=self.vector_param(vector), qn=math.sqrt(sum(x * x for x in vector)), dims=len(vector))
+            params.update(q=self.vector_param(vector), qn=vector_norm(vector), dims=len(vector))
             # The size is tested in the aggregate, not the join: with a fresh table's statistics
             # (one row, before autovacuum's first ANALYZE) PostgreSQL joined through a BitmapAnd
             # with the size's index, reading every vector of the size once per item (68 ms for
@@ -308,17 +315,28 @@ class StoreSql(ABC):
     # --- writes --------------------------------------------------------------------------------------
 
     async def upsert(self, conn: AsyncConnection, ns: str, items: Sequence[ItemWrite], now: datetime) -> list[int]:
-        """Insert or replace ``items`` (unique by prefix and key) and their vectors, in one
-        statement for the items (up to ``UPSERT_ROWS`` at a time), one deleting their old vectors
-        and one inserting the new; the items' ids."""
+        """Insert or replace ``items`` (unique by prefix and key) and their vectors: the items in
+        one statement per ``UPSERT_ROWS`` (``upsert_chunk``), then the vectors of those whose
+        vectors did not go in with them (``replace_vectors``); the items' ids."""
         ids: list[int] = []
+        replaced: list[tuple[int, ItemWrite]] = []
         for start in range(0, len(items), UPSERT_ROWS):
             chunk = items[start:start + UPSERT_ROWS]
-            sql_text, params, types = self.items_upsert(ns, chunk, now)
-            found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)}
-            ids += [found[(item.prefix, item.key)] for item in chunk]
-        await self.replace_vectors(conn, list(zip(ids, items, strict=True)))
+            for item, (item_id, vectors_in) in zip(chunk, await self.upsert_chunk(conn, ns, chunk, now), strict=True):
+                ids.append(item_id)
+                if not vectors_in:
+                    replaced.append((item_id, item))
+        await self.replace_vectors(conn, replaced)
         return ids
+
+    async def upsert_chunk(
+        self, conn: AsyncConnection, ns: str, chunk: Sequence[ItemWrite], now: datetime
+    ) -> list[tuple[int, bool]]:
+        """Insert or replace ``chunk``'s items: each one's id, and whether its vectors went in with
+        it (here never: ``replace_vectors`` writes them)."""
+        sql_text, params, types = self.items_upsert(ns, chunk, now)
+        found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)}
+        return [(found[(item.prefix, item.key)], False) for item in chunk]
 
     def items_upsert(self, ns: str, chunk: Sequence[ItemWrite], now: datetime) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """The INSERT ... ON CONFLICT of ``chunk``'s items (no RETURNING), its parameters and their types."""
@@ -345,7 +363,7 @@ class StoreSql(ABC):
         match, match_params = self.ids_in("item_id", [item_id for item_id, _ in written])
         await conn.execute(text(f"DELETE FROM store_vectors WHERE {match}"), match_params)
         vectors = [
-            {"id": item_id, "field": field, "dims": len(vector), "norm": math.sqrt(sum(x * x for x in vector)),
+            {"id": item_id, "field": field, "dims": len(vector), "norm": vector_norm(vector),
              "e": self.vector_param(vector)}
             for item_id, item in written for field, vector in item.vectors
         ]
