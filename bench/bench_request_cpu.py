@@ -55,16 +55,19 @@ CHECKPOINT = json.dumps({
     "checkpoint": {"type": "msgpack", "data": base64.b64encode(b"\x80" * 200).decode()}, "metadata": {"source": "loop", "step": 1},
     "blobs": [{"channel": "messages", "version": "0001", "type": "msgpack", "data": base64.b64encode(b"m" * 300).decode()}],
 }).encode()
+STORE_GET = b'{"ops": [{"op": "get", "namespace": ["u", "m"], "key": "k", "refresh_ttl": true}], "omit_expired": false}'
+STORE_GETS = json.dumps({"ops": [
+    {"op": "get", "namespace": ["u", "m"], "key": f"k{i}", "refresh_ttl": True} for i in range(16)], "omit_expired": False}).encode()
 ROWS |= {
     "checkpoint put": ("POST", "/v1/bench/checkpoints/put", CHECKPOINT, b""),
     "checkpoint get": ("GET", "/v1/bench/checkpoints/tuple", b"", b"thread_id=t"),
     "checkpoint search": ("POST", "/v1/bench/checkpoints/search", b'{"thread_id": "t", "limit": 10}', b""),
-    # What GatewayStore sends for one aget, and for one aput of an item with one 384-d vector.
-    "store get": ("POST", "/v1/bench/store/read", b'{"ops": [{"op": "get", "namespace": ["u", "m"], "key": "k", '
-                  b'"refresh_ttl": true}], "omit_expired": false}', b""),
-    "store get x16": ("POST", "/v1/bench/store/read", json.dumps({"ops": [
-        {"op": "get", "namespace": ["u", "m"], "key": f"k{i}", "refresh_ttl": True} for i in range(16)],
-        "omit_expired": False}).encode(), b""),
+    # What GatewayStore sends for one aget (and a tick of 16), the same gets in a read batch, and
+    # one aput of an item with one 384-d vector.
+    "store get": ("POST", "/v1/bench/store/get", STORE_GET, b""),
+    "store get x16": ("POST", "/v1/bench/store/get", STORE_GETS, b""),
+    "store get in /read": ("POST", "/v1/bench/store/read", STORE_GET, b""),
+    "store get x16 in /read": ("POST", "/v1/bench/store/read", STORE_GETS, b""),
     "store put": ("POST", "/v1/bench/store/batch", json.dumps({"ops": [{
         "op": "put", "namespace": ["u", "m"], "key": "k", "value": {"text": "memory 1", "group": 1, "kind": "note"},
         "vectors": [{"field": "text", "vector": [round(random.Random(8).gauss(0, 1), 6) for _ in range(384)]}]}],

@@ -97,6 +97,10 @@ SCRIPT: list[tuple[str, str, Any, dict[str, str]]] = [
                                       "vectors": [{"field": "t", "vector": [1, i, 2]}]} for i in range(4)]}, {}),
     ("POST", "store/read", {"ops": [{"op": "get", "namespace": ["m"], "key": "k1"}, {"op": "get", "namespace": ["m"], "key": "no"},
                                     {"op": "search", "namespace_prefix": ["m"], "query_vector": [1, 2, 2], "limit": 2}]}, {}),
+    ("POST", "store/get", {"ops": [{"op": "get", "namespace": ["m"], "key": "k2"}, {"op": "get", "namespace": ["m"], "key": "no"},
+                                   {"op": "get", "namespace": ["m"], "key": "k0"}], "omit_expired": True}, {}),
+    ("POST", "store/get", {"ops": [{"op": "get", "namespace": ["m"], "key": "k3"}]}, {}),
+    ("POST", "store/get", {"ops": [{"op": "search", "namespace_prefix": ["m"]}]}, {}),
     ("POST", "store/read", {"ops": [{"op": "put", "namespace": ["m"], "key": "k"}]}, {}),
     ("POST", "store/batch", {"ops": [{"op": "search", "namespace_prefix": ["m"], "filter": {"i": {"$gt": 1}}}]}, {}),
 ]

@@ -21,6 +21,7 @@ from app.store.capability import CAPABILITY
 from storage_gateway_client import GatewayClient
 from tests.conftest import Backend, Server, in_process_settings
 from tests.test_isolation import make_key
+from tests.test_ops_telemetry import parse_metrics, value
 
 
 def put(ns: list[str], key: str, value: Any, **extra: Any) -> dict[str, Any]:
@@ -155,6 +156,42 @@ async def test_too_many_ops_and_a_bad_namespace_raise_as_langgraph_does(
         store = gw.store()
         many = [store.aget(("u",), f"k{i}") for i in range(1200)]  # one tick: several requests
         assert await asyncio.gather(*many) == [None] * 1200
+
+
+async def test_gets_alone_answer_as_in_a_batch_and_the_client_sends_them_to_get(
+    server: Server, http: httpx.AsyncClient, namespace: str
+) -> None:
+    """`/get` (one statement, the fast path) answers exactly as the same gets in `/read`, timestamps
+    included; a key with `store:read` may send it, anything but gets is refused; a tick of
+    `GatewayStore` gets goes there."""
+    await batch(http, namespace, put(["a", "b"], "k1", {"v": 1}), put(["a"], "k2", {"v": [2]}, ttl=5),
+                put(["a"], "gone", {"v": 3}, ttl=0.004))
+    await asyncio.sleep(0.5)
+    gets = [{"op": "get", "namespace": ["a", "b"], "key": "k1"}, {"op": "get", "namespace": ["a"], "key": "no"},
+            {"op": "get", "namespace": ["a"], "key": "k2", "refresh_ttl": True}, {"op": "get", "namespace": ["a", "b"], "key": "k1"}]
+    for omit in (False, True):
+        for ops in (gets, gets[:1], gets[1:2], [{"op": "get", "namespace": ["a"], "key": "gone"}]):
+            assert await batch(http, namespace, *ops, path="get", omit_expired=omit) == await batch(
+                http, namespace, *ops, path="read", omit_expired=omit)
+    got = await batch(http, namespace, *gets, path="get")
+    assert [g and g["value"] for g in got] == [{"v": 1}, None, {"v": [2]}, {"v": 1}]
+    assert got[0]["created_at"].endswith("+00:00") and got[0]["updated_at"] >= got[0]["created_at"]
+    reader = await make_key(http, namespace, "store:read")
+    r = await http.post(f"/v1/{namespace}/store/get", json={"ops": gets[:1]}, headers={"Authorization": f"Bearer {reader}"})
+    assert r.status_code == 200 and r.json()["results"][0]["value"] == {"v": 1}
+    r = await http.post(f"/v1/{namespace}/store/get", json={"ops": [put(["a"], "x", {})]})
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+
+    def sent() -> float:
+        return value(parse_metrics(httpx.get(f"{server.url}/metrics", headers=http.headers).text),
+                     "gateway_http_requests_total", route="/v1/{namespace}/store/get")
+
+    before = sent()
+    async with GatewayClient(server.url, namespace, reader) as gw:
+        store = gw.store()
+        found = await asyncio.gather(store.aget(("a", "b"), "k1"), store.aget(("a",), "no"))
+        assert [f and f.value for f in found] == [{"v": 1}, None]
+    assert sent() == before + 1  # both gets in one request to /get
 
 
 async def test_the_platform_api_takes_x_api_key_and_a_query_vector(

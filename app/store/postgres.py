@@ -85,6 +85,9 @@ class PostgresStoreSql(StoreSql):
         found = {(r[1], r[2]): (int(r[0]), bool(r[3])) for r in await conn.execute(typed(sql_text, **types), params)}
         return [found[(item.prefix, item.key)] for item in chunk]
 
+    def keys_shape(self, keys: int) -> int:
+        return min(keys, 2)  # one statement text for two or more (``keys_match``)
+
     def keys_params(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
         return {"ps": [p for p, _ in keys], "ks": [k for _, k in keys]}
 

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import Float, Integer, bindparam, text
@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
 from app.core.db.tables import UtcDateTime
+from app.core.fast.fixed_statements import StatementConnection, StatementShapes, fixed_statements
 from app.store.filters import FILTERS, Node
 from app.vectors.filters import SqlBuilder
 
@@ -73,6 +74,13 @@ class Scope:
     now: datetime
 
 
+def utc(stamp: datetime | str) -> datetime:
+    """A timestamp as read back by a statement that declares no result types (a fixed statement):
+    aware UTC, as ``UtcDateTime`` reads it (SQLite gives its stored text)."""
+    value = datetime.fromisoformat(stamp) if isinstance(stamp, str) else stamp
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 def vector_norm(vector: array[float]) -> float:
     """The Euclidean norm stored beside a vector (``store_vectors.norm``)."""
     return math.sqrt(sum(x * x for x in vector))
@@ -104,7 +112,7 @@ class StoreSql(ABC):
 
     def __init__(self) -> None:
         self._sizes: dict[tuple[str, tuple[str, ...], int], tuple[float, bool]] = {}
-        self._gets: dict[tuple[int, bool], TextualSelect] = {}
+        self._gets = StatementShapes(fixed_statements(self.dialect), self._get_statement, keep=GET_SHAPES)
 
     dialect: ClassVar[str]
     value_out: ClassVar[str]  # the value column as JSON text
@@ -117,9 +125,13 @@ class StoreSql(ABC):
 
     def item(self, row: Any) -> StoredItem:
         """An item from a row of ``ITEM_COLUMNS``."""
-        return StoredItem(*row[:7])
+        return StoredItem(row[0], row[1], row[2], row[3], utc(row[4]), utc(row[5]), row[6])
 
     # --- the backend's facts -------------------------------------------------------------------------
+
+    def keys_shape(self, keys: int) -> int:
+        """What the statement of ``keys`` gets differs by: their number (two or more: ``keys_match``)."""
+        return keys
 
     def keys_params(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
         """The parameters of ``keys_match`` for these (prefix, key) pairs (two or more; one is an
@@ -177,30 +189,23 @@ class StoreSql(ABC):
         return " AND ".join(parts)
 
     async def get_many(
-        self, conn: AsyncConnection, ns: str, keys: Sequence[tuple[str, str]], omit_expired: bool, now: datetime
+        self, conn: StatementConnection, ns: str, keys: Sequence[tuple[str, str]], omit_expired: bool, now: datetime
     ) -> dict[tuple[str, str], StoredItem]:
-        """The items of ``keys`` ((prefix, key) pairs) that exist."""
+        """The items of ``keys`` ((prefix, key) pairs) that exist: one fixed statement (the
+        ``/get`` route runs it with the driver, a batch through SQLAlchemy)."""
         if not keys:
             return {}
         pairs = {"p0": keys[0][0], "k0": keys[0][1]} if len(keys) == 1 else self.keys_params(keys)
-        rows = await conn.execute(self._get_statement(len(keys), omit_expired), {"ns": ns, "now": now, **pairs})
+        rows = await self._gets(self.keys_shape(len(keys)), omit_expired).all(conn, {"ns": ns, "now": now, **pairs})
         return {(r[1], r[2]): self.item(r) for r in rows}
 
     def _get_statement(self, keys: int, omit_expired: bool) -> TextualSelect:
-        """The statement reading ``keys`` items, built once per shape (SQLAlchemy then finds its
-        compiled form by the statement's memoized cache key instead of deriving the key each call)."""
-        stmt = self._gets.get((keys, omit_expired))
-        if stmt is None:
-            match = "i.prefix = :p0 AND i.key = :k0" if keys == 1 else self.keys_match(keys)
-            where = f"i.namespace = :ns AND {match}"
-            if omit_expired:
-                where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
-            stmt = typed(
-                f"SELECT {ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=stamp()
-            ).columns(created_at=UtcDateTime(), updated_at=UtcDateTime())
-            if len(self._gets) < GET_SHAPES:
-                self._gets[(keys, omit_expired)] = stmt
-        return stmt
+        """The statement reading ``keys`` items; its timestamps come back as the driver gives them (``utc``)."""
+        match = "i.prefix = :p0 AND i.key = :k0" if keys == 1 else self.keys_match(keys)
+        where = f"i.namespace = :ns AND {match}"
+        if omit_expired:
+            where += " AND (i.expires_at IS NULL OR i.expires_at > :now)"
+        return typed(f"SELECT {ITEM_COLUMNS.format(value=self.value_out)} FROM store_items i WHERE {where}", now=stamp()).columns()
 
     async def search(
         self, conn: AsyncConnection, ns: str, scope: Scope, limit: int, offset: int,

@@ -1,8 +1,9 @@
 """HTTP routes of the store capability: LangGraph's batch of operations, namespace subtrees, TTL sweep.
 
 ``POST /batch`` takes any operations (a key with ``store:write``), ``POST /read`` only gets,
-searches and namespace listings (``store:read``); both answer in operation order, so that the
-client's ``AsyncBatchedBaseStore`` sends one request per event-loop tick. LangGraph Platform's own
+searches and namespace listings (``store:read``), ``POST /get`` only gets (one statement, on the
+fast path); all answer in operation order, so that the client's ``AsyncBatchedBaseStore`` sends
+one request per event-loop tick. LangGraph Platform's own
 ``/store`` API is ``app.store.platform``.
 """
 
@@ -17,7 +18,7 @@ from app.core.fast import fast
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import CapabilityRouter
 from app.store.dependencies import StoreServiceDep
-from app.store.schemas import BatchRequest, BatchResults, Deleted, ReadRequest, SubtreeDelete
+from app.store.schemas import BatchRequest, BatchResults, Deleted, GetRequest, ReadRequest, SubtreeDelete
 
 router = CapabilityRouter("store", tags=["store"])
 
@@ -43,6 +44,17 @@ async def read(body: ReadRequest, namespace: NamespacePath, conn: VectorsConnect
     """Gets, searches and namespace listings, answered in order; a TTL refreshed by the read
     (`refresh_ttl`) restarts just after the answer."""
     outcome = await service.run(conn, namespace, service.check(body.ops), body.omit_expired, writes=False)
+    after = BackgroundTask(service.refresh_after, namespace, outcome.refresh) if outcome.refresh else None
+    return Response(outcome.body, media_type=JSON, background=after)
+
+
+@router.post("/get", summary="Get items", response_model=BatchResults, responses=_ERRORS)
+@accepts(Body.JSON, read_only=True)
+@fast(one_statement=True)
+async def get(body: GetRequest, namespace: NamespacePath, conn: VectorsConnection, service: StoreServiceDep) -> Response:
+    """Items by namespace and key, answered in order (null: none), in one statement; a TTL
+    refreshed by the read (`refresh_ttl`) restarts just after the answer."""
+    outcome = await service.get(conn, namespace, service.check(body.ops), body.omit_expired)
     after = BackgroundTask(service.refresh_after, namespace, outcome.refresh) if outcome.refresh else None
     return Response(outcome.body, media_type=JSON, background=after)
 

@@ -21,6 +21,7 @@ class StoreSamples(Samples):
     cross_checked = (
         "POST /v1/{namespace}/store/batch",
         "POST /v1/{namespace}/store/read",
+        "POST /v1/{namespace}/store/get",
         "POST /v1/{namespace}/store/namespaces/delete",
         f"PUT /v1/{{namespace}}/{PLATFORM}/items",
         f"GET /v1/{{namespace}}/{PLATFORM}/items",
@@ -61,6 +62,7 @@ class StoreSamples(Samples):
         ]
         self.ok(await http.post(f"/v1/{ns}/store/batch", json={"ops": reads, "omit_expired": True}))
         self.ok(await http.post(f"/v1/{ns}/store/read", json={"ops": reads}))
+        self.ok(await http.post(f"/v1/{ns}/store/get", json={"ops": [reads[0]] * 2, "omit_expired": True}))
         self.ok(await http.get(f"/v1/{ns}/store/langgraph/ok"))
         self.ok(await http.put(f"/v1/{ns}/{PLATFORM}/items", json={"namespace": ["p"], "key": "k", "value": {"b": 2}}))
         self.ok(await http.get(f"/v1/{ns}/{PLATFORM}/items", params={"namespace": "p", "key": "k"}))

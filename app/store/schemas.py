@@ -124,6 +124,13 @@ class ReadRequest(_Body):
     omit_expired: StrictBool = False
 
 
+class GetRequest(_Body):
+    """Gets alone, answered in order in one statement (a key with `store:read` may send them)."""
+
+    ops: list[GetOp] = Field(min_length=1, max_length=MAX_LIST_ITEMS, fail_fast=True)
+    omit_expired: StrictBool = False
+
+
 class ItemRead(BaseModel):
     namespace: list[str]
     key: str

@@ -26,6 +26,7 @@ from app.core.config import LimitsSettings
 from app.store.settings import StoreSettings
 from app.core.namespace_data import writer
 from app.core.errors import InvalidInput, PayloadTooLarge
+from app.core.fast.fixed_statements import StatementConnection
 from app.core.jsonvalue import encode_value, is_unicode, jsonb_text
 from app.core.names import key_problem
 from app.store import schemas
@@ -229,13 +230,7 @@ class StoreService:
             while j < len(ops) and ops[j][0] == kind and kind in ("get", "put"):
                 j += 1
             if kind == "get":
-                run = ops[i:j]
-                found = await self.sql.get_many(conn, ns, [(op[1], op[2]) for op in run], omit_expired, now)
-                for n, op in enumerate(run, start=i):
-                    item = found.get((op[1], op[2]))
-                    results[n] = item_json(item) if item is not None else None
-                    if item is not None and op[3] and item.ttl_minutes is not None:
-                        outcome.refresh.append(item)
+                await self._gets(conn, ns, ops[i:j], i, omit_expired, now, outcome)
             elif kind == "put":
                 await self._puts(conn, ns, ops[i:j], now, outcome)
             elif kind == "search":
@@ -261,6 +256,24 @@ class StoreService:
             await self.sql.refresh(conn, ns, outcome.refresh, now)
             outcome.refresh = []
         return outcome
+
+    async def get(self, conn: StatementConnection, ns: str, ops: Sequence[Any], omit_expired: bool) -> BatchOutcome:
+        """Checked gets alone (``/get``): one statement; the TTLs they refresh are the caller's to
+        restart after the answer (``refresh_after``)."""
+        outcome = BatchOutcome([None] * len(ops))
+        await self._gets(conn, ns, ops, 0, omit_expired, utcnow(), outcome)
+        return outcome
+
+    async def _gets(
+        self, conn: StatementConnection, ns: str, run: Sequence[Any], start: int, omit_expired: bool, now: datetime,
+        outcome: BatchOutcome,
+    ) -> None:
+        found = await self.sql.get_many(conn, ns, [(op[1], op[2]) for op in run], omit_expired, now)
+        for n, op in enumerate(run, start=start):
+            item = found.get((op[1], op[2]))
+            outcome.results[n] = item_json(item) if item is not None else None
+            if item is not None and op[3] and item.ttl_minutes is not None:
+                outcome.refresh.append(item)
 
     async def _puts(self, conn: AsyncConnection, ns: str, run: Sequence[Any], now: datetime, outcome: BatchOutcome) -> None:
         last: dict[tuple[str, str], ItemWrite | None] = {}

@@ -2,8 +2,8 @@
 gateway's store capability: ``gw.store(index=..., ttl=...)``. Needs the ``langgraph`` extra.
 
 An ``AsyncBatchedBaseStore``: the operations of one event-loop tick go to the gateway as one
-request (``/store/read`` when they only read, ``/store/batch`` otherwise), answered in order.
-Embeddings are computed here, with LangGraph's own helpers (``ensure_embeddings``,
+request (``/store/get`` when they only get, ``/store/read`` when they only read, ``/store/batch``
+otherwise), answered in order. Embeddings are computed here, with LangGraph's own helpers (``ensure_embeddings``,
 ``tokenize_path``, ``get_text_at_path``), the texts extracted exactly as ``AsyncPostgresStore``
 extracts them (one vector per field path, ``path.i`` per text of a ``[*]`` path); the gateway
 stores each item with its vectors in one transaction and ranks a query search by each item's
@@ -202,9 +202,10 @@ class GatewayStore(AsyncBatchedBaseStore):
         results: list[Result] = []
         for start in range(0, len(wire), MAX_OPS):
             chunk = wire[start:start + MAX_OPS]
-            reads = all(w["op"] != "put" for w in chunk)
+            kinds = {w["op"] for w in chunk}
+            path = "/get" if kinds == {"get"} else "/batch" if "put" in kinds else "/read"
             body = {"ops": chunk, "omit_expired": bool((self.ttl_config or {}).get("omit_expired", False))}
-            answer = await self._post("/read" if reads else "/batch", body)
+            answer = await self._post(path, body)
             results.extend(self._result(op, r) for op, r in zip(ops[start:start + MAX_OPS], answer["results"], strict=True))
         return results
 
