@@ -284,6 +284,47 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(
             assert [i["key"] for i in (await batch(http, ns, rare, path="read"))[0]] == ["k7"]
 
 
+@pytest.mark.postgres_only
+async def test_puts_alone_are_one_statement_in_autocommit_and_replace_vectors_by_field(
+    backend: Backend, server: Server, tmp_path: Path
+) -> None:
+    """A batch of puts whose items and vectors one statement writes runs in autocommit (no BEGIN
+    and COMMIT round trips), a replaced item's vectors updated by field and the others deleted in
+    that statement; a batch that deletes, or registers a new embedding size, keeps its transaction."""
+    app = create_app(in_process_settings(backend, tmp_path))
+    async with app.router.lifespan_context(app):
+        engine = app.state.gateway.databases.engine(Database.vectors)
+        seen: list[tuple[str, bool]] = []
+        event.listen(engine.sync_engine, "after_cursor_execute", lambda conn, cursor, statement, *_: seen.append(
+            (statement.split()[0], conn.connection.driver_connection.is_in_transaction())) if "store_" in statement else None)
+
+        async def vectors(key: str) -> dict[str, list[float]]:
+            async with engine.connect() as conn:
+                rows = await conn.execute(text(
+                    "SELECT v.field, CAST(v.embedding AS text) FROM store_vectors v JOIN store_items i ON i.id = v.item_id "
+                    "WHERE i.namespace = :ns AND i.key = :k"), {"ns": ns, "k": key})
+                return {f: [float(x) for x in e.strip("[]").split(",")] for f, e in rows}
+
+        ns = f"one{tmp_path.name[-8:]}"
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+            await batch(http, ns, put(["m"], "first", {}, vectors=[{"field": "a", "vector": [1, 0]}]))  # registers size 2
+            assert any(in_tx for _, in_tx in seen)
+            seen.clear()
+            await batch(http, ns, put(["m"], "k", {"x": 1}, vectors=[{"field": "a", "vector": [1, 0]}, {"field": "b", "vector": [0, 1]}]),
+                        put(["m"], "k2", {"x": 2}))
+            assert [kind for kind, _ in seen] == ["WITH"] and not seen[0][1]
+            seen.clear()
+            await batch(http, ns, put(["m"], "k", {"x": 3}, vectors=[{"field": "b", "vector": [2, 2]}, {"field": "c", "vector": [3, 0]}]))
+            assert [kind for kind, _ in seen] == ["WITH"] and not seen[0][1]
+            assert await vectors("k") == {"b": [2.0, 2.0], "c": [3.0, 0.0]}
+            await batch(http, ns, put(["m"], "k", {"x": 4}))
+            assert await vectors("k") == {}
+            seen.clear()
+            await batch(http, ns, put(["m"], "k2", None), put(["m"], "k", {"x": 5}, vectors=[{"field": "a", "vector": [1, 1]}]))
+            assert len(seen) > 1 and all(in_tx for _, in_tx in seen)  # a delete and a put: one transaction
+            assert await vectors("k") == {"a": [1.0, 1.0]}
+
+
 async def test_the_langgraph_json_factories_keep_memory_and_threads_in_the_gateway(
     server: Server, namespace: str, api_key: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

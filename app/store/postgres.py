@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.tables import UtcDateTime
-from app.store.repository import ITEM_COLUMNS, ItemWrite, Scope, StoredItem, StoreSql, stamp, typed, vector_norm
+from app.store.repository import ITEM_COLUMNS, UPSERT_ROWS, ItemWrite, Scope, StoredItem, StoreSql, stamp, typed, vector_norm
 from app.vectors.filters import SqlBuilder
 from app.vectors.nulescape import escape_json, unescape_json
 
@@ -52,38 +52,55 @@ class PostgresStoreSql(StoreSql):
         return escape_json(value)  # jsonb holds no U+0000 (app.vectors.nulescape)
 
     def item(self, row: Any) -> StoredItem:
-        item = StoredItem(*row[:7])
+        item = super().item(row)
         item.value = unescape_json(item.value)
         return item
+
+    def one_statement(self, writes: Sequence[ItemWrite]) -> bool:
+        return len(writes) <= UPSERT_ROWS and sum(len(w.vectors) for w in writes) <= WITH_ITEMS
+
+    async def autocommit(self, conn: AsyncConnection) -> None:
+        if conn.in_transaction():  # a write's, begun by its dependency: asyncpg sends BEGIN only with a first statement
+            await conn.rollback()
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     async def upsert_chunk(
         self, conn: AsyncConnection, ns: str, chunk: Sequence[ItemWrite], now: datetime
     ) -> list[tuple[int, bool]]:
-        """The vectors of items the statement inserted (``xmax = 0``: no older version) go in with
-        them, in the same statement: a put of a new item is one statement and one round trip; a
-        replaced item's vectors are then deleted and inserted again (``replace_vectors``)."""
+        """The items and all their vectors in one statement (up to ``WITH_ITEMS`` vectors; past
+        that the items alone, ``replace_vectors`` then writing their vectors): a new item's vectors
+        are inserted; a replaced item's are updated in place by field, and those of fields it no
+        longer has deleted. Each vector row is touched by one part of the statement only (the parts
+        of one statement cannot see each other's changes)."""
         sql_text, params, types = self.items_upsert(ns, chunk, now)
-        rows = []
-        if sum(len(item.vectors) for item in chunk) <= WITH_ITEMS:
-            for n, item in enumerate(chunk):
-                for j, (field, vector) in enumerate(item.vectors):
-                    x = f"{n}_{j}"
-                    params.update({f"xf{x}": field, f"xd{x}": len(vector), f"xe{x}": vector, f"xn{x}": vector_norm(vector)})
-                    rows.append(f"({n}, :xf{x}, CAST(:xd{x} AS smallint), CAST(:xn{x} AS double precision), CAST(:xe{x} AS vector))")
-        if rows:
-            positions = ", ".join(f"(:p{n}, :k{n}, {n})" for n in range(len(chunk)))
-            sql_text = (
-                f"WITH up AS ({sql_text} RETURNING id, prefix, key, (xmax = 0) AS inserted), "
-                f"pos (p, k, n) AS (VALUES {positions}), "
-                "vs AS (INSERT INTO store_vectors (item_id, field, dims, norm, embedding) "
-                f"SELECT up.id, x.f, x.d, x.nm, x.e FROM (VALUES {', '.join(rows)}) AS x (n, f, d, nm, e) "
-                "JOIN pos ON pos.n = x.n JOIN up ON up.prefix = pos.p AND up.key = pos.k WHERE up.inserted) "
-                "SELECT id, prefix, key, inserted FROM up"
-            )
+        if sum(len(item.vectors) for item in chunk) > WITH_ITEMS:
+            rows = await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)
+            ids = {(r[1], r[2]): int(r[0]) for r in rows}
+            return [(ids[(item.prefix, item.key)], False) for item in chunk]
+        vectors = []
+        for n, item in enumerate(chunk):
+            for j, (field, vector) in enumerate(item.vectors):
+                x = f"{n}_{j}"
+                params.update({f"xf{x}": field, f"xd{x}": len(vector), f"xe{x}": vector, f"xn{x}": vector_norm(vector)})
+                vectors.append(
+                    f"({n}, CAST(:xf{x} AS text), CAST(:xd{x} AS smallint), CAST(:xn{x} AS double precision), CAST(:xe{x} AS vector))"
+                )
+        positions = ", ".join(f"(:p{n}, :k{n}, {n})" for n in range(len(chunk)))
+        parts = [f"up AS ({sql_text} RETURNING id, prefix, key, (xmax = 0) AS inserted)", f"pos (p, k, n) AS (VALUES {positions})"]
+        if vectors:
+            parts += [
+                f"x (n, f, d, nm, e) AS (VALUES {', '.join(vectors)})",
+                "gone AS (DELETE FROM store_vectors v USING up JOIN pos ON up.prefix = pos.p AND up.key = pos.k "
+                "WHERE v.item_id = up.id AND NOT up.inserted AND NOT EXISTS (SELECT 1 FROM x WHERE x.n = pos.n AND x.f = v.field))",
+                "vs AS (INSERT INTO store_vectors (item_id, field, dims, norm, embedding) SELECT up.id, x.f, x.d, x.nm, x.e "
+                "FROM x JOIN pos ON pos.n = x.n JOIN up ON up.prefix = pos.p AND up.key = pos.k "
+                "ON CONFLICT (item_id, field) DO UPDATE SET dims = excluded.dims, norm = excluded.norm, embedding = excluded.embedding)",
+            ]
         else:
-            sql_text += " RETURNING id, prefix, key, false AS inserted"
-        found = {(r[1], r[2]): (int(r[0]), bool(r[3])) for r in await conn.execute(typed(sql_text, **types), params)}
-        return [found[(item.prefix, item.key)] for item in chunk]
+            parts.append("gone AS (DELETE FROM store_vectors v USING up WHERE v.item_id = up.id AND NOT up.inserted)")
+        rows = await conn.execute(typed(f"WITH {', '.join(parts)} SELECT id, prefix, key FROM up", **types), params)
+        ids = {(r[1], r[2]): int(r[0]) for r in rows}
+        return [(ids[(item.prefix, item.key)], True) for item in chunk]
 
     def keys_shape(self, keys: int) -> int:
         return min(keys, 2)  # one statement text for two or more (``keys_match``)
@@ -124,7 +141,7 @@ class PostgresStoreSql(StoreSql):
         (two round trips) around them. Unless a query search may walk a graph: it sets its
         ``hnsw.ef_search`` for its transaction alone (``SET LOCAL``)."""
         if not any(self.walks(len(vector), distance) for vector, distance in queries):
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await self.autocommit(conn)
 
     async def graph_search(
         self, conn: AsyncConnection, ns: str, scope: Scope, q: array[float], dims: int, distance: str,

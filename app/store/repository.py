@@ -169,6 +169,13 @@ class StoreSql(ABC):
         """Whether a query search of this size and distance can take candidates from an ANN index."""
         return False
 
+    def one_statement(self, writes: Sequence[ItemWrite]) -> bool:
+        """Whether ``upsert`` writes these items and all their vectors in one statement."""
+        return False
+
+    async def autocommit(self, conn: AsyncConnection) -> None:  # noqa: B027 - nothing by default
+        """Run each statement on ``conn`` (no transaction begun yet) as a transaction of its own."""
+
     async def reading(self, conn: AsyncConnection, queries: Sequence[tuple[array[float], str]]) -> None:  # noqa: B027 - nothing by default
         """Before a read-only batch (``queries``: its query searches' vectors and distances) runs
         on ``conn``, a connection no transaction has begun on yet."""

@@ -216,11 +216,14 @@ class StoreService:
     # --- running a batch --------------------------------------------------------------------------
 
     async def run(self, conn: AsyncConnection, ns: str, ops: Sequence[Any], omit_expired: bool, *, writes: bool) -> BatchOutcome:
-        """Run the checked ``ops`` in order on ``conn`` (one transaction, or for reads each
-        statement on its own where the backend gains by it: ``StoreSql.reading``); the results."""
+        """Run the checked ``ops`` in order on ``conn`` (one transaction, or each statement on its
+        own where the backend gains by it: reads, ``StoreSql.reading``, and puts it writes in one
+        statement, ``StoreSql.one_statement``); the results."""
         now = utcnow()
         if not writes:
             await self.sql.reading(conn, [(op[3], op[1].distance) for op in ops if op[0] == "search" and op[3] is not None])
+        elif self._one_statement(ops):
+            await self.sql.autocommit(conn)  # atomic alone: no BEGIN and COMMIT round trips
         results: list[Any] = [None] * len(ops)
         outcome = BatchOutcome(results)
         i = 0
@@ -256,6 +259,14 @@ class StoreService:
             await self.sql.refresh(conn, ns, outcome.refresh, now)
             outcome.refresh = []
         return outcome
+
+    def _one_statement(self, ops: Sequence[Any]) -> bool:
+        """Whether a batch is puts alone (no deletes) that ``upsert`` writes in one statement, of
+        embedding sizes already registered."""
+        if not all(op[0] == "put" and op[3] is not None for op in ops):
+            return False
+        writes = [op[3] for op in ops]
+        return not {len(v) for w in writes for _, v in w.vectors} - self.known_dims and self.sql.one_statement(writes)
 
     async def get(self, conn: StatementConnection, ns: str, ops: Sequence[Any], omit_expired: bool) -> BatchOutcome:
         """Checked gets alone (``/get``): one statement; the TTLs they refresh are the caller's to
