@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.tables import UtcDateTime
-from app.store.repository import ITEM_COLUMNS, UPSERT_ROWS, ItemWrite, Scope, StoredItem, StoreSql, stamp, typed, vector_norm
+from app.store.repository import ITEM_COLUMNS, UPSERT_ROWS, ItemWrite, Scope, StoredItem, StoreSql, stamp, typed, typed_kept, vector_norm
 from app.vectors.filters import SqlBuilder
 from app.vectors.nulescape import escape_json, unescape_json
 
@@ -74,7 +74,7 @@ class PostgresStoreSql(StoreSql):
         of one statement cannot see each other's changes)."""
         sql_text, params, types = self.items_upsert(ns, chunk, now)
         if sum(len(item.vectors) for item in chunk) > WITH_ITEMS:
-            rows = await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)
+            rows = await conn.execute(typed_kept(sql_text + " RETURNING id, prefix, key", **types), params)
             ids = {(r[1], r[2]): int(r[0]) for r in rows}
             return [(ids[(item.prefix, item.key)], False) for item in chunk]
         vectors = []
@@ -98,7 +98,7 @@ class PostgresStoreSql(StoreSql):
             ]
         else:
             parts.append("gone AS (DELETE FROM store_vectors v USING up WHERE v.item_id = up.id AND NOT up.inserted)")
-        rows = await conn.execute(typed(f"WITH {', '.join(parts)} SELECT id, prefix, key FROM up", **types), params)
+        rows = await conn.execute(typed_kept(f"WITH {', '.join(parts)} SELECT id, prefix, key FROM up", **types), params)
         ids = {(r[1], r[2]): int(r[0]) for r in rows}
         return [(ids[(item.prefix, item.key)], True) for item in chunk]
 

@@ -13,6 +13,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -83,13 +84,31 @@ def utc(stamp: datetime | str) -> datetime:
 
 def vector_norm(vector: array[float]) -> float:
     """The Euclidean norm stored beside a vector (``store_vectors.norm``)."""
-    return math.sqrt(sum(x * x for x in vector))
+    return math.hypot(*vector)
 
 
 def typed(sql: str, **types: Any) -> TextClause:
     stmt = text(sql)
     binds = [bindparam(name, type_=type_) for name, type_ in types.items() if f":{name}" in sql]
     return stmt.bindparams(*binds) if binds else stmt
+
+
+_TEXTS: OrderedDict[str, TextClause] = OrderedDict()
+TEXTS_KEPT = 256
+
+
+def typed_kept(sql: str, **types: Any) -> TextClause:
+    """``typed``, kept for the next statement of the same text (the ``TEXTS_KEPT`` most recent; a
+    text always comes with the same types): SQLAlchemy then finds its compiled form by the kept
+    statement's memoized cache key instead of parsing, building and keying the text again."""
+    stmt = _TEXTS.get(sql)
+    if stmt is None:
+        stmt = _TEXTS[sql] = typed(sql, **types)
+        if len(_TEXTS) > TEXTS_KEPT:
+            _TEXTS.popitem(last=False)
+    else:
+        _TEXTS.move_to_end(sql)
+    return stmt
 
 
 def stamp() -> UtcDateTime:
@@ -347,7 +366,7 @@ class StoreSql(ABC):
         """Insert or replace ``chunk``'s items: each one's id, and whether its vectors went in with
         it (here never: ``replace_vectors`` writes them)."""
         sql_text, params, types = self.items_upsert(ns, chunk, now)
-        found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(typed(sql_text + " RETURNING id, prefix, key", **types), params)}
+        found = {(r[1], r[2]): int(r[0]) for r in await conn.execute(typed_kept(sql_text + " RETURNING id, prefix, key", **types), params)}
         return [(found[(item.prefix, item.key)], False) for item in chunk]
 
     def items_upsert(self, ns: str, chunk: Sequence[ItemWrite], now: datetime) -> tuple[str, dict[str, Any], dict[str, Any]]:
