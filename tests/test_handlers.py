@@ -163,7 +163,7 @@ HOT = {
     *{("POST", f"/v1/{{namespace}}/checkpoints/{p}") for p in ("put", "writes", "search")},
     ("GET", "/v1/{namespace}/checkpoints/tuple"),
     ("GET", "/v1/{namespace}/files/{collection}/{file_id}"),
-    *{("POST", f"/v1/{{namespace}}/store/{p}") for p in ("batch", "read")},
+    *{("POST", f"/v1/{{namespace}}/store/{p}") for p in ("batch", "read", "get")},
 }
 
 
