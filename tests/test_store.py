@@ -267,6 +267,9 @@ async def test_hnsw_search_of_a_large_scope_finds_the_exact_nearest(
                 await writer.rollback()
             await building
             assert 12 in state.services["store"].sql.indexed
+            async with state.databases.engine(Database.vectors).connect() as conn:  # built with 128, inserts link from 64
+                options = (await conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'store_hnsw_12'"))).scalar()
+            assert sorted(options) == ["ef_construction=64", "m=16"]
             q = rng.normal(size=12).astype(np.float32)
             cos = vectors @ q / (np.linalg.norm(vectors, axis=1) * np.linalg.norm(q))
             in_transaction: list[bool] = []  # after each statement of a read (PostgreSQL's own view)

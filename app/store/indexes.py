@@ -8,7 +8,11 @@ and builds a missing one with ``CREATE INDEX CONCURRENTLY`` (writes go on meanwh
 build at a time whatever the size (a session advisory lock on the table: two CREATE INDEX
 CONCURRENTLY, or one and an ANALYZE, on one table deadlock), without the requests' statement timeout
 and with ``vectors.index_build_memory_mb`` of ``maintenance_work_mem``, as collections' builds;
-then the table is analyzed, so that the planner walks the new graph at once.
+then the table is analyzed, so that the planner walks the new graph at once. A valid index then
+links the vectors written after its build from ``store.insert_ef_construction`` candidates (its
+``ef_construction``, set by ``ALTER INDEX`` with a short lock timeout, retried next round): the
+build's breadth buys recall, and a put costs what LangGraph's own stores' does (measured in
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.settings import StoreSettings
@@ -28,9 +33,10 @@ log = logging.getLogger("app.store")
 BUILD_TIMEOUT_SECONDS = 7 * 24 * 3600.0  # client-side bound of one build (the server's is off)
 LOCK_CLASS = 0x73746F72  # "stor": key 1 of the builds' advisory lock (key 2: 0, the whole table)
 _INDEXES = (
-    "SELECT CAST(c.relname AS text), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-    "WHERE i.indrelid = to_regclass('store_vectors') AND c.relname LIKE 'store\\_hnsw\\_%'"
+    "SELECT CAST(c.relname AS text), i.indisvalid, CAST(COALESCE(c.reloptions, '{}') AS text[]) FROM pg_index i "
+    "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = to_regclass('store_vectors') AND c.relname LIKE 'store\\_hnsw\\_%'"
 )
+ALTER_LOCK_TIMEOUT = "1s"  # ALTER INDEX waits this long for the index's lock, then tries next round
 
 
 class IndexBuilder:
@@ -39,22 +45,43 @@ class IndexBuilder:
         self.sql = sql
         self.settings = settings
         # maintenance_work_mem, m and ef_construction of a build: the vectors capability's
-        # (``index_build_memory_mb``, ``hnsw_m``, ``hnsw_ef_construction``). At LangGraph's
+        # (``index_build_memory_mb``, ``hnsw_m``, ``hnsw_ef_construction``). Built with LangGraph's
         # ef_construction of 64, recall@10 at 100,000 items was 0.950-0.982 from build to build,
-        # below AsyncPostgresStore's in one of four runs (docs/benchmarks.md).
+        # below AsyncPostgresStore's in one of four runs; inserted with 128, a put took 3.9 ms
+        # against 2.5 (docs/benchmarks.md): built with 128, inserted with store.insert_ef_construction.
         self.vectors = vectors
 
     async def round(self) -> None:
         async with self.engine.connect() as conn:
             sizes = [int(r[0]) for r in await conn.execute(text("SELECT dims FROM store_dims ORDER BY dims"))]
-            indexes = {str(r[0]): bool(r[1]) for r in await conn.execute(text(_INDEXES))}
+            rows = (await conn.execute(text(_INDEXES))).all()
             await conn.rollback()
+        indexes = {str(r[0]): bool(r[1]) for r in rows}
         self.sql.indexed = frozenset(d for d in sizes if indexes.get(hnsw_index_name(d)))
+        before = self.sql.indexed
         for dims in sizes:
             name = hnsw_index_name(dims)
             if indexes.get(name) or dims > HNSW_MAX_DIMS:
                 continue
             await self._build(dims, invalid=name in indexes)
+        breadth = f"ef_construction={int(self.settings.insert_ef_construction)}"
+        if self.sql.indexed - before or any(r[1] and breadth not in r[2] for r in rows):
+            await self._insert_breadth()
+
+    async def _insert_breadth(self) -> None:
+        """Every valid index links the vectors written from now on from
+        ``store.insert_ef_construction`` candidates."""
+        breadth = int(self.settings.insert_ef_construction)
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            names = [str(r[0]) for r in await conn.execute(text(_INDEXES)) if r[1] and f"ef_construction={breadth}" not in r[2]]
+            await conn.execute(text(f"SET lock_timeout = '{ALTER_LOCK_TIMEOUT}'"))
+            for name in names:
+                try:
+                    await conn.execute(text(f"ALTER INDEX {name} SET (ef_construction = {breadth})"))
+                except DBAPIError as exc:  # the lock not had in time (a long search holds the index): next round
+                    log.info("store: %s keeps its ef_construction until the next round: %s", name, exc.orig)
+            await conn.execute(text("RESET lock_timeout"))
 
     async def _build(self, dims: int, *, invalid: bool) -> None:
         conn = await self.engine.connect()

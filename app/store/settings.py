@@ -43,3 +43,9 @@ class StoreSettings(BaseModel):
         default=30.0, gt=0, description="How often embedding sizes without an HNSW index are looked for (pgvector)."
     )
     ef_search: int = Field(default=100, ge=1, le=1000, description="HNSW search breadth of a query search (pgvector).")
+    insert_ef_construction: int = Field(
+        default=64, ge=4, le=1000,
+        description="HNSW candidates a vector written after its size's graph is built is linked from (pgvector's "
+        "`ef_construction` of the index, set once the build with `vectors.hnsw_ef_construction` is done): LangGraph's 64 "
+        "keeps a put as cheap as AsyncPostgresStore's; the bulk of the graph keeps the build's recall (pgvector).",
+    )
