@@ -298,8 +298,9 @@ async def test_puts_alone_are_one_statement_in_autocommit_and_replace_vectors_by
     async with app.router.lifespan_context(app):
         engine = app.state.gateway.databases.engine(Database.vectors)
         seen: list[tuple[str, bool]] = []
-        event.listen(engine.sync_engine, "after_cursor_execute", lambda conn, cursor, statement, *_: seen.append(
-            (statement.split()[0], conn.connection.driver_connection.is_in_transaction())) if "store_" in statement else None)
+        # the requests' statements, which bind the namespace (not the background jobs')
+        event.listen(engine.sync_engine, "after_cursor_execute", lambda conn, cursor, statement, parameters, *_: seen.append(
+            (statement.split()[0], conn.connection.driver_connection.is_in_transaction())) if ns in (parameters or ()) else None)
 
         async def vectors(key: str) -> dict[str, list[float]]:
             async with engine.connect() as conn:
