@@ -8,13 +8,14 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, String, and_, bindparam, delete, func, insert, null, or_, select, tuple_, type_coerce, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, delete, func, insert, null, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.db.scoping import in_scope
+from app.core.db.tables import driver_timestamp, from_driver_timestamp
 from app.core.fast.inline_sqlite import Execute
 from app.core.fast.fixed_statements import FixedStatement, StatementConnection, inline_sql
 from app.files.backend import FilesBackend
@@ -51,21 +52,6 @@ class FileRow:
             updated_at=row.updated_at,
             object_key=row.object_key,
         )
-
-
-def driver_timestamp(column: ColumnElement[datetime]) -> ColumnElement[str]:
-    """A ``UtcDateTime`` column selected as the driver returns it, for a fixed statement
-    (``app.core.fast.fixed_statements``), which skips result processing; ``from_driver_timestamp``
-    turns the value into what ``UtcDateTime`` would have read. No SQL changes (no CAST)."""
-    return type_coerce(column, String())
-
-
-def from_driver_timestamp(value: str | datetime) -> datetime:
-    """What ``UtcDateTime`` reads from a ``driver_timestamp`` value: asyncpg gives an aware
-    ``datetime``; SQLite the text SQLAlchemy stored (``YYYY-MM-DD HH:MM:SS.ffffff``, in UTC)."""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 _FILE_COLUMNS = (

@@ -16,7 +16,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import Float, Integer, bindparam, text
@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.sql.selectable import TextualSelect
 
-from app.core.db.tables import UtcDateTime
+from app.core.db.tables import UtcDateTime, from_driver_timestamp
 from app.core.fast.fixed_statements import StatementConnection, StatementShapes, fixed_statements
 from app.store.filters import FILTERS, Node
 from app.vectors.filters import SqlBuilder
@@ -73,13 +73,6 @@ class Scope:
     flt: Node | None
     omit_expired: bool
     now: datetime
-
-
-def utc(stamp: datetime | str) -> datetime:
-    """A timestamp as read back by a statement that declares no result types (a fixed statement):
-    aware UTC, as ``UtcDateTime`` reads it (SQLite gives its stored text)."""
-    value = datetime.fromisoformat(stamp) if isinstance(stamp, str) else stamp
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def vector_norm(vector: array[float]) -> float:
@@ -144,7 +137,7 @@ class StoreSql(ABC):
 
     def item(self, row: Any) -> StoredItem:
         """An item from a row of ``ITEM_COLUMNS``."""
-        return StoredItem(row[0], row[1], row[2], row[3], utc(row[4]), utc(row[5]), row[6])
+        return StoredItem(row[0], row[1], row[2], row[3], from_driver_timestamp(row[4]), from_driver_timestamp(row[5]), row[6])
 
     # --- the backend's facts -------------------------------------------------------------------------
 
@@ -226,7 +219,7 @@ class StoreSql(ABC):
         return {(r[1], r[2]): self.item(r) for r in rows}
 
     def _get_statement(self, keys: int, omit_expired: bool) -> TextualSelect:
-        """The statement reading ``keys`` items; its timestamps come back as the driver gives them (``utc``)."""
+        """The statement reading ``keys`` items; its timestamps come back as the driver gives them (``from_driver_timestamp``)."""
         match = "i.prefix = :p0 AND i.key = :k0" if keys == 1 else self.keys_match(keys)
         where = f"i.namespace = :ns AND {match}"
         if omit_expired:

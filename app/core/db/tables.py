@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, MetaData, String, Text
+from sqlalchemy import ColumnElement, DateTime, MetaData, String, Text, type_coerce
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from app.core.config import Database
@@ -63,3 +63,18 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
         return value
+
+
+def driver_timestamp(column: ColumnElement[datetime]) -> ColumnElement[str]:
+    """A ``UtcDateTime`` column selected as the driver returns it, for a fixed statement
+    (``app.core.fast.fixed_statements``), which skips result processing; ``from_driver_timestamp``
+    turns the value into what ``UtcDateTime`` would have read. No SQL changes (no CAST)."""
+    return type_coerce(column, String())
+
+
+def from_driver_timestamp(value: str | datetime) -> datetime:
+    """What ``UtcDateTime`` reads from a ``driver_timestamp`` value: asyncpg gives an aware
+    ``datetime``; SQLite the text SQLAlchemy stored (``YYYY-MM-DD HH:MM:SS.ffffff``, in UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
