@@ -18,6 +18,7 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import text
@@ -64,9 +65,13 @@ class IndexBuilder:
             if indexes.get(name) or dims > HNSW_MAX_DIMS:
                 continue
             await self._build(dims, invalid=name in indexes)
-        breadth = f"ef_construction={int(self.settings.insert_ef_construction)}"
-        if self.sql.indexed - before or any(r[1] and breadth not in r[2] for r in rows):
+        if self.sql.indexed - before or self._stale(rows):
             await self._insert_breadth()
+
+    def _stale(self, rows: Sequence[Any]) -> list[str]:
+        """The valid indexes among ``rows`` (of ``_INDEXES``) whose breadth is not ``store.insert_ef_construction``."""
+        breadth = f"ef_construction={int(self.settings.insert_ef_construction)}"
+        return [str(r[0]) for r in rows if r[1] and breadth not in r[2]]
 
     async def _insert_breadth(self) -> None:
         """Every valid index links the vectors written from now on from
@@ -74,7 +79,7 @@ class IndexBuilder:
         breadth = int(self.settings.insert_ef_construction)
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            names = [str(r[0]) for r in await conn.execute(text(_INDEXES)) if r[1] and f"ef_construction={breadth}" not in r[2]]
+            names = self._stale((await conn.execute(text(_INDEXES))).all())
             await conn.execute(text(f"SET lock_timeout = '{ALTER_LOCK_TIMEOUT}'"))
             for name in names:
                 try:
