@@ -141,6 +141,14 @@ def cmd_keys(args: argparse.Namespace) -> None:
     keys_cli.run(args, settings)
 
 
+def cmd_quotas(args: argparse.Namespace) -> None:
+    from app.quotas import cli as quotas_cli
+
+    settings = load_settings(args.config)
+    asyncio.run(_preflight(settings, migrate_all=False))
+    quotas_cli.run(args, settings)
+
+
 def cmd_files_migrate(args: argparse.Namespace) -> None:
     from app.files.migrate import migrate_files
     from app.files.s3 import ObjectStoreUnavailable
@@ -234,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_keys_parser(sub, f"YAML settings file (or {CONFIG_ENV})")
     sub.choices["keys"].set_defaults(func=cmd_keys)
+    from app.quotas.cli import add_parser as add_quotas_parser
+
+    add_quotas_parser(sub, f"YAML settings file (or {CONFIG_ENV})")
+    sub.choices["quotas"].set_defaults(func=cmd_quotas)
     return parser
 
 

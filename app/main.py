@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.auth.cache import KeyCache
-from app.auth.dependencies import admin_guard, capability_guard
+from app.auth.dependencies import admin_guard, capability_guard, namespace_read_guard
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
 from app.core.db import migrations
@@ -25,8 +25,11 @@ from app.core.http.docs import install_docs
 from app.core.http.openapi import install_openapi
 from app import capabilities
 from app.core.capability import cancel_and_wait, running
-from app.core.http.routing import include_capability, include_guarded
+from app.core import quotas
+from app.core.http.routing import include_capability, include_guarded, include_namespace_routes
+from app.quotas.router import router as quotas_router, usage_router
 from app.core.ops.gc_tuning import tune_garbage_collector
+from app.fairness.walcheckpoints import checkpointing
 from app.core.state import GatewayState
 from app.core.db.transactions import TransactionMiddleware
 
@@ -70,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings=settings,
         capabilities=capabilities.load(settings.extra_capabilities),
         rate_limiter=RateLimiter(settings.auth.rate_limit_per_second, settings.auth.rate_limit_burst),
+        namespace_limiter=RateLimiter(settings.auth.namespace_rate_limit_per_second, settings.auth.namespace_rate_limit_burst),
     )
 
     @asynccontextmanager
@@ -78,11 +82,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.databases = databases
         try:
             await prepare_databases(databases)
+            quotas_pending = await quotas.install(state)
             if settings.auth.mode == "disabled":
                 log.warning("auth is DISABLED: every request is allowed without a key (host %s)", settings.host)
             keys = KeyCache(databases.engine(Database.metadata), settings.auth.revocation_check_seconds)
             state.key_cache = keys
             async with AsyncExitStack() as stack:
+                await stack.enter_async_context(checkpointing(databases))
                 await stack.enter_async_context(keep_disk_space(state, databases))
                 watcher = asyncio.create_task(keys.watch(), name="key-revocations")
                 stack.push_async_callback(cancel_and_wait, watcher)
@@ -91,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 # Background jobs start once every lifecycle is done: a sweep's write transaction
                 # must not race a lifecycle's start-up work on the same SQLite file.
                 jobs = [job for c in state.capabilities for job in c.periodic(state.services[c.name], state)]
+                jobs += [quotas.reconciler(state), quotas.installer(state, quotas_pending)]
                 await stack.enter_async_context(running(jobs))
                 tune_garbage_collector()
                 yield
@@ -120,6 +127,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         include_capability(app, capability.router, "/v1/{namespace}", capability_guard)
     app.include_router(health_router)
     include_guarded(app, admin_router, admin_guard)
+    include_guarded(app, quotas_router, admin_guard)
+    include_namespace_routes(app, "usage", usage_router, namespace_read_guard)
     return app
 
 

@@ -8,7 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_KEY, Backend, Server, free_port, run_cli, start_server, stop_server
+from app.core.config import AuthSettings
+from tests.conftest import (
+    ADMIN_KEY, Backend, Server, free_port, in_process_settings, run_cli, start_server, stop_server,
+)
 
 
 async def create_key(http: httpx.AsyncClient, namespace: str, *scopes: str) -> str:
@@ -181,3 +184,28 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
         assert limited[0].json()["code"] == "rate_limited"
     finally:
         stop_server(server)
+
+
+async def test_a_namespace_rate_limit_is_shared_by_its_keys(backend: Backend, server: Server, tmp_path: Path, namespace: str) -> None:
+    """Issue 44: with ``auth.namespace_rate_limit_*`` a namespace's requests draw from one bucket
+    whatever key sends them (a tenant cannot multiply its share by minting keys); another
+    namespace, and the admin key, keep theirs. (An app in the test's process: a bucket is per
+    process, and the ``server`` fixture migrated the backend's databases.)"""
+    from app.main import create_app
+
+    other = f"{namespace}-other"
+    app = create_app(in_process_settings(backend, tmp_path).model_copy(update={"auth": AuthSettings(
+        admin_key=ADMIN_KEY, namespace_rate_limit_per_second=0.05, namespace_rate_limit_burst=4,
+    )}))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            admin = bearer(ADMIN_KEY)
+            keys = [(await http.post("/v1/admin/keys", headers=admin, json={"namespace": ns, "scopes": ["kv:read"]})).json()["key"]
+                    for ns in (namespace, namespace, other)]
+            statuses = [(await http.get(f"/v1/{namespace}/kv/c/k", headers=bearer(keys[i % 2]))).status_code for i in range(6)]
+            assert statuses == [404] * 4 + [429] * 2, statuses  # both keys drew from one bucket of 4
+            r = await http.get(f"/v1/{namespace}/kv/c/k", headers=bearer(keys[0]))
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and r.json()["code"] == "rate_limited"
+            assert namespace in r.json()["detail"]
+            assert (await http.get(f"/v1/{other}/kv/c/k", headers=bearer(keys[2]))).status_code == 404
+            assert (await http.get(f"/v1/{namespace}/kv/c/k", headers=admin)).status_code == 404  # no namespace bucket

@@ -141,7 +141,7 @@ async def test_table_data_exports_and_imports_to_the_same_answers(
                 parts: list[Rows] = [part async for part in data.export(service, conn, source, 1)]
             assert parts and all(len(part.rows) == 1 for part in parts)
             assert {part.table for part in parts} == {t.name for t in capability.tables}
-            async with engine.begin() as conn:
+            async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
                 loaded = [await data.load(service, conn, target, part) for part in parts]
             assert sum(loaded) == len(parts)
             assert await samples.snapshot(http, target) == await samples.snapshot(http, source)

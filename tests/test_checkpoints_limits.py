@@ -143,19 +143,43 @@ async def test_metadata_numbers_read_back_and_filter_alike_on_both_backends(http
     assert await found({"huge": 1e300, "neg": -3.4e20, "tiny": 5e-324}) == ["c1"]
 
 
+async def test_metadata_numbers_no_float_holds_are_422_naming_the_field(http: httpx.AsyncClient, namespace: str) -> None:
+    """Found by attack (issue 44): metadata ``1e400`` and ``-1e400`` were stored and read back as
+    null, ``1e-400`` as ``0.0``. Each is now a 422 naming its place, as a vector payload's
+    infinity is, and nothing is stored; numbers a float holds (``5e-324``, ``0e-500``) still pass."""
+    base = f"/v1/{namespace}/checkpoints"
+    head = '{"thread_id":"t","checkpoint_id":"c1","checkpoint":{"type":"bytes","data":"AA=="},'
+    j = {"Content-Type": "application/json"}
+    for number in ("1e400", "-1e400", "1e-400", "0.5E-99999"):
+        r = await http.post(f"{base}/put", content=head + '"metadata":{"a":{"b":[1,' + number + "]}}}", headers=j)
+        assert_problem(r, 422, "metadata.a.b.1")
+        assert number in r.json()["detail"]
+    r = await http.post(f"{base}/put", content=head + '"channel_versions":{"v":1e-400}}', headers=j)
+    assert_problem(r, 422, "channel_versions.v")
+    assert_problem(await http.post(f"{base}/search", content='{"filter":{"a":-1e-400}}', headers=j), 422, "filter.a")
+    assert_problem(await http.get(f"{base}/tuple", params={"thread_id": "t"}), 404)
+    r = await http.post(f"{base}/put", content=head + '"metadata":{"s":"1e400, in a string","n":[5e-324,0e-500,1e-300]}}', headers=j)
+    assert r.status_code == 200, r.text
+    got = (await http.get(f"{base}/tuple", params={"thread_id": "t"})).json()["metadata"]
+    assert got == {"s": "1e400, in a string", "n": [5e-324, 0.0, 1e-300]}
+
+
 async def test_copies_in_opposite_directions_at_once_all_succeed(http: httpx.AsyncClient, namespace: str) -> None:
-    """Copies of a into b and of b into a, 20 pairs at once against the real server: each locks
-    both threads in thread_id order, so none waits on the other in a cycle. Before, each held
-    its source and waited for its target: PostgreSQL broke the deadlock by failing one (a 500)."""
+    """Copies of a into b and of b into a, 20 pairs at once against the real server (two at a
+    time: ``fairness.heavy_per_namespace``): each locks both threads in thread_id order, so none
+    waits on the other in a cycle. Before, each held its source and waited for its target:
+    PostgreSQL broke the deadlock by failing one (a 500)."""
     base = f"/v1/{namespace}/checkpoints"
     for thread in ("a", "b"):
         for i in range(3):
             put = checkpoint(thread_id=thread, checkpoint_id=f"c{i}", metadata={"i": i})
             assert (await http.post(f"{base}/put", json=put)).status_code == 200
-    pairs = [("a", "b"), ("b", "a")] * 20
-    answers = await asyncio.gather(*(
-        http.post(f"{base}/threads/copy", json={"source_thread_id": s, "target_thread_id": t}) for s, t in pairs
-    ))
+    answers = []
+    for _ in range(20):
+        answers += await asyncio.gather(*(
+            http.post(f"{base}/threads/copy", json={"source_thread_id": s, "target_thread_id": t}) for s, t in (("a", "b"), ("b", "a"))
+        ))
+    pairs = answers
     assert [r.status_code for r in answers] == [200] * len(pairs), [r.text for r in answers if r.status_code != 200][:2]
     missing = await http.post(f"{base}/threads/copy", json={"source_thread_id": "zz", "target_thread_id": "a0"})
     assert missing.status_code == 200 and missing.json()["copied"] == 0
@@ -504,7 +528,9 @@ async def test_a_page_weighs_only_the_checkpoints_it_answers(backend: Backend, s
             body = checkpoint(checkpoint_id="a0", channel_versions={f"ch{k}": "1" for k in range(20)})
             assert (await http.post(f"/v1/{namespace}/checkpoints/put", json=body)).status_code == 200
         engine = gateway_state(app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        # IMMEDIATE (SQLite): a transaction that has read cannot wait for the write lock (SQLITE_BUSY at
+        # once), and the gateway's background work (a WAL checkpoint, a new pooled connection) takes it now and then
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "t").scalar_subquery()
             row = (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().one()

@@ -212,9 +212,11 @@ async def test_a_prune_of_more_checkpoints_than_a_statement_holds(gateway: Gatew
         put = {"thread_id": "many", "checkpoint_id": "z", "checkpoint": {"type": "bytes", "data": "AA=="}}
         assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
         engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        # IMMEDIATE (SQLite): a transaction that has read cannot wait for the write lock (SQLITE_BUSY at
+        # once), and the gateway's background work (a WAL checkpoint, a new pooled connection) takes it now and then
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             await conn.execute(text("ANALYZE checkpoints"))
-        async with engine.begin() as conn:
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "many").scalar_subquery()
             row = (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().one()
@@ -314,7 +316,7 @@ async def test_a_prune_without_delta_channels_reads_no_checkpoint_out(
                    "checkpoint": {"type": "bytes", "data": "AA=="}}
             assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=put)).status_code == 200
         engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "wide").scalar_subquery()
             for row in (await conn.execute(select(checkpoints).where(checkpoints.c.thread_pk == mine))).mappings().all():
@@ -417,17 +419,17 @@ async def test_a_thread_with_too_many_delta_channels_keeps_every_ancestor_and_re
     checkpoint's whole channel_versions, up to 16 MiB each, went into memory at once: gigabytes
     for a long thread); past MAX_DELTA_CHANNELS names, none, and every ancestor of a kept
     checkpoint stays (nothing a delta channel could need is lost)."""
-    from app.checkpoints import service as service_module
+    from app.checkpoints import lineage as lineage_module
     from app.checkpoints.repository import MAX_DELTA_CHANNELS
 
     seen: list[list[Any]] = []
-    real = service_module.kept_ids
+    real = lineage_module.kept_ids
 
     def spy(rows: Any, keep: int, stored: Any) -> set[str]:
         seen.append(list(rows))
         return real(rows, keep, stored)
 
-    monkeypatch.setattr(service_module, "kept_ids", spy)
+    monkeypatch.setattr(lineage_module, "kept_ids", spy)
 
     async def put(thread: str, i: int, counters: dict[str, int]) -> None:
         body = {
@@ -471,7 +473,7 @@ async def test_a_run_across_more_threads_than_a_statement_has_parameters_is_dele
                 "metadata": {"run_id": "wide"}}
         assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=body)).status_code == 200
         engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             await conn.execute(insert(t), [{"namespace": namespace, "thread_id": f"x{i:05}", "touched_at": 0.0} for i in range(n)])
             template = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "template").scalar_subquery()
@@ -518,7 +520,7 @@ async def test_a_prune_of_a_long_delta_thread_leaves_the_event_loop_its_turns(
                 "checkpoint": {"type": "bytes", "data": ""}}
         assert (await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=head)).status_code == 200
         engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             pk = (await conn.execute(select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "long"))).scalar_one()
             z = row(n) | {"checkpoint_id": "z", "thread_pk": pk}
@@ -572,7 +574,7 @@ async def test_a_long_run_is_deleted_a_page_of_keys_at_a_time(gateway: Gateway, 
             r = await gw._transport.request("POST", f"/v1/{namespace}/checkpoints/put", json=body)
             assert r.status_code == 200, r.text
         engine = gateway_state(gateway.app).databases.engine(Database.checkpoints)
-        async with engine.begin() as conn:
+        async with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as conn:
             t = checkpoint_threads
             mine = select(t.c.pk).where(t.c.namespace == namespace, t.c.thread_id == "t").scalar_subquery()
             for table in (checkpoints, checkpoint_metadata_terms):

@@ -137,7 +137,7 @@ async def test_warm_requests_do_not_parse_urls(
     assert parsed == [f"{server.url}/v1/{namespace}/kv/c/other%20key%2F%C3%A9"]
 
 
-async def test_idempotent_calls_retry_503_and_connection_errors() -> None:
+async def test_idempotent_calls_retry_503_429_and_connection_errors() -> None:
     calls = {"n": 0}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -147,11 +147,14 @@ async def test_idempotent_calls_retry_503_and_connection_errors() -> None:
         if calls["n"] == 2:
             return httpx.Response(503, headers={"Retry-After": "0", "content-type": "application/problem+json"},
                                   json={"status": 503, "code": "database_unavailable", "title": "Service Unavailable"})
+        if calls["n"] == 3:  # a namespace's heavy operations at their limit (issue 44), a rate limit
+            return httpx.Response(429, headers={"Retry-After": "0", "content-type": "application/problem+json"},
+                                  json={"status": 429, "code": "rate_limited", "title": "Too Many Requests"})
         return httpx.Response(200, json={"ok": True})
 
     async with GatewayClient("http://gw.test", namespace="ns", transport=httpx.MockTransport(handler)) as gw:
         response = await gw._transport.request("GET", "/v1/ns/kv/c/k")
-    assert response.json() == {"ok": True} and calls["n"] == 3
+    assert response.json() == {"ok": True} and calls["n"] == 4
 
 
 async def test_non_idempotent_calls_do_not_retry() -> None:

@@ -81,6 +81,10 @@ def test_a_full_disk_is_507_deletes_free_space_and_readyz_says_so(small_disk_ser
     with httpx.Client(base_url=small_disk_server.url, timeout=60, headers=auth) as client:
         r = client.post(f"/v1/{ns}/records/log", json={"records": [{"key": f"{i:04}", "value": i} for i in range(50)]})
         assert r.status_code == 200, r.text
+        assert client.put(f"/v1/{ns}/vectors/v", json={"vector_size": 2}).is_success
+        assert client.post(f"/v1/{ns}/vectors/v/points", json={"points": [{"id": "p", "vector": [1, 0]}]}).is_success
+        checkpoint = {"thread_id": "t", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="}}
+        assert client.post(f"/v1/{ns}/checkpoints/put", json=checkpoint).is_success
         refused, stored = _fill(client, ns, 0)
         assert len(stored) >= 10, f"only {len(stored)} MiB stored before the disk was full"
 
@@ -96,6 +100,13 @@ def test_a_full_disk_is_507_deletes_free_space_and_readyz_says_so(small_disk_ser
             r = client.get(f"/v1/{ns}/files/c/{file_id}")
             assert r.status_code == 200 and hashlib.sha256(r.content).hexdigest() == digest, file_id
         assert client.get(f"/v1/{ns}/files/c/f{refused}").status_code == 404  # the refused one left nothing
+        # Reads sent as POST are served too (issue 44: they were 507 "writes are refused").
+        r = client.post(f"/v1/{ns}/vectors/v/search", json={"vector": [1, 0], "limit": 1})
+        assert r.status_code == 200 and [h["id"] for h in r.json()["results"]] == ["p"], r.text
+        r = client.post(f"/v1/{ns}/vectors/v/points/list", json={})
+        assert r.status_code == 200 and [p["id"] for p in r.json()["items"]] == ["p"], r.text
+        r = client.post(f"/v1/{ns}/checkpoints/search", json={"thread_id": "t"})
+        assert r.status_code == 200 and [c["checkpoint_id"] for c in r.json()["items"]] == ["c1"], r.text
 
         # Deletes and trims work and give the space back.
         r = client.post(f"/v1/{ns}/records/log/trim", json={"before": "0040"})

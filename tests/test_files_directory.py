@@ -63,7 +63,7 @@ async def test_the_embedded_default_writes_files_to_the_data_dir(tmp_path: Path)
                 assert (await conn.execute(text("SELECT count(*) FROM file_chunks"))).scalar_one() == 0
             path = LocalFiles(tmp_path / "files", fsync=False).path(key)
             assert path.read_bytes() == first
-            assert (tmp_path / "metadata.db-writelock").exists()  # the swap took its turn (app.files.writequeue)
+            assert (tmp_path / "metadata.db-writelock").exists()  # the swap took its turn (app.fairness.writequeue)
             assert (await http.get("/v1/ns/files/c/f")).content == first
             r = await http.get("/v1/ns/files/c/f", headers={"Range": "bytes=1048570-2097160"})
             assert r.status_code == 206 and r.content == first[1048570:2097161]

@@ -249,10 +249,10 @@ def test_an_inline_write_that_fails_or_runs_over_changes_nothing(tmp_path: Path)
         reader.close()
 
 
-def test_an_inline_write_interrupted_after_its_commit_is_answered_as_committed(tmp_path: Path) -> None:
-    """SQLite calls the progress handler once more after a statement's last step, when its
-    autocommit is done, and answers "interrupted" if the budget is spent by then. Such a write
-    must be answered as the commit it is: sent again through the pool, a compare-and-swap was
+def test_an_inline_write_interrupted_after_its_last_step_is_answered_as_it_ended(tmp_path: Path) -> None:
+    """SQLite calls the progress handler once more after a statement's last step, and answers
+    "interrupted" if the budget is spent by then. Such a write must be answered as what it did
+    (now: rolled back, in its own transaction): answered otherwise, a compare-and-swap was
     refused by its own change and retried by its client, one increment counted twice (CI, the
     200 increments through nginx ended at 201). With no budget at all, every progress check
     interrupts; each write is reported applied exactly when it was."""

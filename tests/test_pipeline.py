@@ -328,6 +328,37 @@ def test_header_floods_and_malformed_heads_are_refused_in_problem_json(server: S
         assert json.loads(body)["status"] == status
 
 
+@pytest.mark.parametrize(("line", "status"), [
+    ("GET /healthz", 400), ("GET /healthz HTTP/0.9", 400), ("GET /healthz HTTP/2.0", 505), ("GET /healthz HTTP/1.0", 200),
+])
+def test_a_request_line_of_another_http_version_is_refused(server: Server, line: str, status: int) -> None:
+    """Found by attack (issue 44): a request line without a version (HTTP/0.9) was answered as HTTP/1.1."""
+    got, headers, body = exchange(server, f"{line}\r\nHost: gw\r\n\r\n".encode())
+    assert got == status, body[:200]
+    if status >= 400:
+        assert headers["content-type"] == PROBLEM and json.loads(body)["status"] == status
+
+
+def test_a_request_then_a_half_close_is_answered(server: Server, namespace: str) -> None:
+    """Found by attack (issue 44): a complete request followed by the client shutting its sending
+    side (``shutdown(SHUT_WR)``, as some clients and proxies do) was stored and never answered
+    (asyncio closed the connection at the end of the input). Now the answer comes, then the close."""
+    records = json.dumps({"records": [{"key": "a", "value": 1}]}).encode()
+    sent = [
+        ("PUT", f"/v1/{namespace}/kv/c/k", b'"v"', 204),
+        ("POST", f"/v1/{namespace}/records/c", records, 200),
+        ("POST", f"/v1/{namespace}/checkpoints/put",
+         b'{"thread_id":"t","checkpoint_id":"c1","checkpoint":{"type":"bytes","data":"AA=="}}', 200),
+    ]
+    for method, path, body, status in sent * 3:
+        head = request_head(method, path, ADMIN_KEY, f"Content-Length: {len(body)}\r\n")
+        with socket.create_connection(address(server), timeout=10) as sock:
+            sock.sendall(head + body + head + body)  # two, pipelined: both answered
+            sock.shutdown(socket.SHUT_WR)
+            answer = read_to_end(sock)  # the server closes once both are out
+        assert answer.count(f"HTTP/1.1 {status} ".encode()) == 2, (method, path, answer[:300])
+
+
 def stuck_download(server: Server, path: str) -> socket.socket:
     """A download whose client reads its head and then stops reading."""
     sock = socket.socket()

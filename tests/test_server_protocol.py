@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from app.core.http.server import CoalescingTransport, GatewayHttpProtocol
@@ -22,6 +22,7 @@ from app.core.http.server import CoalescingTransport, GatewayHttpProtocol
 OVERRIDDEN = {
     "connection_made": ["self", "transport"],
     "connection_lost": ["self", "exc"],
+    "eof_received": ["self"],
     "data_received": ["self", "data"],
     "on_message_begin": ["self"],
     "on_url": ["self", "url"],
@@ -49,6 +50,9 @@ def test_the_attributes_read_are_still_set() -> None:
     for attribute in ("self.connections =", "self.loop =", "self.server_state =", "self.cycle", "self.transport"):
         assert attribute in init, attribute
     assert "default_headers" in inspect.getsource(HttpToolsProtocol.send_400_response)
+    cycle = inspect.getsource(RequestResponseCycle.__init__)  # read by eof_received
+    for attribute in ("self.more_body =", "self.response_complete ="):
+        assert attribute in cycle, attribute
     # uvicorn's own limit_concurrency is off (app.cli); the check that honours it is where we expect
     assert "limit_concurrency" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
 

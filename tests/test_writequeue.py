@@ -1,4 +1,4 @@
-"""``app.files.writequeue``: write transactions on a SQLite file take turns, and the next one is
+"""``app.fairness.writequeue``: write transactions on a SQLite file take turns, and the next one is
 woken when the last lets go (no sleeping retries), across tasks and across processes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.files.writequeue import WriteQueue
+from app.fairness.writequeue import WriteQueue
 
 
 async def test_tasks_take_turns_in_order(tmp_path: Path) -> None:
@@ -78,4 +78,50 @@ async def test_a_turn_that_does_not_come_in_time_is_a_timeout(tmp_path: Path) ->
     await task
     async with queue.held():  # the queue still works afterwards
         pass
+    queue.close()
+
+
+async def test_a_heavy_turn_gives_way_to_a_single_write_that_waits(tmp_path: Path) -> None:
+    """Issue 44: a heavy write's turn begins only once no single write wants the lock (here,
+    one of this process; another process's is seen through the shared flock), and a single
+    write told of the turn in progress is woken when it ends."""
+    queue = WriteQueue(tmp_path / "checkpoints.db", wait_seconds=5)
+    order: list[str] = []
+
+    async def heavy(i: int) -> None:
+        async with queue.heavy(yield_seconds=5):
+            order.append(f"heavy{i}")
+            await asyncio.sleep(0.05)
+
+    async def single() -> None:
+        with queue.wanting():
+            await queue.after_heavy_turn()  # the turn in progress ends first
+            order.append("single")
+            await asyncio.sleep(0.05)
+
+    first = asyncio.create_task(heavy(0))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(first, single(), heavy(1), heavy(2))
+    assert order == ["heavy0", "single", "heavy1", "heavy2"], order
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import fcntl, os, time\n"
+            f"fd = os.open({str(queue.want_path)!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_SH)\n"
+            "print('wants', flush=True)\n"
+            "time.sleep(0.5)\n"
+        )],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "wants"
+        assert queue.others_want()
+        started = time.monotonic()
+        async with queue.heavy(yield_seconds=5):
+            waited = time.monotonic() - started
+        assert waited >= 0.2  # until the other process's write stopped wanting the lock
+    finally:
+        other.kill()
+        other.wait()
     queue.close()

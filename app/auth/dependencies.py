@@ -3,7 +3,9 @@
 The capability is the gate's (``app.core.http.routing``: ``/v1/{namespace}/<capability>/...``) and the
 action the route's: reads are GET/HEAD and the POSTs declared read-only (``@accepts(...,
 read_only=True)``). The check runs from the headers alone, before any byte of the body is read
-and before any handler touches data, so a refusal says nothing about what exists.
+and before any handler touches data, so a refusal says nothing about what exists. Rate limits
+(optional, per process): per key when the key is known, per namespace once the key may use it
+(a namespace's keys share its bucket; the admin key has none).
 """
 
 from __future__ import annotations
@@ -86,12 +88,30 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     if request.method not in _SAFE_METHODS:
         if principal is ANONYMOUS:
             refuse_foreign_origin(request)
-        if (space := disk_space_of(request)) is not None:
-            space.check_write(request)  # 507 while the disk is full, unless it frees space
+        if not reads and (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full, unless it frees space (a POST read never needs any)
     namespace = request.path_params.get("namespace", "")
     action = "read" if reads else "write"
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
+    limiter = gateway_state(request.app).namespace_limiter
+    if limiter.enabled and not principal.is_admin:
+        wait = limiter.acquire(namespace)
+        if wait > 0:
+            raise TooManyRequests(
+                f"rate limit exceeded for namespace {namespace!r} (all its keys together)",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+
+
+async def namespace_read_guard(request: Request, _gate: str, _reads: bool) -> None:
+    """The gate of a namespace's own routes (``/v1/{namespace}/usage``): a key of the namespace
+    with a read (or write) scope of any capability."""
+    principal = await authenticate(request)
+    namespace = request.path_params.get("namespace", "")
+    names = gateway_state(request.app).capability_names
+    if not principal.allows_namespace(namespace) or not any(principal.allows(c, "read") for c in names):
+        raise Forbidden("this API key may not read in this namespace")
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -138,7 +158,7 @@ async def admin_guard(request: Request, _gate: str, _reads: bool) -> None:
 
 async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
     if not principal.is_admin:
-        raise Forbidden("only the admin key may manage API keys")
+        raise Forbidden("only the admin key may manage API keys and quotas (/v1/admin)")
     return principal
 
 

@@ -1,4 +1,6 @@
-"""Per-key token buckets (in-process: with several workers each has its own buckets)."""
+"""Token buckets by name: per key, and per namespace (in-process: with several workers or replicas
+each has its own buckets, so the limit a client meets is the one of the process it reached; a
+proxy in front enforces one across them, ``docs/operations.md``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """``rate`` requests per second per key with bursts up to ``burst``; ``rate == 0`` is off."""
+    """``rate`` requests per second per name (a key's id, a namespace) with bursts up to
+    ``burst``; ``rate == 0`` is off. Past ``max_keys`` names every bucket starts full again."""
 
     def __init__(self, rate: float, burst: int, max_keys: int = 100_000) -> None:
         self.rate = rate

@@ -16,7 +16,9 @@ from app.checkpoints.router import router
 from app.checkpoints.samples import SAMPLES
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
-from app.core.capability import Capability, Change, Periodic, in_batches
+from app.core.capability import Capability, Change, Periodic
+from app.core.quotas import Counted
+from app.fairness.fairshare import HeavyWrites
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
@@ -33,19 +35,18 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[CheckpointsService]:
     fixed = fixed_statements(dialect)
     repository = CheckpointsRepository(backend, insert_builder(dialect))
     writer = writer_for(dialect, repository, backend, fixed)
+    databases = state.databases
+    heavy = HeavyWrites(
+        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), settings.fairness,
+        Database.checkpoints.value,
+    )
     yield CheckpointsService(
-        repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints
+        repository, CheckpointReader(backend, fixed), writer, settings.limits, settings.checkpoints, heavy
     )
 
 
 def periodic(service: CheckpointsService, state: GatewayState) -> Iterator[Periodic]:
-    engine = state.databases.engine(Database.checkpoints)
-
-    async def sweep() -> None:
-        """Apply retention in bounded batches."""
-        await in_batches(engine, service.sweep, service.settings.sweep_batch)
-
-    yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, sweep)
+    yield Periodic("checkpoints-sweep", service.settings.sweep_interval_seconds, service.sweep_round)
 
 
 class CheckpointsData(NamespaceData[CheckpointsService]):
@@ -81,6 +82,7 @@ CAPABILITY = Capability(
     # checkpoints, blobs, writes and metadata terms are keyed by a thread row's id, which only a
     # scoped checkpoint_threads row hands out
     tables=(checkpoint_threads, checkpoint_retention),
+    usage=(Counted(checkpoint_threads),),  # items: threads (a retention row is one); bytes not counted yet
     summary="LangGraph graph state: threads, checkpoints, channel blobs and pending writes "
     "(the client's GatewayCheckpointSaver).",
     samples=SAMPLES,

@@ -13,9 +13,13 @@ which values are stored, never from the bytes.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
-from app.checkpoints.repository import Lineage
+import anyio
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.checkpoints.repository import CheckpointKey, CheckpointsRepository, Lineage
 
 
 def kept_ids(rows: Sequence[Lineage], keep: int, stored: set[tuple[str, str, str]]) -> set[str]:
@@ -55,3 +59,31 @@ def kept_ids(rows: Sequence[Lineage], keep: int, stored: set[tuple[str, str, str
                     needed = needed - valued
             cur = by_id.get(cur.parent_checkpoint_id or "")
     return kept
+
+
+def doomed(pk: int, lineage: Sequence[Lineage], keep: int, stored: set[tuple[str, str, str]]) -> list[CheckpointKey]:
+    """The checkpoints of ``lineage`` (thread ``pk``'s) that keep-latest ``keep`` deletes."""
+    by_ns: dict[str, list[Lineage]] = defaultdict(list)
+    for row in lineage:
+        by_ns[row.checkpoint_ns].append(row)
+    out: list[CheckpointKey] = []
+    for ns, rows in by_ns.items():
+        if len(rows) <= keep:
+            continue
+        kept = kept_ids(rows, keep, stored)
+        out += [(pk, ns, r.checkpoint_id) for r in rows if r.checkpoint_id not in kept]
+    return out
+
+
+async def doomed_checkpoints(repo: CheckpointsRepository, conn: AsyncConnection, pk: int, keep: int) -> list[CheckpointKey]:
+    """What keep-latest ``keep`` deletes of thread ``pk``, read out: all but the newest ``keep``
+    of each checkpoint_ns, or (with delta channels) those ``kept_ids`` does not keep."""
+    if not await repo.has_delta_channels(conn, pk):
+        return await repo.all_but_newest(conn, pk, keep)
+    channels = await repo.delta_channel_names(conn, pk)
+    stored = await repo.blob_keys(conn, pk, channels) if channels else set()
+    lineage = await repo.lineage(conn, pk, channels, stored)
+    # The walks are pure Python, checkpoints x delta channels (a thread of 7,000 checkpoints
+    # with 64 of them: 0.9 s): in a worker thread, so the event loop keeps its turns (the GIL
+    # passes between them every few milliseconds).
+    return await anyio.to_thread.run_sync(doomed, pk, lineage, keep, stored)

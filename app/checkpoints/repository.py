@@ -2,10 +2,11 @@
 
 A thread's rows are found through ``checkpoint_threads``, always by (namespace, thread_id) in a
 request (``_thread_pk`` / ``touch_thread``), so no statement a request sends can reach another
-namespace's rows; only the retention sweep (``app.checkpoints.retention``) goes by ``pk`` across
-namespaces. Statements that delete or copy a thread's rows lock its registry row first
-(``FOR UPDATE`` on PostgreSQL; SQLite writes one at a time), so a concurrent ``put`` that reuses
-a stored blob is never interleaved with the statement collecting unreferenced blobs.
+namespace's rows; only the retention sweep and the turns of long writes (``app.checkpoints.heavy``:
+threads parked in ``~copy`` and ``~trash``, found by a scoped lookup first) go by ``pk``.
+Statements that delete a thread's rows lock its registry row first (``FOR UPDATE`` on PostgreSQL;
+SQLite writes one at a time), so a concurrent ``put`` that reuses a stored blob is never
+interleaved with the statement collecting unreferenced blobs.
 """
 
 from __future__ import annotations
@@ -132,10 +133,14 @@ class CheckpointsRepository:
             set_={"channel": w.excluded.channel, "type": w.excluded.type, "blob": w.excluded.blob},
         )
         # The tables a copy writes again, each with what one of its rows stores: the copy limit
-        # weighs what ``copy_thread`` writes, table by table, as ``app.checkpoints.reads`` defines it.
-        self._copied: tuple[tuple[Table, Any], ...] = (
+        # weighs what a copy writes (``app.checkpoints.heavy``), table by table, as ``app.checkpoints.reads`` defines it.
+        self.copied: tuple[tuple[Table, Any], ...] = (
             (blobs, value_row_bytes()), (cp, checkpoint_row_bytes(b)), (writes, write_row_bytes()), (terms, term_row_bytes()),
         )
+
+    def insert_builder(self, table: Table) -> Any:
+        """``INSERT INTO table`` of this backend (with its ``on_conflict_*``)."""
+        return self._insert(table)
 
     # --- threads -------------------------------------------------------------------------
 
@@ -183,15 +188,29 @@ class CheckpointsRepository:
         stmt = select(exists().where(cp.c.thread_pk == _PK, counters.is_not(None)))
         return bool((await conn.execute(stmt, {"pk": pk})).scalar())
 
-    async def delete_all_but_newest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
-        """All but the newest ``keep`` checkpoints of each checkpoint_ns of the thread, with their
-        pending writes and metadata terms, in the database (nothing of them is read out); how
-        many checkpoints went."""
+    @staticmethod
+    def _all_but_newest() -> Any:
+        """(checkpoint_ns, checkpoint_id) of all but the newest ``:keep`` checkpoints of each
+        checkpoint_ns of thread ``:pk``."""
         ranked = select(
             cp.c.checkpoint_ns, cp.c.checkpoint_id,
             func.row_number().over(partition_by=cp.c.checkpoint_ns, order_by=cp.c.checkpoint_id.desc()).label("nth"),
         ).where(cp.c.thread_pk == _PK).subquery("ranked")
-        doomed = select(ranked.c.checkpoint_ns, ranked.c.checkpoint_id).where(ranked.c.nth > bindparam("keep", type_=Integer))
+        return select(ranked.c.checkpoint_ns, ranked.c.checkpoint_id).where(ranked.c.nth > bindparam("keep", type_=Integer))
+
+    async def all_but_newest(self, conn: AsyncConnection, pk: int, keep: int, limit: int | None = None) -> list[CheckpointKey]:
+        """The keys ``delete_all_but_newest`` deletes, read out (the first ``limit``, oldest first)."""
+        stmt = self._all_but_newest()
+        if limit is not None:
+            stmt = stmt.order_by(stmt.selected_columns[0], stmt.selected_columns[1]).limit(limit)
+        rows = (await conn.execute(stmt, {"pk": pk, "keep": keep})).all()
+        return [(pk, r[0], r[1]) for r in rows]
+
+    async def delete_all_but_newest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
+        """All but the newest ``keep`` checkpoints of each checkpoint_ns of the thread, with their
+        pending writes and metadata terms, in the database (nothing of them is read out); how
+        many checkpoints went."""
+        doomed = self._all_but_newest()
         async with self.backend.hash_joins(conn):
             return await _delete_of_checkpoints(
                 conn, lambda t: and_(t.c.thread_pk == _PK, tuple_(t.c.checkpoint_ns, t.c.checkpoint_id).in_(doomed)),
@@ -299,8 +318,8 @@ class CheckpointsRepository:
         stmt = stmt.values(parent_checkpoint_id=None)
         await conn.execute(stmt, {"pk": pk, "cns": ns})
 
-    async def collect_blobs(self, conn: AsyncConnection, pk: int) -> int:
-        """Delete the thread's stored values that no checkpoint of it uses any more."""
+    def unused_blob(self) -> ColumnElement[bool]:
+        """A stored value of thread ``:pk`` that no checkpoint of it uses."""
         c = cp.alias("c")
         v = self.backend.versions_of(c)
         used = (
@@ -308,10 +327,11 @@ class CheckpointsRepository:
             .select_from(c.join(v, true()))
             .where(c.c.thread_pk == _PK)
         )
-        stmt = delete(blobs).where(
-            blobs.c.thread_pk == _PK,
-            tuple_(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).not_in(used),
-        )
+        return tuple_(blobs.c.checkpoint_ns, blobs.c.channel, blobs.c.version).not_in(used)
+
+    async def collect_blobs(self, conn: AsyncConnection, pk: int) -> int:
+        """Delete the thread's stored values that no checkpoint of it uses any more."""
+        stmt = delete(blobs).where(blobs.c.thread_pk == _PK, self.unused_blob())
         return (await conn.execute(stmt, {"pk": pk})).rowcount or 0
 
     async def run_threads(self, conn: AsyncConnection, ns: str, run_id: str) -> list[int]:
@@ -359,21 +379,9 @@ class CheckpointsRepository:
         def total(table: Table, weight: Any) -> Any:
             return select(func.coalesce(func.sum(weight), 0)).where(table.c.thread_pk == _PK).scalar_subquery()
 
-        totals = [total(table, weight) for table, weight in self._copied]
+        totals = [total(table, weight) for table, weight in self.copied]
         stmt = select(functools.reduce(operator.add, totals))
         return int((await conn.execute(stmt, {"pk": pk})).scalar_one())
-
-    async def copy_thread(self, conn: AsyncConnection, source: int, target: int) -> int:
-        """Every row of thread ``source`` into thread ``target`` (rows it already has stay)."""
-        copied = 0
-        for table, _ in self._copied:
-            columns = [c for c in table.c if c.name != "thread_pk"]
-            source_rows = select(literal(target, type_=Integer), *columns).where(table.c.thread_pk == bindparam("src", type_=Integer))
-            stmt = self._insert(table).from_select(["thread_pk", *(c.name for c in columns)], source_rows).on_conflict_do_nothing()
-            result = await conn.execute(stmt, {"src": source})
-            if table is cp:
-                copied = result.rowcount or 0
-        return copied
 
     # --- retention settings ----------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import logging
 from typing import Annotated
 
 import orjson
-from fastapi import Query, Response
+from fastapi import Query, Request, Response
 from pydantic import TypeAdapter, ValidationError
 
 from app.checkpoints.dependencies import CheckpointsServiceDep
@@ -30,8 +30,17 @@ from app.checkpoints.schemas import (
     WritesCreate,
 )
 from app.core.dependencies import CheckpointsConnection, NamespacePath
-from app.core.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, ServiceUnavailable, problem_responses
+from app.core.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
+    problem_responses,
+)
 from app.core.fast import fast
+from app.core.jsonvalue import check_float_range
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
 from app.core.http.routing import CapabilityRouter
@@ -44,6 +53,7 @@ JSON = "application/json"
 _ERRORS = problem_responses(InvalidInput, ServiceUnavailable)
 _KEY_TEXT = {"pattern": KEY_PATTERN}  # checked by _valid, as the body models check the same fields
 _WRITE_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, ServiceUnavailable)
+_COPY_ERRORS = problem_responses(InvalidInput, PayloadTooLarge, TooManyRequests, ServiceUnavailable)
 _READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 
 
@@ -51,12 +61,14 @@ _READ_ERRORS = problem_responses(InvalidInput, Conflict, ServiceUnavailable)
 @accepts(Body.JSON)
 @fast(one_statement="postgresql")
 async def put_checkpoint(
-    namespace: NamespacePath, body: CheckpointCreate, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointCreate, request: Request, conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
 ) -> Response:
     """Store a checkpoint with the channel values new in it (`aput`); values already stored at
     their version are kept once. Storing the same id again replaces the checkpoint. 413 when the
     checkpoint with its metadata, versions and the values they reference would weigh more than
-    `checkpoints.max_checkpoint_bytes`."""
+    `checkpoints.max_checkpoint_bytes`; 422 for a number no 64-bit float holds (`1e400`, `1e-400`)."""
+    check_float_range(await request.body())
     return Response(orjson.dumps(await service.put(conn, namespace, body)), media_type=JSON)
 
 
@@ -97,13 +109,15 @@ async def get_tuple(
 @accepts(Body.JSON, read_only=True)
 @fast(one_statement="postgresql")
 async def search_checkpoints(
-    namespace: NamespacePath, body: CheckpointSearch, conn: CheckpointsConnection, service: CheckpointsServiceDep
+    namespace: NamespacePath, body: CheckpointSearch, request: Request, conn: CheckpointsConnection,
+    service: CheckpointsServiceDep,
 ) -> Response:
     """Checkpoints newest first (`alist`): of a thread (and checkpoint_ns) or of the whole
     namespace, with a metadata `filter` (served by an index), `before` and a page `limit`. A page
     also ends before the checkpoint that would make it hold more than `checkpoints.max_page_bytes`
     (with values and pending writes): follow `next_cursor` until it is null. A first checkpoint
     heavier than that alone is a 409."""
+    check_float_range(await request.body())
     return Response(await service.search(conn, namespace, body), media_type=JSON)
 
 
@@ -111,41 +125,36 @@ async def search_checkpoints(
 async def delete_thread(
     namespace: NamespacePath,
     thread_id: Annotated[str, Query(min_length=1, max_length=1024, json_schema_extra=_KEY_TEXT, description="LangGraph `thread_id`.")],
-    conn: CheckpointsConnection,
     service: CheckpointsServiceDep,
 ) -> Deleted:
     """Every checkpoint, value and pending write of the thread (`adelete_thread`); fine if it has none."""
     thread_id = _valid("thread", "thread_id", thread_id)
-    return Deleted(deleted=await service.delete_thread(conn, namespace, thread_id))
+    return Deleted(deleted=await service.delete_thread(namespace, thread_id))
 
 
 @router.post("/runs/delete", summary="Delete the checkpoints of runs", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-async def delete_runs(
-    namespace: NamespacePath, body: RunsDelete, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Deleted:
+async def delete_runs(namespace: NamespacePath, body: RunsDelete, service: CheckpointsServiceDep) -> Deleted:
     """Checkpoints whose metadata `run_id` is listed, with their writes (`adelete_for_runs`)."""
-    return Deleted(deleted=await service.delete_runs(conn, namespace, body.run_ids))
+    return Deleted(deleted=await service.delete_runs(namespace, body.run_ids))
 
 
-@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_WRITE_ERRORS)
+@router.post("/threads/copy", summary="Copy a thread", response_model=Copied, responses=_COPY_ERRORS)
 @accepts(Body.JSON)
-async def copy_thread(
-    namespace: NamespacePath, body: ThreadCopy, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Copied:
-    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`);
-    413 when the source holds more than `checkpoints.max_copy_bytes`."""
-    return Copied(copied=await service.copy_thread(conn, namespace, body.source_thread_id, body.target_thread_id))
+async def copy_thread(namespace: NamespacePath, body: ThreadCopy, service: CheckpointsServiceDep) -> Copied:
+    """Every checkpoint of the source thread with its values and writes into the target (`acopy_thread`),
+    all at once into a thread without checkpoints; 413 when the source holds more than
+    `checkpoints.max_copy_bytes`; 429 (with `Retry-After`) past `fairness.heavy_per_namespace` copies of the
+    namespace at once."""
+    return Copied(copied=await service.copy_thread(namespace, body.source_thread_id, body.target_thread_id))
 
 
 @router.post("/prune", summary="Prune threads", response_model=Deleted, responses=_WRITE_ERRORS)
 @accepts(Body.JSON)
-async def prune(
-    namespace: NamespacePath, body: ThreadsPrune, conn: CheckpointsConnection, service: CheckpointsServiceDep
-) -> Deleted:
+async def prune(namespace: NamespacePath, body: ThreadsPrune, service: CheckpointsServiceDep) -> Deleted:
     """`keep_latest`: only the newest checkpoint per checkpoint_ns stays, with the ancestors its
     delta channels need; `delete`: nothing stays (`aprune`)."""
-    return Deleted(deleted=await service.prune(conn, namespace, body.thread_ids, body.strategy))
+    return Deleted(deleted=await service.prune(namespace, body.thread_ids, body.strategy))
 
 
 @router.put("/retention", summary="Set retention", response_model=RetentionRead, responses=_ERRORS)

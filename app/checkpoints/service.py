@@ -5,21 +5,22 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
 import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.checkpoints.lineage import kept_ids
+from app.checkpoints.heavy import ParkedThreads
+from app.checkpoints.lineage import doomed_checkpoints
 from app.checkpoints.reads import CheckpointReader, PageRow
-from app.checkpoints.repository import DELETE_CHUNK, CheckpointKey, CheckpointsRepository, Lineage
+from app.checkpoints.repository import DELETE_CHUNK, CheckpointKey, CheckpointsRepository
 from app.checkpoints.writer import CheckpointWriter
 from app.checkpoints.schemas import CheckpointCreate, CheckpointSearch, RetentionRead, RetentionUpdate, WritesCreate
 from app.checkpoints.settings import CheckpointsSettings
+from app.core.capability import in_batches
 from app.core.config import LimitsSettings
+from app.fairness.fairshare import HeavyWrites
 from app.core.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.checkpoints.backend import dumps_text
 from app.core.jsonvalue import jsonb_text
@@ -37,30 +38,20 @@ def _typed(type_: str, data: bytes) -> dict[str, str]:
     return {"type": type_, "data": _b64(data).decode("ascii")}
 
 
-def _doomed(pk: int, lineage: Sequence[Lineage], keep: int, stored: set[tuple[str, str, str]]) -> list[CheckpointKey]:
-    """The checkpoints of ``lineage`` (one thread's) that keep-latest ``keep`` deletes."""
-    by_ns: dict[str, list[Lineage]] = defaultdict(list)
-    for row in lineage:
-        by_ns[row.checkpoint_ns].append(row)
-    doomed: list[CheckpointKey] = []
-    for ns, rows in by_ns.items():
-        if len(rows) <= keep:
-            continue
-        kept = kept_ids(rows, keep, stored)
-        doomed += [(pk, ns, r.checkpoint_id) for r in rows if r.checkpoint_id not in kept]
-    return doomed
-
-
 class CheckpointsService:
     def __init__(
         self, repository: CheckpointsRepository, reader: CheckpointReader, writer: CheckpointWriter,
-        limits: LimitsSettings, settings: CheckpointsSettings,
+        limits: LimitsSettings, settings: CheckpointsSettings, heavy: HeavyWrites,
     ) -> None:
         self.repo = repository
         self.reader = reader
         self.writer = writer
         self.limits = limits
         self.settings = settings
+        self.heavy = heavy
+        self.copies = ParkedThreads(heavy, repository)
+        """Copies in turns on both backends; deletes, prunes and sweeps on SQLite (``parked``)."""
+        self.parked = self.copies if heavy.sqlite else None
 
     # --- limits --------------------------------------------------------------------------
 
@@ -190,14 +181,25 @@ class CheckpointsService:
         return orjson.dumps({"items": [self._tuple(r) for r in rows], "next_cursor": next_cursor})
 
     # --- deletes, copies, pruning ----------------------------------------------------------
+    # One transaction each on PostgreSQL (writers of other rows never wait for it); on SQLite in
+    # turns that let other writers in between (``app.checkpoints.heavy``).
 
-    async def delete_thread(self, conn: AsyncConnection, ns: str, thread_id: str) -> int:
-        pk = await self.repo.lock_thread(conn, ns, thread_id)
-        return await self.repo.delete_threads(conn, [pk], ns) if pk is not None else 0
+    async def delete_thread(self, ns: str, thread_id: str) -> int:
+        if self.parked is not None:
+            return await self.parked.delete_threads(ns, [thread_id])
+        async with self.heavy.turn() as conn:
+            pk = await self.repo.lock_thread(conn, ns, thread_id)
+            return await self.repo.delete_threads(conn, [pk], ns) if pk is not None else 0
 
-    async def delete_runs(self, conn: AsyncConnection, ns: str, run_ids: Sequence[str]) -> int:
+    async def delete_runs(self, ns: str, run_ids: Sequence[str]) -> int:
         self._check_count("run_ids", len(run_ids))
         runs = list(dict.fromkeys(run_ids))
+        if self.parked is not None:
+            return await self.parked.delete_runs(ns, runs)
+        async with self.heavy.turn() as conn:
+            return await self._delete_runs(conn, ns, runs)
+
+    async def _delete_runs(self, conn: AsyncConnection, ns: str, runs: Sequence[str]) -> int:
         threads: set[int] = set()
         for run_id in runs:
             threads.update(await self.repo.run_threads(conn, ns, run_id))
@@ -220,39 +222,45 @@ class CheckpointsService:
             await self.repo.collect_blobs(conn, pk)
         return deleted
 
-    async def copy_thread(self, conn: AsyncConnection, ns: str, source: str, target: str) -> int:
+    async def copy_thread(self, ns: str, source: str, target: str) -> int:
         """Every checkpoint of ``source`` (the whole parent chain, so delta channels rebuild)
-        with its values and pending writes, into ``target``."""
+        with its values and pending writes, into ``target``; at most ``fairness.heavy_per_namespace``
+        copies of a namespace at once (429)."""
         if source == target:
             raise InvalidInput("target_thread_id", "must differ from source_thread_id")
-        # Both threads' rows are locked in thread_id order, as a prune locks them: two copies
-        # in opposite directions deadlocked (each held its source and waited for its target).
-        if target < source:
-            await self.repo.lock_thread(conn, ns, target)  # if it exists: nothing is made for a missing source
-        src = await self.repo.lock_thread(conn, ns, source)
-        if src is None:
-            return 0
-        # One request writes the whole thread again (and on SQLite holds the write lock of every
-        # namespace's checkpoints meanwhile): only up to max_copy_bytes of it.
-        size, limit = await self.repo.thread_bytes(conn, src), self.settings.max_copy_bytes
-        if size > limit:
-            self._too_heavy("source_thread_id", f"thread {source!r} holds {size} stored bytes", "max_copy_bytes", limit)
-        dst = await self.repo.touch_thread(conn, ns, target, time.time())
-        return await self.repo.copy_thread(conn, src, dst)
+        slot = self.heavy.admit(ns, "thread copies")
+        try:
+            copied = await self.copies.copy(ns, source, target, self.settings.max_copy_bytes)
+        finally:
+            slot.release()
+        if isinstance(copied, tuple):
+            self._too_heavy("source_thread_id", f"thread {source!r} holds {copied[0]} stored bytes",
+                            "max_copy_bytes", copied[1])
+        return copied  # type: ignore[return-value]  # (an int: a tuple was refused above)
 
-    async def prune(self, conn: AsyncConnection, ns: str, thread_ids: Sequence[str], strategy: str) -> int:
+    async def prune(self, ns: str, thread_ids: Sequence[str], strategy: str) -> int:
         self._check_count("thread_ids", len(thread_ids))
-        pks = []
-        for thread_id in sorted(set(thread_ids)):
-            pk = await self.repo.lock_thread(conn, ns, thread_id)
-            if pk is not None:
-                pks.append(pk)
-        if strategy == "delete":
-            return await self.repo.delete_threads(conn, pks, ns)
-        deleted = 0
-        for pk in pks:
-            deleted += await self.keep_latest(conn, pk, 1)
-        return deleted
+        if self.parked is not None:
+            if strategy == "delete":
+                return await self.parked.delete_threads(ns, thread_ids)
+            async with self.heavy.engine.connect() as conn:
+                pks = [pk for t in sorted(set(thread_ids)) if (pk := await self.repo.lock_thread(conn, ns, t)) is not None]
+            deleted = 0
+            for pk in pks:
+                deleted += await self.parked.keep_latest(pk, 1)
+            return deleted
+        async with self.heavy.turn() as conn:
+            pks = []
+            for thread_id in sorted(set(thread_ids)):
+                pk = await self.repo.lock_thread(conn, ns, thread_id)
+                if pk is not None:
+                    pks.append(pk)
+            if strategy == "delete":
+                return await self.repo.delete_threads(conn, pks, ns)
+            deleted = 0
+            for pk in pks:
+                deleted += await self.keep_latest(conn, pk, 1)
+            return deleted
 
     async def keep_latest(self, conn: AsyncConnection, pk: int, keep: int) -> int:
         """Delete all but the newest ``keep`` checkpoints per checkpoint_ns of thread ``pk`` (and
@@ -266,13 +274,7 @@ class CheckpointsService:
                 await self.repo.orphan_parents(conn, pk, None)
                 await self.repo.collect_blobs(conn, pk)
             return deleted
-        channels = await self.repo.delta_channel_names(conn, pk)
-        stored = await self.repo.blob_keys(conn, pk, channels) if channels else set()
-        lineage = await self.repo.lineage(conn, pk, channels, stored)
-        # The walks are pure Python, checkpoints x delta channels (a thread of 7,000 checkpoints
-        # with 64 of them: 0.9 s): in a worker thread, so the event loop keeps its turns (the GIL
-        # passes between them every few milliseconds).
-        doomed = await anyio.to_thread.run_sync(_doomed, pk, lineage, keep, stored)
+        doomed = await doomed_checkpoints(self.repo, conn, pk, keep)
         if not doomed:
             return 0
         deleted = await self.repo.delete_checkpoints(conn, doomed)
@@ -296,6 +298,17 @@ class CheckpointsService:
         else:
             keep, ttl = await self.repo.thread_retention(conn, ns, thread_id)
         return RetentionRead(thread_id=thread_id, keep_latest=keep, idle_ttl_seconds=ttl)
+
+    async def sweep_round(self) -> None:
+        """Retention in bounded batches, until a batch is not full (SQLite: in turns, and then what
+        copies and deletes cut short left behind)."""
+        batch = self.settings.sweep_batch
+        if self.parked is not None:
+            while await self.parked.sweep(batch) >= batch:
+                pass
+        else:
+            await in_batches(self.heavy.engine, self.sweep, batch)
+        await self.copies.collect_parked()
 
     async def sweep(self, conn: AsyncConnection) -> int:
         """One bounded batch of retention over every namespace: idle threads deleted, threads

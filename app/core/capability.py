@@ -13,6 +13,7 @@ whose ``capability.py`` exports a ``Capability``, and one line in ``app.capabili
   under its tag, described by ``summary``;
 - a database error of its own is answered as its ``errors`` say (``app.core.errors``);
 - the shared tests (``tests/capability_checks.py``) cover its ``tables`` with its ``samples``;
+- quotas count its items and bytes in the tables its ``usage`` names (``app.core.quotas``);
 - delete-namespace (and export/import, #47) walk its ``data``; the change log (#46) records its
   ``changes``.
 
@@ -37,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.core.config import Database
 from app.core.errors import DatabaseErrorRule
 from app.core.namespace_data import NamespaceData, TableData, writer
+from app.core.quotas import Counted
 from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
@@ -98,6 +100,9 @@ class Capability(Generic[S]):
     """Every kind of write it makes: each writing route belongs to one (tests/test_capabilities.py)."""
     errors: tuple[DatabaseErrorRule, ...] = ()
     """Database errors of its own answered as 4xx (tried before the gateway's own rules)."""
+    usage: tuple[Counted, ...] = ()
+    """What its quotas count: tables with a ``namespace`` column, a row an item, its bytes as
+    declared (``app.core.quotas``); none: no quota."""
 
     def __post_init__(self) -> None:
         if self.router.capability != self.name:
@@ -105,6 +110,9 @@ class Capability(Generic[S]):
         for table in self.tables:
             if "namespace" not in table.c:
                 raise ValueError(f"capability {self.name!r}: table {table.name} has no namespace column")
+        for counted in self.usage:
+            if "namespace" not in counted.table.c:
+                raise ValueError(f"capability {self.name!r}: counted table {counted.table.name} has no namespace column")
         if self.data is None:
             object.__setattr__(self, "data", TableData(self.tables))
 
@@ -168,6 +176,7 @@ def stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+RESERVED = frozenset({"usage"})  # /v1/{namespace}/usage is the gateway's (app.quotas)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of CAP:ACTION scopes
 
 
@@ -219,6 +228,8 @@ def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[An
     for capability in capabilities:
         if not _NAME.fullmatch(capability.name):
             raise ValueError(f"capability name {capability.name!r} is not [a-z][a-z0-9_]*")
+        if capability.name in RESERVED:
+            raise ValueError(f"capability name {capability.name!r} is the gateway's own path (/v1/{{namespace}}/{capability.name})")
         if capability.name in out:
             raise ValueError(f"two capabilities are named {capability.name!r}")
         out[capability.name] = capability

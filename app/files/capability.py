@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import Capability, Change, Periodic
+from app.core.quotas import Counted
 from app.core.config import Database
 from app.core.http.conditions import WriteConditions
 from app.core.namespace_data import Deleted, NamespaceData
@@ -21,7 +22,6 @@ from app.files.router import router
 from app.files.samples import SAMPLES
 from app.files.s3 import S3Objects
 from app.files.service import FilesService
-from app.files.writequeue import WriteQueue
 
 log = logging.getLogger("app.files")
 
@@ -32,18 +32,14 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
     settings = state.settings
     databases = state.databases
     objects = await S3Objects.open(settings.files.s3) if settings.files.s3.bucket else None
-    sqlite_file = databases.sqlite_file(Database.metadata)
-    queue = WriteQueue(sqlite_file, settings.databases.metadata.connect_timeout) if sqlite_file is not None else None
     try:
         service = FilesService(
             databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects,
-            inline=lambda: databases.inline_connection(Database.metadata), queue=queue,
+            inline=lambda: databases.inline_connection(Database.metadata), queue=databases.write_queue(Database.metadata),
         )
         state.storage_checks["files"] = service.readiness
         yield service
     finally:
-        if queue is not None:
-            queue.close()
         if objects is not None:
             await objects.close()
 
@@ -88,6 +84,7 @@ CAPABILITY = Capability(
     periodic=periodic,
     # file_chunks and file_uploads are keyed by ids that only a scoped files row hands out
     tables=(files,),
+    usage=(Counted(files, size="size"),),
     summary="Streamed file uploads and downloads with Range, ETags and conditional requests.",
     samples=SAMPLES,
     data=FilesData(),

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from app.core.http import splice
+from app.core.quotas import refuse_over_quota
 from app.core.http.conditions import Conditions, quote_etag
 from app.core.dependencies import CollectionPath, NamespacePath, PageLimit
 from app.core.fast import fast
@@ -330,6 +331,7 @@ async def put_file(
     """Store the request body as the new version of the file; visible only once complete."""
     content_type = request.headers.get("content-type")
     files.check_declared_size(request.headers.get("content-length"))
+    await refuse_over_quota(request, namespace, "files", request.headers.get("content-length"))
     async with _answer_early(request):
         stored = await files.store(
             namespace, collection, file_id, _body(request), _content_type(content_type), conditions

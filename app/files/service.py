@@ -48,8 +48,8 @@ from app.core.ops.health import StorageStatus
 from app.core.names import validate_key
 from app.core.http.pagination import decode_cursor, encode_cursor
 from app.core.fast.inline_sqlite import Execute, InlineConnection
-from app.files.writequeue import WriteQueue
-from app.files.slots import Slots
+from app.fairness.writequeue import WriteQueue
+from app.fairness.slots import Slots
 from app.core.fast.fixed_statements import fixed_statements
 from app.core.fast.one_statement import borrow_driver_connection, give_back
 from app.files.backend import FilesBackend
@@ -362,7 +362,7 @@ class FilesService:
     @asynccontextmanager
     async def write(self, *, chunks: bool = False) -> AsyncIterator[AsyncConnection]:
         """One short write transaction (``chunks``: one that only stores chunks of an upload), on
-        SQLite in its turn of the database's write queue (``app.files.writequeue``)."""
+        SQLite in its turn of the database's write queue (``app.fairness.writequeue``)."""
         async with self._queue.held() if self._queue is not None else nullcontext():
             async with self._write_engine.begin() as conn:
                 if chunks:

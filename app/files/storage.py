@@ -30,7 +30,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import Conflict
-from app.files.slots import Slot, Slots
+from app.fairness.slots import Slot, Slots
 from app.files.local import LocalFiles, is_local_key
 from app.files.ranges import ByteRange
 from app.files.repository import FileRow, FilesRepository
@@ -183,7 +183,7 @@ class VersionGone(Exception):
 
 
 class ChunkReader:
-    """A file row and its chunks, holding a download slot (``app.files.slots``) until closed.
+    """A file row and its chunks, holding a download slot (``app.fairness.slots``) until closed.
 
     The chunks are read in one snapshot transaction, on a connection of its own, for at most
     ``snapshot_seconds``: a replace or delete meanwhile does not change what is sent. A download

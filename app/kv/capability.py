@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Change, Periodic, expiry_sweep
+from app.core.quotas import Counted
 from app.core.config import Database
 from app.core.state import GatewayState
 from app.core.fast.fixed_statements import fixed_statements
@@ -42,6 +43,7 @@ CAPABILITY = Capability(
     lifecycle=lifecycle,
     periodic=periodic,
     tables=(kv_entries,),
+    usage=(Counted(kv_entries, length_of="value"),),
     summary="JSON values by key in collections, with ETags, compare-and-set and optional expiry.",
     samples=SAMPLES,
     changes=(

@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Change
+from app.core.quotas import Counted
 from app.core.config import Database
+from app.fairness.fairshare import HeavyWrites
 from app.core.state import GatewayState
 from app.core.fast.fixed_statements import fixed_statements
 from app.core.db.upsert import insert_builder
@@ -20,9 +22,14 @@ from app.records.service import RecordsService
 @asynccontextmanager
 async def lifecycle(state: GatewayState) -> AsyncIterator[RecordsService]:
     """The records service for the checkpoints database's backend."""
-    dialect = state.databases.dialect(Database.checkpoints)
+    databases = state.databases
+    dialect = databases.dialect(Database.checkpoints)
     repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
-    yield RecordsService(repository, state.settings.limits)
+    heavy = HeavyWrites(
+        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), state.settings.fairness,
+        Database.checkpoints.value,
+    )
+    yield RecordsService(repository, state.settings.limits, heavy)
 
 
 CAPABILITY = Capability(
@@ -31,6 +38,7 @@ CAPABILITY = Capability(
     database=Database.checkpoints,
     lifecycle=lifecycle,
     tables=(records,),
+    usage=(Counted(records, length_of="value"),),
     summary="JSON records per collection, ordered by key: batches, ordered pages with cursors, trim.",
     samples=SAMPLES,
     changes=(

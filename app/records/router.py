@@ -98,12 +98,11 @@ async def upsert_records(
     collection: CollectionPath,
     batch: RecordBatchCreate,
     request: Request,
-    conn: CheckpointsConnection,
     service: RecordsServiceDep,
 ) -> RecordBatchResult:
     """Upsert every record of the batch atomically: all are stored, or (on any error) none."""
     # The body was read once already; the service takes the values' numbers as written from it.
-    count = await service.upsert_batch(conn, namespace, collection, batch.records, await request.body())
+    count = await service.upsert_batch(namespace, collection, batch.records, await request.body())
     return RecordBatchResult(upserted=count)
 
 

@@ -7,9 +7,8 @@ import json
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from app.core.config import LimitsSettings
+from app.fairness.fairshare import HeavyWrites
 from app.core.errors import NotFound, PayloadTooLarge
 from app.core.jsonvalue import LITERAL_YIELD_CHARS, encode_value, json_string, literal_members, parse_value
 from app.core.names import validate_key
@@ -31,19 +30,20 @@ def _record_json(key: str, value: str) -> str:
 
 
 class RecordsService:
-    def __init__(self, repository: RecordsRepository, limits: LimitsSettings) -> None:
+    def __init__(self, repository: RecordsRepository, limits: LimitsSettings, heavy: HeavyWrites) -> None:
         self.repo = repository
         self.limits = limits
+        self.heavy = heavy
 
     async def upsert(self, conn: StatementConnection, ns: str, c: str, k: str, body: bytes) -> None:
         value = parse_value("value", body, self.limits.max_value_bytes)
         await self.repo.upsert(conn, ns, c, k, value, _utcnow())
 
-    async def upsert_batch(
-        self, conn: AsyncConnection, ns: str, c: str, records: list[RecordCreate], body: bytes = b""
-    ) -> int:
-        """Validate every record first, then write them all in the request's transaction.
-        ``body`` (the request's JSON) gives the values with their numbers as written."""
+    async def upsert_batch(self, ns: str, c: str, records: list[RecordCreate], body: bytes = b"") -> int:
+        """Validate every record first, then write them all in one transaction: past a turn's
+        bytes a heavy write's turn (``app.fairness.fairshare``: on SQLite it begins after the single
+        writes waiting; one batch is bounded by ``limits.max_body_bytes``). ``body`` (the
+        request's JSON) gives the values with their numbers as written."""
         limit = self.limits.max_batch_items
         if len(records) > limit:
             message = f"at most {limit} records per batch (got {len(records)})"
@@ -63,7 +63,8 @@ class RecordsService:
             if since >= LITERAL_YIELD_CHARS:  # the event loop's turn between values, as between their parses
                 since = 0
                 await asyncio.sleep(0)
-        await self.repo.upsert_many(conn, ns, c, items, _utcnow())
+        async with self.heavy.batch(sum(len(k) + len(v) for k, v in items)) as conn:
+            await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 
     async def get(self, conn: StatementConnection, ns: str, c: str, k: str) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import Capability, Change
 from app.core.config import Database
+from app.fairness.fairshare import HeavyWrites
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
 from app.vectors.backend import RegistryCache
@@ -29,10 +30,13 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     (``app.vectors.builder``), run for as long as the app runs."""
     databases = state.databases
     settings = state.settings
+    heavy = HeavyWrites(
+        databases.engine(Database.vectors), databases.write_queue(Database.vectors), settings.fairness, Database.vectors.value
+    )
     if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex
 
-        yield VectorService(SqliteVecIndex(), settings, RegistryCache())
+        yield VectorService(SqliteVecIndex(), settings, RegistryCache(), heavy=heavy)
         return
     from app.vectors.pgvector import PgVectorIndex, detect_version, install_vector_codec
 
@@ -55,7 +59,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     builder = IndexBuilder(engine, settings.vectors)
     builder.start()
     try:
-        yield VectorService(index, settings, RegistryCache(), builder)
+        yield VectorService(index, settings, RegistryCache(), builder, heavy)
     finally:
         await builder.stop()
 

@@ -116,7 +116,6 @@ async def upsert_points(
     body: PointsUpsert,
     request: Request,
     namespace: NamespacePath,
-    conn: VectorsConnection,
     service: VectorServiceDep,
     background: BackgroundTasks,
     idempotency_key: Annotated[
@@ -124,9 +123,11 @@ async def upsert_points(
         Header(alias="Idempotency-Key", description="A retry with the same key and body replays the first answer."),
     ] = None,
 ) -> Response:
-    """Upsert a batch in one statement; ids are generated for points without one."""
+    """Upsert a batch in one statement; ids are generated for points without one. The batch is one
+    transaction; a large one a heavy write's turn (on SQLite it begins after the single writes waiting)."""
     raw = await request.body()
-    answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
+    async with service.heavy.batch(len(raw)) as conn:
+        answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
     _after_commit(service, written, background)
     return json_response(answer)
 

@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
+from app.fairness.fairshare import HeavyWrites
 from app.core.jsonvalue import LITERAL_YIELD_CHARS, LONE_SURROGATE, find_invalid, jsonb_text
 from app.core.names import key_problem
 from app.core.http.pagination import decode_cursor, encode_cursor
@@ -107,12 +108,15 @@ class VectorService:
         settings: Settings,
         registry: RegistryCache | None = None,
         builder: IndexBuilder | None = None,
+        heavy: HeavyWrites | None = None,
     ) -> None:
         self.index = index
         self.settings = settings
         self.registry = registry if registry is not None else RegistryCache()
         self.builder = builder
         """The background HNSW builder (PostgreSQL), told of writes once they are committed."""
+        self.heavy: HeavyWrites = heavy  # type: ignore[assignment]  # (set by the lifecycle; unused by tests that build one)
+        """The turns of batch upserts (``app.fairness.fairshare``)."""
 
     # --- collections ---------------------------------------------------------------------------
 

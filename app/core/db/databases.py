@@ -20,8 +20,10 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.util import await_only
 
 from app.core.db.sqlite import WRITER_PRAGMAS
+from app.fairness.writequeue import WriteQueue
 from app.core.fast.inline_sqlite import InlineConnection
 from app.core.fast.one_statement import OneStatementConnections
 from app.core.ops import metrics
@@ -30,6 +32,9 @@ from app.core.config import Database, Settings
 log = logging.getLogger("app.databases")
 
 SQLITE_BEGIN_OPTION = "sqlite_begin"
+HEAVY_OPTION = "gateway_heavy"
+"""An execution option: this connection's transactions are turns of a heavy write
+(``app.fairness.fairshare``), which do not say they want the lock as single writes do."""
 
 
 class DatabaseSetupError(RuntimeError):
@@ -54,7 +59,7 @@ def _load_sqlite_vec(dbapi_connection: Any) -> None:
     dbapi_connection.run_async(load)
 
 
-def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: int) -> None:
+def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: int, queue: WriteQueue | None) -> None:
     sync_engine = engine.sync_engine
 
     @event.listens_for(sync_engine, "connect")
@@ -66,6 +71,8 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         # back (app.core.db.diskspace runs `PRAGMA incremental_vacuum`); no effect on an existing one.
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
+        # No commit checkpoints the WAL (a request never pays for one): ``app.fairness.walcheckpoints``.
+        cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         for pragma in WRITER_PRAGMAS:
             cursor.execute(pragma)
@@ -82,8 +89,15 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
 
     @event.listens_for(sync_engine, "begin")
     def on_begin(conn: Any) -> None:
-        mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        options = conn.get_execution_options()
+        mode = options.get(SQLITE_BEGIN_OPTION, "DEFERRED")
+        if queue is None or mode != "IMMEDIATE" or options.get(HEAVY_OPTION):
+            conn.exec_driver_sql(f"BEGIN {mode}")
+            return
+        with queue.wanting():  # heavy writes give way meanwhile (app.fairness.fairshare)
+            if queue.heavy_turn_on:  # this process's heavy turn in progress: woken when it ends
+                await_only(queue.after_heavy_turn())
+            conn.exec_driver_sql(f"BEGIN {mode}")
 
 
 # A pooled connection unused for longer than this is pinged before it is handed out.
@@ -116,8 +130,9 @@ def _install_idle_ping(engine: AsyncEngine) -> None:
             raise sa_exc.DisconnectionError(f"idle connection failed its ping: {exc}") from exc
 
 
-def create_engine(settings: Settings, db: Database) -> AsyncEngine:
-    """One engine for ``db`` with the pool and timeouts from settings."""
+def create_engine(settings: Settings, db: Database, queue: WriteQueue | None = None) -> AsyncEngine:
+    """One engine for ``db`` with the pool and timeouts from settings (and, on SQLite, ``db``'s
+    write queue, which its write transactions tell that they wait)."""
     url = settings.database_url(db)
     conf = settings.databases.get(db)
     if url.startswith("sqlite"):
@@ -140,7 +155,7 @@ def create_engine(settings: Settings, db: Database) -> AsyncEngine:
             # every driver-path request, which runs in autocommit.
             pool_reset_on_return=None,
         )
-        _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000))
+        _install_sqlite_hooks(engine, db, int(conf.connect_timeout * 1000), queue)
         return engine
     engine = create_async_engine(
         url,
@@ -174,6 +189,7 @@ class Databases:
 
     settings: Settings
     engines: dict[Database, AsyncEngine] = field(default_factory=dict)
+    write_queues: dict[Database, WriteQueue] = field(default_factory=dict)  # SQLite files' (app.fairness.writequeue)
     one_statement: OneStatementConnections | None = None  # fast_paths.one_statement (app.core.fast.one_statement)
 
     @classmethod
@@ -181,14 +197,15 @@ class Databases:
         dbs = cls(settings)
         files: dict[Database, Path] = {}
         for db in Database:
-            engine = create_engine(settings, db)
-            _count_new_connections(engine, db)
-            dbs.engines[db] = engine
             path = dbs.sqlite_file(db)
             if path is not None:
                 files[db] = path
+                dbs.write_queues[db] = WriteQueue(path, settings.databases.get(db).connect_timeout)
+            engine = create_engine(settings, db, dbs.write_queues.get(db))
+            _count_new_connections(engine, db)
+            dbs.engines[db] = engine
         if settings.fast_paths.one_statement:
-            dbs.one_statement = OneStatementConnections(dbs.engines, settings, files)
+            dbs.one_statement = OneStatementConnections(dbs.engines, settings, files, dbs.write_queues)
         return dbs
 
     def engine(self, db: Database) -> AsyncEngine:
@@ -213,6 +230,10 @@ class Databases:
 
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
 
+    def write_queue(self, db: Database) -> WriteQueue | None:
+        """The queue of ``db``'s write transactions when it is a SQLite file (``app.fairness.writequeue``)."""
+        return self.write_queues.get(db)
+
     def inline_connection(self, db: Database) -> InlineConnection | None:
         """``db``'s SQLite file's inline statements (``app.core.fast.inline_sqlite``), for a
         capability's own inline transaction; None on PostgreSQL, in memory, or when turned off."""
@@ -221,5 +242,7 @@ class Databases:
     async def close(self) -> None:
         if self.one_statement is not None:
             await self.one_statement.close()
+        for queue in self.write_queues.values():
+            queue.close()
         for engine in self.engines.values():
             await engine.dispose()

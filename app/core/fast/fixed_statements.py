@@ -22,6 +22,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import asyncpg
@@ -244,6 +245,7 @@ class _AiosqliteStatement(_DriverStatement):
 
     async def _send(self, conn: PoolProxiedConnection | InlineConnection, method: str, params: Mapping[str, Any]) -> Any:
         args = self._sending(conn, params)
+        waiting: AbstractContextManager[None] = nullcontext()
         if isinstance(conn, InlineConnection):
             if method == "execute_fetchall":
                 rows = conn.reader.read(self.sql, args)
@@ -253,9 +255,11 @@ class _AiosqliteStatement(_DriverStatement):
                 count = conn.reader.write(self.sql, args)
                 if count is not None:
                     return _Counted(count)
+                waiting = conn.wanting()  # a write that waits for the lock says so (app.fairness.fairshare)
             conn = await conn.pooled()  # it could not run inline: as any other statement
         try:
-            return await getattr(self._driver(conn), method)(self.sql, args)
+            with waiting:
+                return await getattr(self._driver(conn), method)(self.sql, args)
         except Exception as exc:  # translated as SQLAlchemy would, then raised
             raise translate_sqlite_error(conn, exc, self.sql, args) from exc
 

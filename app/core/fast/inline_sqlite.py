@@ -14,8 +14,8 @@ The rules that keep the loop free and the answers the pool's:
   WAL on the loop's thread (``wal_autocheckpoint`` 0; every ``CHECKPOINT_EVERY`` writes or
   ``CHECKPOINT_EVERY_BYTES`` it asks the pool for a PASSIVE checkpoint);
 - any of these, and any other error, sends the statement again through the pool, where it runs
-  as every other statement: only a statement that succeeds inline is answered from here, and a
-  write interrupted after its autocommit counts as committed (``total_changes`` moved).
+  as every other statement: only a statement that succeeds inline is answered from here (a write
+  runs between ``BEGIN IMMEDIATE`` and ``COMMIT``, so one that did not return changed nothing).
 
 Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``). What it buys:
 ``docs/benchmarks.md``.
@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -145,24 +146,25 @@ class InlineStatements:
                 outcomes["skipped"].inc()
                 return None
         conn = None
-        changes = 0
         try:
+            self._deadline = time.perf_counter() + self._budget
             if writes:
+                # In a transaction of its own, committed only once the statement returned (COMMIT
+                # is never interrupted): a write that fails or is interrupted at any step, after
+                # its last one too (SQLite calls the progress handler then as well), changed
+                # nothing, and goes through the pool. An autocommit write could not tell: its
+                # triggers' steps (app.core.quotas) count in total_changes before it is done.
                 conn = self._writing()
-                changes = conn.total_changes
+                conn.execute("BEGIN IMMEDIATE")
+                result = conn.execute(sql, args).rowcount
+                self._deadline = float("inf")
+                conn.execute("COMMIT")
             else:
                 conn = self._conn = self._conn or self._open(writes=False)
-            self._deadline = time.perf_counter() + self._budget
-            cursor = conn.execute(sql, args)
-            result = cursor.rowcount if writes else cursor.fetchall()
+                result = conn.execute(sql, args).fetchall()
         except SQLITE.Error as exc:
-            if writes and conn is not None and conn.total_changes != changes:
-                # Committed after all: SQLite also calls the progress handler once more after a
-                # statement's last step, when its autocommit has already happened, and answers
-                # "interrupted" if the budget is spent by then. Sent again through the pool, the
-                # write would be applied twice, or a compare-and-swap refused by its own change.
-                outcomes["inline"].inc()
-                return conn.total_changes - changes
+            if writes:
+                self._roll_back(conn)
             outcome = self._outcome(exc)
             if outcome == "over_budget":
                 self._skip[sql] = SKIP_AFTER_OVER_BUDGET
@@ -284,11 +286,14 @@ class InlineConnection:
     inline."""
 
     def __init__(
-        self, reader: InlineStatements, borrow: Callable[[], Awaitable[PoolProxiedConnection]]
+        self, reader: InlineStatements, borrow: Callable[[], Awaitable[PoolProxiedConnection]],
+        wanting: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.reader = reader
         self._borrow = borrow
         self._pooled: PoolProxiedConnection | None = None
+        self.wanting = wanting or nullcontext
+        """Around a write sent to the pool: it waits for the lock (``WriteQueue.wanting``)."""
 
     async def pooled(self) -> PoolProxiedConnection:
         if self._pooled is None:

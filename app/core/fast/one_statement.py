@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 
 from app.core.config import Database, Settings
+from app.fairness.writequeue import WriteQueue
 from app.core.db.transactions import RequestConnections
 from app.core.fast import OneStatement
 from app.core.fast import fixed_statements
@@ -58,12 +59,28 @@ async def give_back(conn: PoolProxiedConnection, clean: bool = True) -> None:
     await close_pooled(conn)
 
 
+async def checkpoint_wal(engine: AsyncEngine, db: Database) -> None:
+    """A PASSIVE checkpoint of ``db``'s WAL on a pooled connection (aiosqlite's thread), its row
+    read to the end (a statement left unfinished stays active on the pooled connection)."""
+    raw = await borrow_driver_connection(engine)
+    try:
+        driver: Any = raw.driver_connection  # aiosqlite
+        await driver.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+        metrics.SQLITE_CHECKPOINTS.labels(database=db.value).inc()
+    finally:
+        await close_pooled(raw)
+
+
 class OneStatementConnections:
     """The one-statement connections of the three databases (and their SQLite files' inline
     statements, unless ``fast_paths.inline_sqlite`` is off), owned by ``Databases``."""
 
-    def __init__(self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path]) -> None:
+    def __init__(
+        self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path],
+        write_queues: Mapping[Database, WriteQueue],
+    ) -> None:
         self._engines = engines
+        self._write_queues = write_queues
         self.inline: dict[Database, InlineStatements] = {}
         self._checkpoints: dict[Database, asyncio.Task[None]] = {}  # in flight (inline writes')
         for db, path in sqlite_files.items():
@@ -97,22 +114,15 @@ class OneStatementConnections:
         reader = self.inline.get(db)
         if reader is None:
             return None
-        return InlineConnection(reader, lambda: borrow_driver_connection(self._engines[db]))
+        queue = self._write_queues.get(db)
+        return InlineConnection(
+            reader, lambda: borrow_driver_connection(self._engines[db]), queue.wanting if queue is not None else None
+        )
 
     def _checkpointer(self, db: Database) -> Callable[[], None]:
-        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a PASSIVE checkpoint of
-        ``db``'s WAL on a pooled connection (aiosqlite's thread), one at a time, never awaited by
-        a request (inline writes never checkpoint on the loop's thread)."""
-        counter = metrics.SQLITE_CHECKPOINTS.labels(database=db.value)
-
-        async def checkpoint() -> None:
-            raw = await borrow_driver_connection(self._engines[db])
-            try:
-                driver: Any = raw.driver_connection  # aiosqlite
-                await driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                counter.inc()
-            finally:
-                await close_pooled(raw)
+        """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a checkpoint of ``db``'s
+        WAL (``checkpoint_wal``), one at a time, never awaited by a request (inline writes
+        never checkpoint on the loop's thread)."""
 
         def done(task: asyncio.Task[None]) -> None:
             del self._checkpoints[db]
@@ -121,7 +131,7 @@ class OneStatementConnections:
 
         def ask() -> None:
             if db not in self._checkpoints:
-                task = self._checkpoints[db] = asyncio.get_running_loop().create_task(checkpoint())
+                task = self._checkpoints[db] = asyncio.get_running_loop().create_task(checkpoint_wal(self._engines[db], db))
                 task.add_done_callback(done)
 
         return ask

@@ -220,6 +220,13 @@ class PrefixRoutes(GatedRoutes):
         return parts[: len(self._parts)] == self._parts
 
 
+class NamespaceRoutes(GatedRoutes):
+    """Routes of the gateway's own under ``/v1/{namespace}/<name>`` (``usage``), exactly there."""
+
+    def selects(self, parts: list[str]) -> bool:
+        return len(parts) == 4 and parts[3] == self.name
+
+
 def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]:
     return [
         GatewayRoute(
@@ -245,6 +252,12 @@ def include_guarded(app: FastAPI, router: APIRouter, guard: Guard) -> None:
     """Add ``router``'s routes (already under their full ``prefix``) behind a gate on that prefix."""
     routes = _copy_routes(app, router, "")
     app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, gateway_state(app).settings))
+
+
+def include_namespace_routes(app: FastAPI, name: str, router: APIRouter, guard: Guard) -> None:
+    """Add ``router``'s routes (paths ``/v1/{namespace}/<name>``) behind a gate on ``name``."""
+    routes = _copy_routes(app, router, "")
+    app.router.routes.append(NamespaceRoutes(name, routes, guard, gateway_state(app).settings))
 
 
 def api_routes(routes: list[BaseRoute]) -> list[BaseRoute]:

@@ -13,6 +13,10 @@ protocol with these added, per connection, from ``limits.*``:
   This also bounds how long the rest of a refused body is read and dropped;
 - past ``max_connections`` open connections, the longest idle one (no request in progress) is
   closed to make room; only when none is idle is the new connection answered 503;
+- a request line without an HTTP version (HTTP/0.9) is answered 400, one of another major
+  version than 1 (``HTTP/2.0`` sent as text), 505;
+- a client that shuts its sending side after a complete request (``shutdown(SHUT_WR)``) gets its
+  answer, then the connection closes (asyncio closed it at once, and the answer was dropped);
 - every refusal is ``application/problem+json`` with a stable ``code``, then the connection closes
   (lingering: what the client still sends is read and dropped for a moment, so it reads the answer);
 - an answer's head and body go out in one socket write (``CoalescingTransport``): uvicorn writes
@@ -213,6 +217,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._parsed_bytes = 0  # request line and headers of the current head, as parsed
         self._refusal: tuple[int, str, str] | None = None
         self._lingering = False
+        self._half_closed = False  # the client shut its side after a complete request
         self.idle_since: float | None = None  # when the last answer ended (None: a request is on)
         self._can_splice = False
 
@@ -248,6 +253,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client shut its sending side (``shutdown(SHUT_WR)``). After a complete request
+        whose answer is not sent yet, the connection stays open for the answer (True keeps the
+        transport writable) and closes once it is out (``on_response_complete``); anything else
+        (idle, a head or body cut short) closes it, as uvicorn does: asyncio closes a transport
+        whose protocol answers None here, which marked an answer in progress as sent to a client
+        gone, so the request ran and was never answered."""
+        cycle = self.cycle  # the newest request (a pipelined one waits behind the others)
+        # uvicorn annotates cycle as always set; it is None until the first request starts
+        if self._lingering or cycle is None or cycle.response_complete or cycle.more_body:  # type: ignore[redundant-expr]
+            return None
+        self._half_closed = True
+        return True
 
     # --- the request head ---------------------------------------------------------------------
 
@@ -293,6 +312,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_pending = False
         self._cancel_head_timer()
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # httptools reads a request line without a version as HTTP/0.9 (and one of "HTTP/2.0"
+            # as that), and uvicorn answered either as HTTP/1.1 (RFC 9112 2.3: 0.9 is not served).
+            self._refusal = (
+                (400, "malformed_request", "the request line has no HTTP version (HTTP/0.9 is not served)")
+                if version == "0.9" else
+                (505, "http_version_not_supported", f"HTTP/{version} is not served here: only HTTP/1.1 and 1.0")
+            )
+            raise HeadRefused
         super().on_headers_complete()
         # The request's cycle exists now and its task has not run yet: the scope it got still
         # takes the extension (not when uvicorn answered by itself, e.g. an upgrade).
@@ -309,6 +338,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._out.flush()  # the whole answer leaves now, not after the request's clean-up
         super().on_response_complete()
         if self.transport.is_closing():
+            return
+        if self._half_closed and self.cycle.response_complete:
+            self.transport.close()  # the client sends nothing more: its last answer is out
             return
         self.idle_since = time.monotonic()
         # The next head (and the rest of a body the answer did not wait for) must come in time.

@@ -92,7 +92,7 @@ SQLITE_INLINE_WRITES = Counter(
 
 SQLITE_CHECKPOINTS = Counter(
     "gateway_sqlite_checkpoints",
-    "WAL checkpoints run through the pool after inline writes (PASSIVE).",
+    "WAL checkpoints run through the pool (PASSIVE), in the background: no commit runs one.",
     ("database",),
     registry=REGISTRY,
 )
@@ -157,3 +157,45 @@ async def metrics_endpoint(request: Request) -> Response:
         pools.register(PoolCollector(databases))
         body += generate_latest(pools)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+HEAVY_TURNS = Histogram(
+    "gateway_heavy_turn_seconds",
+    "How long one turn of a heavy write (a thread copy, prune, delete or sweep, a batch) held its "
+    "transaction: on SQLite, what another namespace's single write may wait for (app.fairness.fairshare).",
+    ("database",),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+HEAVY_REFUSED = Counter(
+    "gateway_heavy_refused",
+    "Heavy operations refused 429 because their namespace ran fairness.heavy_per_namespace already.",
+    ("what",),
+    registry=REGISTRY,
+)
+QUOTA_REFUSED = Counter(
+    "gateway_quota_refused",
+    "Writes refused 507 because they would pass a namespace's quota (quota: capability.bytes or .items).",
+    ("quota",),
+    registry=REGISTRY,
+)
+USAGE_ITEMS = Gauge(
+    "gateway_namespace_usage_items",
+    "Items a namespace stores in a capability, as last recounted (app.core.quotas.reconcile_round) or read.",
+    ("namespace", "capability"),
+    registry=REGISTRY,
+)
+USAGE_BYTES = Gauge(
+    "gateway_namespace_usage_bytes",
+    "Bytes a namespace stores in a capability, as last recounted or read.",
+    ("namespace", "capability"),
+    registry=REGISTRY,
+)
+
+
+def count_quota_refusal(quota: str) -> None:
+    QUOTA_REFUSED.labels(quota=quota[:64]).inc()
+
+
+def observe_usage(namespace: str, capability: str, items: int, size: int) -> None:
+    USAGE_ITEMS.labels(namespace=namespace, capability=capability).set(items)
+    USAGE_BYTES.labels(namespace=namespace, capability=capability).set(size)

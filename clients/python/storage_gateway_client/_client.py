@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from urllib.parse import quote
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -123,6 +124,13 @@ class GatewayClient:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    async def usage(self) -> dict[str, Any]:
+        """``GET /v1/{namespace}/usage``: by capability, the items and bytes this namespace stores
+        and its quotas (``max_items``, ``max_bytes``; None: none). Any key of the namespace may."""
+        response = await self._transport.request("GET", f"/v1/{quote(self.namespace, safe='')}/usage")
+        usage: dict[str, Any] = response.json()["capabilities"]
+        return usage
 
     async def health(self) -> dict[str, Any]:
         """``/readyz`` as a dict (does not raise on 503)."""

@@ -82,6 +82,21 @@ class Unavailable(HTTPStatusError):
     """503: a database is unreachable; ``retry_after`` says when to try again."""
 
 
+class InsufficientStorage(HTTPStatusError):
+    """507: the database's disk is full, or (``QuotaExceeded``) the namespace's quota."""
+
+
+class QuotaExceeded(InsufficientStorage):
+    """507 ``quota_exceeded``: the write would pass the namespace's quota, named by ``quota``
+    (``kv.bytes``, ``files.items``, ...); nothing was written."""
+
+    @property
+    def quota(self) -> str | None:
+        errors = self.problem.get("errors") or [{}]
+        quota = errors[0].get("quota") if isinstance(errors[0], dict) else None
+        return quota if isinstance(quota, str) else None
+
+
 _BY_STATUS: dict[int, type[HTTPStatusError]] = {
     400: InvalidRequest,
     401: Unauthorized,
@@ -95,6 +110,7 @@ _BY_STATUS: dict[int, type[HTTPStatusError]] = {
     422: InvalidRequest,
     429: RateLimited,
     503: Unavailable,
+    507: InsufficientStorage,
 }
 
 
@@ -119,6 +135,8 @@ def error_from_response(response: httpx.Response) -> HTTPStatusError:
         pass
     status = response.status_code
     cls = _BY_STATUS.get(status, HTTPStatusError)
+    if status == 507 and problem.get("code") == "quota_exceeded":
+        cls = QuotaExceeded
     message = problem.get("detail") or problem.get("title") or response.reason_phrase or f"HTTP {status}"
     return cls(
         f"{status} {message}",

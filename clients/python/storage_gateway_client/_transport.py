@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeAlias
 
 import httpx
 
-from ._exceptions import ClientClosed, TransportError, Unavailable, error_from_response
+from ._exceptions import ClientClosed, RateLimited, TransportError, Unavailable, error_from_response
 from ._http11 import IDEMPOTENT_METHODS, Http11Transport
 
 URL_CACHE_SIZE = 512  # parsed URLs kept (paths differ per collection, key and point)
@@ -47,7 +47,9 @@ def _env_http_proxy() -> bool:
 
 
 class RetryPolicy:
-    """Exponential backoff with jitter for connection errors and 503s."""
+    """Exponential backoff with jitter for connection errors, 503s and 429s (after their
+    ``Retry-After``, up to ``max_backoff``: a namespace's heavy operations at their limit, a
+    rate limit)."""
 
     def __init__(self, attempts: int = 4, backoff: float = 0.1, max_backoff: float = 2.0) -> None:
         self.attempts = max(1, attempts)
@@ -166,7 +168,7 @@ class Transport:
             if response.status_code < 400 or response.status_code in ok:
                 return response
             error = error_from_response(response)
-            if isinstance(error, Unavailable) and attempt + 1 < attempts:
+            if isinstance(error, (Unavailable, RateLimited)) and attempt + 1 < attempts:
                 await asyncio.sleep(self._retry.delay(attempt, error.retry_after))
                 continue
             raise error

@@ -9,24 +9,28 @@ the connections every other request needs: past a cap the request is refused at 
 
 from __future__ import annotations
 
-from app.core.errors import ServiceUnavailable
+from app.core.errors import ProblemError, ServiceUnavailable
 
 
 class Slots:
-    def __init__(self, what: str, total: int, per_namespace: int) -> None:
+    def __init__(
+        self, what: str, total: int, per_namespace: int, refusal: type[ProblemError] = ServiceUnavailable
+    ) -> None:
         self.what = what
         self.total = max(1, total)
         self.per_namespace = max(1, min(per_namespace, self.total))
         self.held = 0
         self._by_namespace: dict[str, int] = {}
+        self._refusal = refusal
 
-    def take(self, namespace: str) -> Slot:
-        """A slot for ``namespace``, or 503 when this process or this namespace has none left."""
+    def take(self, namespace: str, what: str | None = None) -> Slot:
+        """A slot for ``namespace``, or ``refusal`` (503 unless told) when this process or this
+        namespace has none left."""
         mine = self._by_namespace.get(namespace, 0)
         if self.held >= self.total or mine >= self.per_namespace:
-            scope = "this namespace" if mine >= self.per_namespace else "the server"
-            raise ServiceUnavailable(
-                f"too many {self.what} in progress for {scope}; retry shortly", headers={"Retry-After": "1"}
+            scope = f"this namespace (at most {self.per_namespace} at once)" if mine >= self.per_namespace else "the server"
+            raise self._refusal(
+                f"too many {what or self.what} in progress for {scope}; retry shortly", headers={"Retry-After": "1"}
             )
         self.held += 1
         self._by_namespace[namespace] = mine + 1
