@@ -25,7 +25,7 @@ from app.core.http.docs import install_docs
 from app.core.http.openapi import install_openapi
 from app import capabilities
 from app.core.capability import cancel_and_wait, running
-from app.core import quotas
+from app.quotas import usage as quotas
 from app.core.http.routing import include_capability, include_guarded, include_namespace_routes
 from app.quotas.router import router as quotas_router, usage_router
 from app.core.ops.gc_tuning import tune_garbage_collector

@@ -23,7 +23,7 @@ from app.capabilities import BUILTIN
 from app.core.fast import fixed_statements as statements
 from app.core.config import Settings
 from app.core.db.tables import METADATA
-from app.core import quotas
+from app.quotas import usage as quotas
 from app.core.capability import Capability
 from app.core.ops.telemetry import route_template
 from app.core.state import gateway_state
@@ -39,7 +39,7 @@ capturing: contextvars.ContextVar[bool] = contextvars.ContextVar("capturing", de
 def test_every_namespaced_table_belongs_to_a_capability() -> None:
     """A table with a namespace column that no capability declares would escape the check below."""
     with_namespace = {t.name for md in METADATA.values() for t in md.tables.values() if "namespace" in t.c}
-    # but the gateway's own usage and quota rows (app.core.quotas): written by triggers in each
+    # but the gateway's own usage and quota rows (app.quotas.usage): written by triggers in each
     # write's transaction, read for one namespace by /v1/{namespace}/usage (tests/test_quotas.py)
     assert with_namespace - QUOTA_TABLES == set(NAMESPACED)
 

@@ -17,7 +17,7 @@ from app.checkpoints.samples import SAMPLES
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
 from app.core.capability import Capability, Change, Periodic
-from app.core.quotas import Counted
+from app.quotas.tables import Counted
 from app.fairness.fairshare import HeavyWrites
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer

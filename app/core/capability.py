@@ -13,7 +13,7 @@ whose ``capability.py`` exports a ``Capability``, and one line in ``app.capabili
   under its tag, described by ``summary``;
 - a database error of its own is answered as its ``errors`` say (``app.core.errors``);
 - the shared tests (``tests/capability_checks.py``) cover its ``tables`` with its ``samples``;
-- quotas count its items and bytes in the tables its ``usage`` names (``app.core.quotas``);
+- quotas count its items and bytes in the tables its ``usage`` names (``app.quotas.usage``);
 - delete-namespace (and export/import, #47) walk its ``data``; the change log (#46) records its
   ``changes``.
 
@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.core.config import Database
 from app.core.errors import DatabaseErrorRule
 from app.core.namespace_data import NamespaceData, TableData, writer
-from app.core.quotas import Counted
+from app.quotas.tables import Counted
 from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class Capability(Generic[S]):
     """Database errors of its own answered as 4xx (tried before the gateway's own rules)."""
     usage: tuple[Counted, ...] = ()
     """What its quotas count: tables with a ``namespace`` column, a row an item, its bytes as
-    declared (``app.core.quotas``); none: no quota."""
+    declared (``app.quotas.usage``); none: no quota."""
 
     def __post_init__(self) -> None:
         if self.router.capability != self.name:

@@ -23,8 +23,10 @@ from pydantic_settings import (
 )
 
 from app.checkpoints.settings import CheckpointsSettings
+from app.fairness.settings import FairnessSettings
 from app.files.settings import S3_MAX_PARTS, FilesBackendName, FilesSettings
 from app.kv.settings import KvSettings
+from app.quotas.settings import QuotasSettings
 from app.store.settings import StoreSettings
 from app.vectors.settings import VectorsSettings
 
@@ -257,53 +259,6 @@ class AuthSettings(_Strict):
         if value is not None and len(value.get_secret_value()) < 16:
             raise ValueError("must be at least 16 characters")
         return value
-
-
-class QuotaLimits(_Strict):
-    """A namespace's quota in one capability; unset: unlimited (or, per capability, the `default`)."""
-
-    max_bytes: int | None = Field(default=None, ge=0, description="Most bytes stored: kv and record values (UTF-8 JSON), file sizes.")
-    max_items: int | None = Field(default=None, ge=0, description="Most items: kv entries, records, files, checkpoint threads.")
-
-
-class QuotasSettings(_Strict):
-    """Quotas per namespace: defaults here, a namespace's own through `/v1/admin/quotas` or `storage-gateway quotas`."""
-
-    accounting: bool = Field(
-        default=True,
-        description="Keep usage in the writing transaction (database triggers) and enforce quotas; off drops "
-        "the triggers at start-up (every process on the databases should agree; on again recounts).",
-    )
-    default: QuotaLimits = Field(default_factory=QuotaLimits, description="Every capability's default quota.")
-    capabilities: dict[str, QuotaLimits] = Field(
-        default_factory=dict, description="A capability's default quota (`kv`, `files`, ...), over `default`."
-    )
-    reconcile_interval_seconds: float = Field(
-        default=600.0, gt=0, description="How often a background round recounts some namespaces' usage."
-    )
-    reconcile_namespaces: int = Field(default=50, ge=1, description="Most namespaces one reconciliation round recounts.")
-
-
-class FairnessSettings(_Strict):
-    """Fair shares of the write path between namespaces (``app.fairness.fairshare``)."""
-
-    chunk_bytes: int = Field(
-        default=1024 * 1024, ge=4096,
-        description="Most bytes of rows one turn (transaction) of a heavy write writes: a thread copy on both backends; "
-        "on SQLite also a prune, delete or retention sweep, whose turns let SQLite's write lock go to the single writes "
-        "waiting (a row larger than this is a turn of its own; deleted bytes weigh an eighth).",
-    )
-    chunk_rows: int = Field(default=500, ge=1, description="Most rows one turn of a heavy write writes.")
-    yield_seconds: float = Field(
-        default=0.5, ge=0,
-        description="How long a heavy write's turn gives way to single writes waiting for SQLite's write lock before "
-        "it takes its turn anyway (so heavy writes advance under a flood of single writes).",
-    )
-    heavy_per_namespace: int = Field(
-        default=2, ge=1,
-        description="Heavy operations (thread copies) one namespace may run at once per process; more are answered "
-        "429 with `Retry-After`.",
-    )
 
 
 class Settings(BaseSettings):

@@ -325,8 +325,8 @@ def database_problem(exc: BaseException, rules: tuple[DatabaseErrorRule, ...] = 
     """What ``exc`` means to the client, if it is a database error ``rules`` (a capability's own,
     tried first) or the gateway's own rules name: an integer beyond 64 bits (PostgreSQL's 22003,
     or Python's ``OverflowError`` binding one to SQLite) is a 422 on both backends; a write the
-    quota triggers refused is a 507 naming the quota (``app.core.quotas``)."""
-    from app.core.quotas import quota_problem
+    quota triggers refused is a 507 naming the quota (``app.quotas.usage``)."""
+    from app.quotas.usage import quota_problem
 
     quota = quota_problem(exc)
     if quota is not None:

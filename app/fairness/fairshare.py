@@ -37,15 +37,16 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
+from prometheus_client import Counter, Histogram
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.config import FairnessSettings
+from app.fairness.settings import FairnessSettings
 from app.core.db.databases import HEAVY_OPTION, SQLITE_BEGIN_OPTION
 from app.fairness.slots import Slot, Slots
 from app.fairness.writequeue import WriteQueue
 from app.core.errors import TooManyRequests
-from app.core.ops import metrics
+from app.core.ops.metrics import REGISTRY
 
 _SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")  # pg_export_snapshot()'s (interpolated: SET takes no parameter)
 
@@ -53,6 +54,22 @@ DELETE_WEIGHT = 8
 """A byte deleted weighs this much less than a byte written, in a turn's bytes: deleting frees
 pages without writing them (``secure_delete=FAST``): 240 MiB of values went in 0.09-0.12 s, and
 took 1.0-1.9 s to write (SQLite 3.40, the gateway's pragmas)."""
+
+HEAVY_TURNS = Histogram(
+    "gateway_heavy_turn_seconds",
+    "How long one turn of a heavy write (a thread copy, prune, delete or sweep, a batch) held its "
+    "transaction: on SQLite, what another namespace's single write may wait for (app.fairness.fairshare).",
+    ("database",),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+
+HEAVY_REFUSED = Counter(
+    "gateway_heavy_refused",
+    "Heavy operations refused 429 because their namespace ran fairness.heavy_per_namespace already.",
+    ("what",),
+    registry=REGISTRY,
+)
 
 
 class HeavyWrites:
@@ -68,7 +85,7 @@ class HeavyWrites:
         self._heavy = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE", HEAVY_OPTION: True})
         self._single = engine.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         self._admitted = Slots("heavy operations", 1 << 30, settings.heavy_per_namespace, TooManyRequests)
-        self._turns = metrics.HEAVY_TURNS.labels(database=database)
+        self._turns = HEAVY_TURNS.labels(database=database)
 
     def admit(self, namespace: str, what: str) -> Slot:
         """A place for one heavy operation of ``namespace`` (``what``, for the refusal), or 429
@@ -76,7 +93,7 @@ class HeavyWrites:
         try:
             return self._admitted.take(namespace, what)
         except TooManyRequests:
-            metrics.HEAVY_REFUSED.labels(what=what).inc()
+            HEAVY_REFUSED.labels(what=what).inc()
             raise
 
     @asynccontextmanager

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.capability import Capability, Change, Periodic
-from app.core.quotas import Counted
+from app.quotas.tables import Counted
 from app.core.config import Database
 from app.core.http.conditions import WriteConditions
 from app.core.namespace_data import Deleted, NamespaceData

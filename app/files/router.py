@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
 from app.core.http import splice
-from app.core.quotas import refuse_over_quota
+from app.quotas.usage import refuse_over_quota
 from app.core.http.conditions import Conditions, quote_etag
 from app.core.dependencies import CollectionPath, NamespacePath, PageLimit
 from app.core.fast import fast

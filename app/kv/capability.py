@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Change, Periodic, expiry_sweep
-from app.core.quotas import Counted
+from app.quotas.tables import Counted
 from app.core.config import Database
 from app.core.state import GatewayState
 from app.core.fast.fixed_statements import fixed_statements

@@ -1,6 +1,6 @@
 """``storage-gateway quotas show|set|reset|reconcile``: a namespace's quotas from the operator's shell.
 
-The same rules as ``/v1/admin/quotas`` (``app.core.quotas``); run against the databases the
+The same rules as ``/v1/admin/quotas`` (``app.quotas.usage``); run against the databases the
 settings name, with the gateway running or not.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from app.core.config import Settings
 
 if TYPE_CHECKING:
-    from app.core.quotas import Usage
+    from app.quotas.usage import Usage
     from app.core.state import GatewayState
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ def _print(usage: dict[str, Usage]) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> None:
-    from app.core import quotas
+    from app.quotas import usage as quotas
     from app.core.errors import ProblemError
     from app.core.names import validate_name
 

@@ -1,6 +1,6 @@
 """Quotas over HTTP: a namespace's usage (``GET /v1/{namespace}/usage``, any read scope of the
 namespace) and its own quotas (``/v1/admin/quotas``, the admin key only). The rules are
-``app.core.quotas``'s."""
+``app.quotas.usage``'s."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth.dependencies import Admin
-from app.core import quotas
+from app.quotas import usage as quotas
 from app.core.dependencies import NamespacePath
 from app.core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.numbers import StrictInt
-from app.core.ops.metrics import observe_usage
+from app.quotas.usage import observe_usage
 from app.core.state import gateway_state
 
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from app.core.capability import Capability, Change
-from app.core.quotas import Counted
+from app.quotas.tables import Counted
 from app.core.config import Database
 from app.fairness.fairshare import HeavyWrites
 from app.core.state import GatewayState

@@ -153,7 +153,7 @@ class InlineStatements:
                 # is never interrupted): a write that fails or is interrupted at any step, after
                 # its last one too (SQLite calls the progress handler then as well), changed
                 # nothing, and goes through the pool. An autocommit write could not tell: its
-                # triggers' steps (app.core.quotas) count in total_changes before it is done.
+                # triggers' steps (app.quotas.usage) count in total_changes before it is done.
                 conn = self._writing()
                 conn.execute("BEGIN IMMEDIATE")
                 result = conn.execute(sql, args).rowcount

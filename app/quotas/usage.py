@@ -24,20 +24,47 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Column, Integer, String, Table, func, inspect, select, text, tuple_
+from prometheus_client import Counter, Gauge
+from sqlalchemy import Table, func, inspect, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.config import Database, QuotasSettings
+from app.core.config import Database
 from app.core.db.upsert import insert_builder
-from app.core.db.tables import METADATA, NameColumn, byte_ordered
 from app.core.errors import InsufficientStorage
 from app.core.namespace_data import writer
+from app.core.ops.metrics import REGISTRY
+from app.quotas.settings import QuotasSettings
+from app.quotas.tables import TABLES, Counted
 
 if TYPE_CHECKING:
     from app.core.capability import Capability, Periodic
     from app.core.state import GatewayState
 
 log = logging.getLogger("app.quotas")
+
+QUOTA_REFUSED = Counter(
+    "gateway_quota_refused",
+    "Writes refused 507 because they would pass a namespace's quota (quota: capability.bytes or .items).",
+    ("quota",),
+    registry=REGISTRY,
+)
+USAGE_ITEMS = Gauge(
+    "gateway_namespace_usage_items",
+    "Items a namespace stores in a capability, as last recounted (app.quotas.usage.reconcile_round) or read.",
+    ("namespace", "capability"),
+    registry=REGISTRY,
+)
+USAGE_BYTES = Gauge(
+    "gateway_namespace_usage_bytes",
+    "Bytes a namespace stores in a capability, as last recounted or read.",
+    ("namespace", "capability"),
+    registry=REGISTRY,
+)
+
+
+def observe_usage(namespace: str, capability: str, items: int, size: int) -> None:
+    USAGE_ITEMS.labels(namespace=namespace, capability=capability).set(items)
+    USAGE_BYTES.labels(namespace=namespace, capability=capability).set(size)
 
 SHARDS = 64
 """PostgreSQL: usage rows per namespace and capability (a writer adds to the one of its backend)."""
@@ -53,48 +80,6 @@ RECOUNT_BATCH = 1000
 VERSION = 6
 """Of the triggers' SQL: a gateway finding another version's triggers replaces them (and recounts)."""
 MESSAGE = "quota exceeded: "
-
-
-def _tables(metadata: Any) -> tuple[Table, Table]:
-    usage = Table(
-        "namespace_usage", metadata,
-        Column("namespace", NameColumn, primary_key=True),
-        Column("capability", String(32), primary_key=True),
-        Column("shard", Integer, primary_key=True, autoincrement=False),
-        Column("items", BigInteger, nullable=False),
-        Column("bytes", BigInteger, nullable=False),
-    )
-    quotas = Table(
-        "namespace_quotas", metadata,
-        Column("namespace", byte_ordered(128), primary_key=True, comment="'' holds the defaults of the settings."),
-        Column("capability", String(32), primary_key=True),
-        Column("max_bytes", BigInteger, nullable=True, comment="NULL: the default (none: unlimited)."),
-        Column("max_items", BigInteger, nullable=True, comment="NULL: the default (none: unlimited)."),
-    )
-    return usage, quotas
-
-
-TABLES: dict[Database, tuple[Table, Table]] = {db: _tables(METADATA[db]) for db in Database}
-"""Each database's ``namespace_usage`` and ``namespace_quotas`` (a capability's usage lives in its database)."""
-
-
-@dataclass(frozen=True)
-class Counted:
-    """A table whose rows a capability counts: each row one item; its bytes the UTF-8/byte length
-    of ``length_of`` or the integer ``size`` column (neither: items only)."""
-
-    table: Table
-    length_of: str | None = None
-    size: str | None = None
-
-    def bytes_sql(self, row: str, dialect: str) -> str:
-        if self.size is not None:
-            return f"coalesce({row}.{self.size}, 0)"
-        if self.length_of is not None:
-            if dialect == "postgresql":
-                return f"coalesce(octet_length({row}.{self.length_of}), 0)"
-            return f"coalesce(length(CAST({row}.{self.length_of} AS BLOB)), 0)"
-        return "0"
 
 
 @dataclass(frozen=True)
@@ -474,8 +459,6 @@ async def reconcile_round(state: GatewayState, after: str | None, batch: int) ->
     chosen = sorted(names)[:batch]
     for namespace in chosen:
         counts = await reconcile_namespace(state, namespace)
-        from app.core.ops.metrics import observe_usage
-
         for cap, (items, size) in counts.items():
             observe_usage(namespace, cap, items, size)
     return chosen[-1] if len(chosen) == batch else None
@@ -606,9 +589,7 @@ def quota_problem(exc: BaseException) -> QuotaExceeded | None:
             at = message.find(MESSAGE)
             what = message[at + len(MESSAGE):].splitlines()[0] if at >= 0 else message
             quota = what.split(" ", 1)[0]
-            from app.core.ops.metrics import count_quota_refusal
-
-            count_quota_refusal(quota)
+            QUOTA_REFUSED.labels(quota=quota[:64]).inc()
             return QuotaExceeded(
                 f"the namespace's {quota} quota would be exceeded ({what}); nothing was written: "
                 "delete data or ask the operator for a larger quota",
