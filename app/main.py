@@ -26,8 +26,8 @@ from app.core.http.openapi import install_openapi
 from app import capabilities
 from app.core.capability import cancel_and_wait, running
 from app.quotas import usage as quotas
-from app.core.http.routing import include_capability, include_guarded, include_namespace_routes
-from app.quotas.router import router as quotas_router, usage_router
+from app.core.http.routing import include_capability, include_guarded
+from app.quotas.router import include_namespace_routes, router as quotas_router, usage_router
 from app.core.ops.gc_tuning import tune_garbage_collector
 from app.fairness.walcheckpoints import checkpointing
 from app.core.state import GatewayState

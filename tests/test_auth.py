@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.core.config import AuthSettings
+from app.auth.settings import AuthSettings
 from tests.conftest import (
     ADMIN_KEY, Backend, Server, free_port, in_process_settings, run_cli, start_server, stop_server,
 )

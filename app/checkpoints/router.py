@@ -40,7 +40,7 @@ from app.core.errors import (
     problem_responses,
 )
 from app.core.fast import fast
-from app.core.jsonvalue import check_float_range
+from app.checkpoints.floats import check_float_range
 from app.core.http.limits import Body, accepts
 from app.core.names import KEY_PATTERN
 from app.core.http.routing import CapabilityRouter

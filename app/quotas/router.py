@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response, status
+from fastapi import APIRouter, FastAPI, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth.dependencies import Admin
@@ -14,6 +14,7 @@ from app.quotas import usage as quotas
 from app.core.dependencies import NamespacePath
 from app.core.errors import Forbidden, InvalidInput, NotFound, Unauthorized, problem_responses
 from app.core.http.limits import Body, accepts
+from app.core.http.routing import GatedRoutes, Guard, copy_routes
 from app.core.numbers import StrictInt
 from app.quotas.usage import observe_usage
 from app.core.state import gateway_state
@@ -103,3 +104,16 @@ async def delete_quota(request: Request, _: Admin, namespace: NamespacePath, cap
     """Forget the namespace's own quota in the capability; the default applies again."""
     await quotas.set_quota(gateway_state(request.app), namespace, capability, None)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+class NamespaceRoutes(GatedRoutes):
+    """Routes of the gateway's own under ``/v1/{namespace}/<name>`` (``usage``), exactly there."""
+
+    def selects(self, parts: list[str]) -> bool:
+        return len(parts) == 4 and parts[3] == self.name
+
+
+def include_namespace_routes(app: FastAPI, name: str, router: APIRouter, guard: Guard) -> None:
+    """Add ``router``'s routes (paths ``/v1/{namespace}/<name>``) behind a gate on ``name``."""
+    routes = copy_routes(app, router, "")
+    app.router.routes.append(NamespaceRoutes(name, routes, guard, gateway_state(app).settings))

@@ -220,14 +220,7 @@ class PrefixRoutes(GatedRoutes):
         return parts[: len(self._parts)] == self._parts
 
 
-class NamespaceRoutes(GatedRoutes):
-    """Routes of the gateway's own under ``/v1/{namespace}/<name>`` (``usage``), exactly there."""
-
-    def selects(self, parts: list[str]) -> bool:
-        return len(parts) == 4 and parts[3] == self.name
-
-
-def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]:
+def copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]:
     return [
         GatewayRoute(
             prefix + route.path,
@@ -244,20 +237,14 @@ def _copy_routes(app: FastAPI, router: APIRouter, prefix: str) -> list[APIRoute]
 
 def include_capability(app: FastAPI, router: CapabilityRouter, prefix: str, guard: Guard) -> None:
     """Add ``router``'s routes to ``app`` under ``prefix``, behind one gate that runs ``guard``."""
-    routes = _copy_routes(app, router, prefix)
+    routes = copy_routes(app, router, prefix)
     app.router.routes.append(CapabilityRoutes(router.capability, routes, guard, gateway_state(app).settings))
 
 
 def include_guarded(app: FastAPI, router: APIRouter, guard: Guard) -> None:
     """Add ``router``'s routes (already under their full ``prefix``) behind a gate on that prefix."""
-    routes = _copy_routes(app, router, "")
+    routes = copy_routes(app, router, "")
     app.router.routes.append(PrefixRoutes(router.prefix, routes, guard, gateway_state(app).settings))
-
-
-def include_namespace_routes(app: FastAPI, name: str, router: APIRouter, guard: Guard) -> None:
-    """Add ``router``'s routes (paths ``/v1/{namespace}/<name>``) behind a gate on ``name``."""
-    routes = _copy_routes(app, router, "")
-    app.router.routes.append(NamespaceRoutes(name, routes, guard, gateway_state(app).settings))
 
 
 def api_routes(routes: list[BaseRoute]) -> list[BaseRoute]:
