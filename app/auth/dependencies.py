@@ -48,7 +48,7 @@ async def authenticate(request: Request) -> Principal:
             )
         principal = found
     limiter = state.rate_limiter
-    if limiter.enabled and not principal.is_admin:
+    if limiter is not None and limiter.enabled and not principal.is_admin:
         wait = limiter.acquire(principal.key_id)
         if wait > 0:
             raise TooManyRequests(
@@ -95,7 +95,7 @@ async def capability_guard(request: Request, capability: str, reads: bool) -> No
     if not principal.allows_namespace(namespace) or not principal.allows(capability, action):
         raise Forbidden(f"this API key may not {action} {capability} in this namespace")
     limiter = gateway_state(request.app).namespace_limiter
-    if limiter.enabled and not principal.is_admin:
+    if limiter is not None and limiter.enabled and not principal.is_admin:
         wait = limiter.acquire(namespace)
         if wait > 0:
             raise TooManyRequests(

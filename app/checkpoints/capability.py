@@ -37,7 +37,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[CheckpointsService]:
     writer = writer_for(dialect, repository, backend, fixed)
     databases = state.databases
     heavy = HeavyWrites(
-        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), settings.fairness,
+        databases.engine(Database.checkpoints), databases.write_queues.get(Database.checkpoints), settings.fairness,
         Database.checkpoints.value,
     )
     yield CheckpointsService(

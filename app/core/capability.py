@@ -101,8 +101,7 @@ class Capability(Generic[S]):
     errors: tuple[DatabaseErrorRule, ...] = ()
     """Database errors of its own answered as 4xx (tried before the gateway's own rules)."""
     usage: tuple[Counted, ...] = ()
-    """What its quotas count: tables with a ``namespace`` column, a row an item, its bytes as
-    declared (``app.quotas.usage``); none: no quota."""
+    """What its quotas count (``app.quotas``: a row an item, its bytes as declared); none: no quota."""
 
     def __post_init__(self) -> None:
         if self.router.capability != self.name:
@@ -110,9 +109,6 @@ class Capability(Generic[S]):
         for table in self.tables:
             if "namespace" not in table.c:
                 raise ValueError(f"capability {self.name!r}: table {table.name} has no namespace column")
-        for counted in self.usage:
-            if "namespace" not in counted.table.c:
-                raise ValueError(f"capability {self.name!r}: counted table {counted.table.name} has no namespace column")
         if self.data is None:
             object.__setattr__(self, "data", TableData(self.tables))
 
@@ -176,7 +172,6 @@ def stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-RESERVED = frozenset({"usage"})  # /v1/{namespace}/usage is the gateway's (app.quotas)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")  # a path segment, and the CAP of CAP:ACTION scopes
 
 
@@ -228,7 +223,7 @@ def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[An
     for capability in capabilities:
         if not _NAME.fullmatch(capability.name):
             raise ValueError(f"capability name {capability.name!r} is not [a-z][a-z0-9_]*")
-        if capability.name in RESERVED:
+        if capability.name == "usage":  # /v1/{namespace}/usage is the gateway's (app.quotas)
             raise ValueError(f"capability name {capability.name!r} is the gateway's own path (/v1/{{namespace}}/{capability.name})")
         if capability.name in out:
             raise ValueError(f"two capabilities are named {capability.name!r}")

@@ -324,12 +324,10 @@ INTEGER_OUT_OF_RANGE = DatabaseErrorRule(
 def database_problem(exc: BaseException, rules: tuple[DatabaseErrorRule, ...] = ()) -> ProblemError | None:
     """What ``exc`` means to the client, if it is a database error ``rules`` (a capability's own,
     tried first) or the gateway's own rules name: an integer beyond 64 bits (PostgreSQL's 22003,
-    or Python's ``OverflowError`` binding one to SQLite) is a 422 on both backends; a write the
-    quota triggers refused is a 507 naming the quota (``app.quotas.usage``)."""
-    from app.quotas.usage import quota_problem
+    or Python's ``OverflowError`` binding one to SQLite) is a 422 on both backends."""
+    from app.quotas.usage import quota_problem  # a write the quota triggers refused: 507 naming it
 
-    quota = quota_problem(exc)
-    if quota is not None:
+    if (quota := quota_problem(exc)) is not None:
         return quota
     for rule in (*rules, INTEGER_OUT_OF_RANGE):
         if rule.matches(exc):

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from app.auth.ratelimit import RateLimiter
-
 if TYPE_CHECKING:
     from app.auth.cache import KeyCache
+    from app.auth.ratelimit import RateLimiter
     from app.core.capability import Capability
     from app.core.config import Settings
     from app.core.db.databases import Databases
@@ -36,10 +35,8 @@ class NotStarted(RuntimeError):
 class GatewayState:
     settings: Settings
     capabilities: tuple[Capability[Any], ...]
-    rate_limiter: RateLimiter
-    """Requests per key (``auth.rate_limit_*``)."""
-    namespace_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
-    """Requests per namespace, whatever the key (``auth.namespace_rate_limit_*``; off unless set)."""
+    rate_limiter: RateLimiter  # requests per key (auth.rate_limit_*)
+    namespace_limiter: RateLimiter | None = None  # per namespace, any key (auth.namespace_rate_limit_*)
     services: dict[str, object] = field(default_factory=dict)
     """Each capability's service, by capability name (built by its lifecycle)."""
     storage_checks: dict[str, StorageCheck] = field(default_factory=dict)

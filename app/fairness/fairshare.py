@@ -42,9 +42,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.fairness.settings import FairnessSettings
-from app.core.db.databases import HEAVY_OPTION, SQLITE_BEGIN_OPTION
+from app.core.db.databases import SQLITE_BEGIN_OPTION
 from app.fairness.slots import Slot, Slots
-from app.fairness.writequeue import WriteQueue
+from app.fairness.writequeue import HEAVY_OPTION, WriteQueue
 from app.core.errors import TooManyRequests
 from app.core.ops.metrics import REGISTRY
 

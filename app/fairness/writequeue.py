@@ -31,13 +31,17 @@ import asyncio
 import fcntl
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
+from sqlalchemy.util import await_only
 
 
+HEAVY_OPTION = "gateway_heavy"
+"""An execution option: this connection's transactions are turns of a heavy write
+(``app.fairness.fairshare``), which do not say they want the lock as single writes do."""
 POLL_SECONDS = 0.001  # how often a heavy turn looks again whether a single write still wants the lock
 
 
@@ -105,6 +109,15 @@ class WriteQueue:
                 self._shared = False
                 assert self._want_fd is not None
                 fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+
+    def begin_single(self, begin: Callable[[], object]) -> None:
+        """A single write's ``BEGIN IMMEDIATE`` (``begin``, in SQLAlchemy's greenlet: the engine's
+        begin hook), ``wanting`` the lock meanwhile; while a heavy turn of this process holds it,
+        after that turn (``after_heavy_turn``)."""
+        with self.wanting():
+            if self.heavy_turn_on:
+                await_only(self.after_heavy_turn())
+            begin()
 
     def others_want(self) -> bool:
         """Whether a single write, in this process or another, waits for the lock now."""

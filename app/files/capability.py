@@ -35,7 +35,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[FilesService]:
     try:
         service = FilesService(
             databases.engine(Database.metadata), backend_for(databases.dialect(Database.metadata)), settings, objects,
-            inline=lambda: databases.inline_connection(Database.metadata), queue=databases.write_queue(Database.metadata),
+            inline=lambda: databases.inline_connection(Database.metadata), queue=databases.write_queues.get(Database.metadata),
         )
         state.storage_checks["files"] = service.readiness
         yield service

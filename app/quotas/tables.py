@@ -44,6 +44,10 @@ class Counted:
     length_of: str | None = None
     size: str | None = None
 
+    def __post_init__(self) -> None:
+        if "namespace" not in self.table.c:
+            raise ValueError(f"counted table {self.table.name} has no namespace column")
+
     def bytes_sql(self, row: str, dialect: str) -> str:
         if self.size is not None:
             return f"coalesce({row}.{self.size}, 0)"

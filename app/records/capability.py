@@ -26,7 +26,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[RecordsService]:
     dialect = databases.dialect(Database.checkpoints)
     repository = RecordsRepository(insert_builder(dialect), fixed_statements(dialect))
     heavy = HeavyWrites(
-        databases.engine(Database.checkpoints), databases.write_queue(Database.checkpoints), state.settings.fairness,
+        databases.engine(Database.checkpoints), databases.write_queues.get(Database.checkpoints), state.settings.fairness,
         Database.checkpoints.value,
     )
     yield RecordsService(repository, state.settings.limits, heavy)

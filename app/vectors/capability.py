@@ -31,7 +31,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     databases = state.databases
     settings = state.settings
     heavy = HeavyWrites(
-        databases.engine(Database.vectors), databases.write_queue(Database.vectors), settings.fairness, Database.vectors.value
+        databases.engine(Database.vectors), databases.write_queues.get(Database.vectors), settings.fairness, Database.vectors.value
     )
     if databases.dialect(Database.vectors) != "postgresql":
         from app.vectors.sqlite_vec import SqliteVecIndex

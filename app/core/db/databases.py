@@ -20,10 +20,9 @@ from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.util import await_only
 
 from app.core.db.sqlite import WRITER_PRAGMAS
-from app.fairness.writequeue import WriteQueue
+from app.fairness.writequeue import HEAVY_OPTION, WriteQueue
 from app.core.fast.inline_sqlite import InlineConnection
 from app.core.fast.one_statement import OneStatementConnections
 from app.core.ops import metrics
@@ -32,9 +31,6 @@ from app.core.config import Database, Settings
 log = logging.getLogger("app.databases")
 
 SQLITE_BEGIN_OPTION = "sqlite_begin"
-HEAVY_OPTION = "gateway_heavy"
-"""An execution option: this connection's transactions are turns of a heavy write
-(``app.fairness.fairshare``), which do not say they want the lock as single writes do."""
 
 
 class DatabaseSetupError(RuntimeError):
@@ -93,11 +89,8 @@ def _install_sqlite_hooks(engine: AsyncEngine, db: Database, busy_timeout_ms: in
         mode = options.get(SQLITE_BEGIN_OPTION, "DEFERRED")
         if queue is None or mode != "IMMEDIATE" or options.get(HEAVY_OPTION):
             conn.exec_driver_sql(f"BEGIN {mode}")
-            return
-        with queue.wanting():  # heavy writes give way meanwhile (app.fairness.fairshare)
-            if queue.heavy_turn_on:  # this process's heavy turn in progress: woken when it ends
-                await_only(queue.after_heavy_turn())
-            conn.exec_driver_sql(f"BEGIN {mode}")
+        else:  # a single write: heavy turns give way to it (app.fairness.writequeue)
+            queue.begin_single(lambda: conn.exec_driver_sql(f"BEGIN {mode}"))
 
 
 # A pooled connection unused for longer than this is pinged before it is handed out.
@@ -131,8 +124,7 @@ def _install_idle_ping(engine: AsyncEngine) -> None:
 
 
 def create_engine(settings: Settings, db: Database, queue: WriteQueue | None = None) -> AsyncEngine:
-    """One engine for ``db`` with the pool and timeouts from settings (and, on SQLite, ``db``'s
-    write queue, which its write transactions tell that they wait)."""
+    """One engine for ``db`` with the pool and timeouts from settings (and SQLite ``queue``)."""
     url = settings.database_url(db)
     conf = settings.databases.get(db)
     if url.startswith("sqlite"):
@@ -229,10 +221,6 @@ class Databases:
                 await conn.execute(text("SELECT 1"))
 
         await asyncio.wait_for(ping(), timeout or conf.connect_timeout + conf.pool_timeout)
-
-    def write_queue(self, db: Database) -> WriteQueue | None:
-        """The queue of ``db``'s write transactions when it is a SQLite file (``app.fairness.writequeue``)."""
-        return self.write_queues.get(db)
 
     def inline_connection(self, db: Database) -> InlineConnection | None:
         """``db``'s SQLite file's inline statements (``app.core.fast.inline_sqlite``), for a

@@ -24,8 +24,7 @@ What the gateway does:
   deletes have room;
 - while the disk is full, writes are answered 507 before they touch a database, except those that
   free space (``DELETE``, and the trims, prunes and resets in ``FREEING_ENDPOINTS``); reads are
-  served, those sent as POST too (``@accepts(read_only=True)``: a vector search, a points list,
-  a checkpoints search); ``/readyz`` answers 503 with the reason;
+  served (POSTs too: ``@accepts(read_only=True)``, a search); ``/readyz`` answers 503 with the reason;
 - every ``CHECK_SECONDS`` free pages are given back; once the fullest directory has twice the
   reserve available (free filesystem space plus free pages inside its databases) writes are
   accepted again and the reserve is written again if the filesystem has room for it.

@@ -149,11 +149,9 @@ class InlineStatements:
         try:
             self._deadline = time.perf_counter() + self._budget
             if writes:
-                # In a transaction of its own, committed only once the statement returned (COMMIT
-                # is never interrupted): a write that fails or is interrupted at any step, after
-                # its last one too (SQLite calls the progress handler then as well), changed
-                # nothing, and goes through the pool. An autocommit write could not tell: its
-                # triggers' steps (app.quotas.usage) count in total_changes before it is done.
+                # Committed only once it returned (COMMIT is never interrupted): a write failed or
+                # interrupted at any step, its last too, changed nothing and goes through the pool
+                # (in autocommit its triggers' steps, app.quotas, counted in total_changes).
                 conn = self._writing()
                 conn.execute("BEGIN IMMEDIATE")
                 result = conn.execute(sql, args).rowcount
@@ -292,8 +290,7 @@ class InlineConnection:
         self.reader = reader
         self._borrow = borrow
         self._pooled: PoolProxiedConnection | None = None
-        self.wanting = wanting or nullcontext
-        """Around a write sent to the pool: it waits for the lock (``WriteQueue.wanting``)."""
+        self.wanting = wanting or nullcontext  # around a write sent to the pool (WriteQueue.wanting)
 
     async def pooled(self) -> PoolProxiedConnection:
         if self._pooled is None:

@@ -60,11 +60,10 @@ async def give_back(conn: PoolProxiedConnection, clean: bool = True) -> None:
 
 
 async def checkpoint_wal(engine: AsyncEngine, db: Database) -> None:
-    """A PASSIVE checkpoint of ``db``'s WAL on a pooled connection (aiosqlite's thread), its row
-    read to the end (a statement left unfinished stays active on the pooled connection)."""
+    """A PASSIVE checkpoint of ``db``'s WAL on a pooled connection (aiosqlite's thread)."""
     raw = await borrow_driver_connection(engine)
     try:
-        driver: Any = raw.driver_connection  # aiosqlite
+        driver: Any = raw.driver_connection  # aiosqlite; its row read (an unfinished statement stays active)
         await driver.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
         metrics.SQLITE_CHECKPOINTS.labels(database=db.value).inc()
     finally:
@@ -75,12 +74,10 @@ class OneStatementConnections:
     """The one-statement connections of the three databases (and their SQLite files' inline
     statements, unless ``fast_paths.inline_sqlite`` is off), owned by ``Databases``."""
 
-    def __init__(
-        self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path],
-        write_queues: Mapping[Database, WriteQueue],
-    ) -> None:
+    def __init__(self, engines: Mapping[Database, AsyncEngine], settings: Settings, sqlite_files: Mapping[Database, Path],
+            write_queues: Mapping[Database, WriteQueue]) -> None:
         self._engines = engines
-        self._write_queues = write_queues
+        self._wanting = {db: queue.wanting for db, queue in write_queues.items()}  # app.fairness.writequeue
         self.inline: dict[Database, InlineStatements] = {}
         self._checkpoints: dict[Database, asyncio.Task[None]] = {}  # in flight (inline writes')
         for db, path in sqlite_files.items():
@@ -114,10 +111,7 @@ class OneStatementConnections:
         reader = self.inline.get(db)
         if reader is None:
             return None
-        queue = self._write_queues.get(db)
-        return InlineConnection(
-            reader, lambda: borrow_driver_connection(self._engines[db]), queue.wanting if queue is not None else None
-        )
+        return InlineConnection(reader, lambda: borrow_driver_connection(self._engines[db]), self._wanting.get(db))
 
     def _checkpointer(self, db: Database) -> Callable[[], None]:
         """What an inline writer calls every ``CHECKPOINT_EVERY`` writes: a checkpoint of ``db``'s

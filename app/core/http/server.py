@@ -13,8 +13,7 @@ protocol with these added, per connection, from ``limits.*``:
   This also bounds how long the rest of a refused body is read and dropped;
 - past ``max_connections`` open connections, the longest idle one (no request in progress) is
   closed to make room; only when none is idle is the new connection answered 503;
-- a request line without an HTTP version (HTTP/0.9) is answered 400, one of another major
-  version than 1 (``HTTP/2.0`` sent as text), 505;
+- a request line without an HTTP version (HTTP/0.9) is answered 400, one of ``HTTP/2.0`` 505;
 - a client that shuts its sending side after a complete request (``shutdown(SHUT_WR)``) gets its
   answer, then the connection closes (asyncio closed it at once, and the answer was dropped);
 - every refusal is ``application/problem+json`` with a stable ``code``, then the connection closes
@@ -255,12 +254,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """The client shut its sending side (``shutdown(SHUT_WR)``). After a complete request
-        whose answer is not sent yet, the connection stays open for the answer (True keeps the
-        transport writable) and closes once it is out (``on_response_complete``); anything else
-        (idle, a head or body cut short) closes it, as uvicorn does: asyncio closes a transport
-        whose protocol answers None here, which marked an answer in progress as sent to a client
-        gone, so the request ran and was never answered."""
+        """The client shut its sending side: after a complete request not answered yet, True keeps
+        the transport open for the answer (closed once it is out); else None closes it, as uvicorn
+        did always, and an answer in progress was dropped (the request ran, never answered)."""
         cycle = self.cycle  # the newest request (a pipelined one waits behind the others)
         # uvicorn annotates cycle as always set; it is None until the first request starts
         if self._lingering or cycle is None or cycle.response_complete or cycle.more_body:  # type: ignore[redundant-expr]
