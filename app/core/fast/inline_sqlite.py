@@ -134,7 +134,7 @@ class InlineStatements:
         """The rows of a read, or the row count of a write, of ``sql`` run on the reading or the
         writing connection; or None: it must run through the pool instead (another thread,
         skipped, over budget, a lock, any error; a statement answered None changed nothing: a
-        write is judged by the connection's ``total_changes``, not by its error). Counts the outcome."""
+        write runs in a transaction of its own, rolled back on any error). Counts the outcome."""
         outcomes = self._write_outcomes if writes else self._outcomes
         if not self._bound():
             return None  # another thread than the one that first used it (never the loop's)
