@@ -285,12 +285,15 @@ def libpq_dsn(sqlalchemy_url: str) -> str:
     return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+GATEWAY_ENV: dict[str, str] = {}  # --gateway-env: settings of every gateway this run starts
+
+
 def run_gateway(backend: Backend, logs: Path, seconds: float, workers: int) -> dict:
     result = run_cli(backend, "migrate", GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY)
     if result.returncode != 0:
         raise SystemExit(result.stderr)
     server = start_server(backend, logs / f"gateway-{backend.name}.log", "--workers", str(workers),
-                          GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
+                          GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning", **GATEWAY_ENV)
     try:
         return asyncio.run(bench_gateway(server.url, seconds))
     finally:
@@ -306,8 +309,11 @@ def main() -> None:
     parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite gateway")
     parser.add_argument("--no-postgres", action="store_true",
                         help="the SQLite gateway only (no PostgreSQL, no direct asyncpg reference)")
+    parser.add_argument("--gateway-env", action="append", default=[], metavar="GATEWAY_X=VALUE",
+                        help="a setting of the gateways (e.g. GATEWAY_QUOTAS__ACCOUNTING=false); repeatable")
     args = parser.parse_args()
     seconds = 1.0 if args.quick else args.seconds
+    GATEWAY_ENV.update(item.split("=", 1) for item in args.gateway_env)
     if args.no_postgres:
         work = Path(tempfile.mkdtemp(prefix="bench-kv-"))
         try:
