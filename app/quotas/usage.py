@@ -66,6 +66,7 @@ def observe_usage(namespace: str, capability: str, items: int, size: int) -> Non
     USAGE_ITEMS.labels(namespace=namespace, capability=capability).set(items)
     USAGE_BYTES.labels(namespace=namespace, capability=capability).set(size)
 
+
 SHARDS = 64
 """PostgreSQL: usage rows per namespace and capability (a writer adds to the one of its backend)."""
 DEFAULTS = ""
