@@ -4,7 +4,7 @@ Revision ID: 0011
 Revises: 0010
 
 Each database keeps the usage of the capabilities that live in it, so that the triggers that keep
-it (installed at start-up from the capabilities' declarations, ``app.core.quotas``) write it in
+it (installed at start-up from the capabilities' declarations, ``app.quotas.usage``) write it in
 the same transaction as the data.
 """
 
@@ -43,7 +43,7 @@ def _upgrade() -> None:
 
 def _downgrade() -> None:
     bind = op.get_bind()
-    # the usage triggers (app.core.quotas.install) write namespace_usage: drop them first
+    # the usage triggers (app.quotas.usage.install) write namespace_usage: drop them first
     if bind.dialect.name == "sqlite":
         names = [r[0] for r in bind.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'quota_%'"
