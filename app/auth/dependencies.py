@@ -48,7 +48,7 @@ async def authenticate(request: Request) -> Principal:
             )
         principal = found
     limiter = state.rate_limiter
-    if limiter is not None and limiter.enabled and not principal.is_admin:
+    if limiter.enabled and not principal.is_admin:
         wait = limiter.acquire(principal.key_id)
         if wait > 0:
             raise TooManyRequests(

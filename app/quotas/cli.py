@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
@@ -60,11 +61,13 @@ def _print(usage: dict[str, Usage]) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> None:
     from app.quotas import usage as quotas
-    from app.core.errors import ProblemError
-    from app.core.names import validate_name
+    from app.core.errors import InvalidInput, ProblemError
+    from app.core.names import NAME_PATTERN
 
     try:
-        namespace = validate_name("namespace", args.namespace)
+        namespace = args.namespace
+        if not re.fullmatch(NAME_PATTERN, namespace):  # what a namespace path segment may be
+            raise InvalidInput("namespace", "must be 1-128 characters of A-Z a-z 0-9 _ . - starting with a letter or digit")
         if args.quotas_command == "set":
             limits = quotas.Limits(args.max_bytes, args.max_items)
             _with_state(settings, lambda s: quotas.set_quota(s, namespace, args.capability, limits))
