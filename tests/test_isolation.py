@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.core.capability import RESERVED, Capability
+from app.core.capability import Capability
+from app.quotas.tables import RESERVED
 from app.core.db.databases import Databases
 from tests.conftest import Backend, Server
 from tests.test_migrations import settings_for

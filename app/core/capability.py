@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.core.config import Database
 from app.core.errors import DatabaseErrorRule
 from app.core.namespace_data import NamespaceData, TableData, writer
-from app.quotas.tables import Counted
+from app.quotas.tables import RESERVED, Counted
 from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[An
     for capability in capabilities:
         if not _NAME.fullmatch(capability.name):
             raise ValueError(f"capability name {capability.name!r} is not [a-z][a-z0-9_]*")
-        if capability.name == "usage":  # /v1/{namespace}/usage is the gateway's (app.quotas)
+        if capability.name in RESERVED:  # /v1/{namespace}/usage is the gateway's (app.quotas)
             raise ValueError(f"capability name {capability.name!r} is the gateway's own path (/v1/{{namespace}}/{capability.name})")
         if capability.name in out:
             raise ValueError(f"two capabilities are named {capability.name!r}")

@@ -31,6 +31,9 @@ def _tables(metadata: Any) -> tuple[Table, Table]:
     return usage, quotas
 
 
+RESERVED = frozenset({"usage"})
+"""Path segments under ``/v1/{namespace}`` that are the gateway's own (``app.quotas.router``), not a capability's."""
+
 TABLES: dict[Database, tuple[Table, Table]] = {db: _tables(METADATA[db]) for db in Database}
 """Each database's ``namespace_usage`` and ``namespace_quotas`` (a capability's usage lives in its database)."""
 
