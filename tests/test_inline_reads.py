@@ -249,20 +249,32 @@ def test_an_inline_write_that_fails_or_runs_over_changes_nothing(tmp_path: Path)
         reader.close()
 
 
-def test_an_inline_write_interrupted_after_its_last_step_is_answered_as_it_ended(tmp_path: Path) -> None:
-    """SQLite calls the progress handler once more after a statement's last step, and answers
-    "interrupted" if the budget is spent by then. Such a write must be answered as what it did
-    (now: rolled back, in its own transaction): answered otherwise, a compare-and-swap was
+@pytest.mark.parametrize("trigger", [False, True], ids=["plain", "trigger"])
+def test_an_inline_write_interrupted_after_its_commit_is_answered_as_committed(tmp_path: Path, trigger: bool) -> None:
+    """SQLite calls the progress handler once more after a statement's last step, when its
+    autocommit is done, and answers "interrupted" if the budget is spent by then. Such a write
+    must be answered as the commit it is: sent again through the pool, a compare-and-swap was
     refused by its own change and retried by its client, one increment counted twice (CI, the
     200 increments through nginx ended at 201). With no budget at all, every progress check
-    interrupts; each write is reported applied exactly when it was."""
+    interrupts; each write is reported applied exactly when it was. With a trigger that writes
+    a row of its own (as app.quotas' do), total_changes moves before the statement is done, and
+    a trigger's RAISE refuses the write: only the statement's own changes() tells."""
     path = _database(tmp_path)
+    if trigger:
+        setup = sqlite3.connect(path)
+        setup.executescript(
+            "CREATE TABLE log (v TEXT); CREATE TRIGGER t_log AFTER UPDATE ON t BEGIN "
+            "INSERT INTO log VALUES (NEW.v); SELECT RAISE(ABORT, 'refused') WHERE NEW.v = 'refused'; END"
+        )
+        setup.close()
     reader = InlineStatements(path, "after-commit-test", budget_seconds=0.0, checkpoint=lambda: None)
+    refusing = InlineStatements(path, "refused-test", budget_seconds=1.0, checkpoint=lambda: None)
     sql = "UPDATE t SET v = CAST(CAST(v AS INTEGER) + 1 AS TEXT) WHERE k = ?"
     applied = 0
     try:
         reader.write("UPDATE t SET v = '0' WHERE k = ?", [5])
         check = sqlite3.connect(path)
+        logged = check.execute("SELECT count(*) FROM log").fetchone()[0] if trigger else 0
         # Each run adds its steps to the statement's own counter, so the checks (every
         # CHECK_EVERY steps) fall at every point of a run in turn, its end included.
         for _ in range(2000):
@@ -270,10 +282,18 @@ def test_an_inline_write_interrupted_after_its_last_step_is_answered_as_it_ended
             applied += bool(count)
             stored = int(check.execute("SELECT v FROM t WHERE k = 5").fetchone()[0])
             assert stored == applied, "a write was answered as not applied but it was (or the reverse)"
-        check.close()
         assert 0 < applied < 2000  # some ran through, some were interrupted before their end
+        if trigger:
+            assert check.execute("SELECT count(*) FROM log").fetchone() == (logged + applied,)
+            assert refusing.write("UPDATE t SET v = 'refused' WHERE k = ?", [5]) is None
+            assert check.execute("SELECT v FROM t WHERE k = 5").fetchone() == (str(applied),)
+            assert check.execute("SELECT count(*) FROM log").fetchone() == (logged + applied,)
+            refused = metrics.REGISTRY.get_sample_value(WRITES, {"database": "refused-test", "outcome": "error"})
+            assert refused == 1
+        check.close()
     finally:
         reader.close()
+        refusing.close()
 
 
 def test_an_inline_transaction_commits_all_or_nothing_and_never_waits(tmp_path: Path) -> None:

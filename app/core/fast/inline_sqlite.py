@@ -14,8 +14,8 @@ The rules that keep the loop free and the answers the pool's:
   WAL on the loop's thread (``wal_autocheckpoint`` 0; every ``CHECKPOINT_EVERY`` writes or
   ``CHECKPOINT_EVERY_BYTES`` it asks the pool for a PASSIVE checkpoint);
 - any of these, and any other error, sends the statement again through the pool, where it runs
-  as every other statement: only a statement that succeeds inline is answered from here (a write
-  runs between ``BEGIN IMMEDIATE`` and ``COMMIT``, so one that did not return changed nothing).
+  as every other statement: only a statement that succeeds inline is answered from here, and a
+  write interrupted after its autocommit counts as committed (its own ``changes()``).
 
 Each outcome is counted (``gateway_sqlite_inline_reads``, ``_writes``). What it buys:
 ``docs/benchmarks.md``.
@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prometheus_client import Counter
 from sqlalchemy.pool import PoolProxiedConnection
@@ -134,7 +134,7 @@ class InlineStatements:
         """The rows of a read, or the row count of a write, of ``sql`` run on the reading or the
         writing connection; or None: it must run through the pool instead (another thread,
         skipped, over budget, a lock, any error; a statement answered None changed nothing: a
-        write runs in a transaction of its own, rolled back on any error). Counts the outcome."""
+        write is judged by its own ``changes()``, not by its error). Counts the outcome."""
         outcomes = self._write_outcomes if writes else self._outcomes
         if not self._bound():
             return None  # another thread than the one that first used it (never the loop's)
@@ -146,23 +146,26 @@ class InlineStatements:
                 outcomes["skipped"].inc()
                 return None
         conn = None
+        changes = 0
         try:
-            self._deadline = time.perf_counter() + self._budget
             if writes:
-                # Committed only once it returned (COMMIT is never interrupted): a write failed or
-                # interrupted at any step, its last too, changed nothing and goes through the pool
-                # (in autocommit its triggers' steps, app.quotas, counted in total_changes).
                 conn = self._writing()
-                conn.execute("BEGIN IMMEDIATE")
-                result = conn.execute(sql, args).rowcount
-                self._deadline = float("inf")
-                conn.execute("COMMIT")
+                changes = conn.total_changes
             else:
                 conn = self._conn = self._conn or self._open(writes=False)
-                result = conn.execute(sql, args).fetchall()
+            self._deadline = time.perf_counter() + self._budget
+            cursor = conn.execute(sql, args)
+            result = cursor.rowcount if writes else cursor.fetchall()
         except SQLITE.Error as exc:
-            if writes:
-                self._roll_back(conn)
+            if writes and conn is not None and conn.total_changes != changes:
+                # Committed after all? SQLite calls the progress handler once more after the last
+                # step, its autocommit done ("interrupted" if the budget is spent by then). Not
+                # total_changes (a trigger's rows, app.quotas, count there even when the statement
+                # rolls back): changes(), its own rows, 0 once rolled back (an error, a RAISE).
+                self._deadline = float("inf")
+                if result := conn.execute("SELECT changes()").fetchone()[0]:
+                    outcomes["inline"].inc()
+                    return result
             outcome = self._outcome(exc)
             if outcome == "over_budget":
                 self._skip[sql] = SKIP_AFTER_OVER_BUDGET
@@ -174,10 +177,9 @@ class InlineStatements:
     @staticmethod
     def _outcome(exc: Exception) -> str:
         """What an error of a statement tried inline counts as."""
-        message = str(exc)
         if not isinstance(exc, SQLITE.OperationalError):
             return "error"
-        return "over_budget" if message == "interrupted" else "busy" if "locked" in message else "error"
+        return "over_budget" if str(exc) == "interrupted" else "busy" if "locked" in str(exc) else "error"
 
     def transaction(self, body: Callable[[Execute], _T]) -> _T | None:
         """``body(execute)`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` on the writing connection,
@@ -246,9 +248,8 @@ class InlineStatements:
         if self._checkpoint is None:
             return None
         count: int | None = self._run(sql, args, writes=True)
-        if count is None:
-            return None
-        self._wrote(sum(len(a) for a in args if isinstance(a, (str, bytes))))
+        if count is not None:
+            self._wrote(sum(len(a) for a in args if isinstance(a, (str, bytes))))
         return count
 
     def _wrote(self, value_bytes: int) -> None:
@@ -263,8 +264,7 @@ class InlineStatements:
 
     def read(self, sql: str, args: Sequence[Any]) -> list[Row] | None:
         """The rows of ``sql``, or None: it must run through the pool instead (see ``_run``)."""
-        rows: list[Row] | None = self._run(sql, args, writes=False)
-        return rows
+        return cast("list[Row] | None", self._run(sql, args, writes=False))
 
     @property
     def in_transaction(self) -> bool:
