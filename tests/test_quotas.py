@@ -6,6 +6,7 @@ is exact after a SIGKILL during a write storm, and after reconciliation."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import uuid
@@ -250,3 +251,56 @@ async def test_accounting_off_then_on_again_recounts(fresh_backend: Backend, tmp
     assert off["answers"] == [204, 204] and off["kv"]["items"] == 2  # not counted while off
     again = await gateway(True, "k5")
     assert again["answers"] == [507] and again["kv"] == {"items": 4, "bytes": 12, "max_items": 2, "max_bytes": None}
+
+
+async def test_store_items_and_checkpoint_bytes_are_counted_and_refused(backend: Backend, http: httpx.AsyncClient) -> None:
+    """The store counts items and their values' bytes as stored (SQLite: compact JSON text;
+    PostgreSQL: jsonb's text, a space after each ':' and ',');
+    checkpoints count a thread's checkpoint, blob and pending-write bytes, which move with the
+    thread (a copy is refused at the target's quota) and go with its delete."""
+    a = ns()
+    await set_quota(http, a, "store", max_items=2, max_bytes=100)
+
+    def put(key: str, text: str) -> dict[str, Any]:
+        return {"op": "put", "namespace": ["m"], "key": key, "value": {"t": text}}  # '{"t":"<text>"}': 8 + len
+
+    assert (await http.post(f"/v1/{a}/store/batch", json={"ops": [put("k1", "x" * 20)]})).status_code == 200
+    refused(await http.post(f"/v1/{a}/store/batch", json={"ops": [put("k2", "y"), put("k3", "z")]}), "store.items")
+    refused(await http.post(f"/v1/{a}/store/batch", json={"ops": [put("k2", "y" * 80)]}), "store.bytes")
+    read = {"ops": [{"op": "get", "namespace": ["m"], "key": k} for k in ("k2", "k3")]}
+    assert (await http.post(f"/v1/{a}/store/read", json=read)).json()["results"] == [None, None]
+    assert (await http.post(f"/v1/{a}/store/batch", json={"ops": [put("k2", "y")]})).status_code == 200
+    stored = 28 + 9 + (2 if backend.is_postgres else 0)
+    assert (await usage(http, a))["store"] == {"items": 2, "bytes": stored, "max_items": 2, "max_bytes": 100}
+
+    await set_quota(http, a, "checkpoints", max_bytes=3000)
+    put_url, writes_url = f"/v1/{a}/checkpoints/put", f"/v1/{a}/checkpoints/writes"
+
+    def data(size: int) -> dict[str, Any]:
+        return {"type": "bytes", "data": base64.b64encode(b"d" * size).decode()}
+
+    def checkpoint(cid: str, size: int, blob: int) -> dict[str, Any]:
+        blobs = [{"channel": "m", "version": cid, **data(blob)}]
+        return {"thread_id": "t1", "checkpoint_id": cid, "checkpoint": data(size), "blobs": blobs}
+
+    def writes(size: int) -> dict[str, Any]:
+        return {"thread_id": "t1", "checkpoint_id": "c1", "task_id": "k", "writes": [{"idx": 0, "channel": "m", **data(size)}]}
+
+    r = await http.post(put_url, json=checkpoint("c1", 1000, 1000))
+    assert r.status_code == 200, r.text
+    refused(await http.post(put_url, json=checkpoint("c2", 500, 1500)), "checkpoints.bytes")
+    refused(await http.post(writes_url, json=writes(1001)), "checkpoints.bytes")
+    assert (await http.post(writes_url, json=writes(900))).status_code == 204
+    latest = (await http.get(f"/v1/{a}/checkpoints/tuple", params={"thread_id": "t1"})).json()
+    assert latest["checkpoint_id"] == "c1" and len(latest["pending_writes"]) == 1
+    assert (await usage(http, a))["checkpoints"] | {} == {"items": 1, "bytes": 2900, "max_items": None, "max_bytes": 3000}
+    copy = {"source_thread_id": "t1", "target_thread_id": "t2"}
+    refused(await http.post(f"/v1/{a}/checkpoints/threads/copy", json=copy), "checkpoints.bytes")
+    assert (await http.get(f"/v1/{a}/checkpoints/tuple", params={"thread_id": "t2"})).status_code == 404
+    assert (await http.post(f"/v1/admin/quotas/{a}", params={"batch": 7})).status_code == 200  # a recount agrees
+    assert (await usage(http, a))["checkpoints"]["bytes"] == 2900
+    await set_quota(http, a, "checkpoints", max_bytes=6000)
+    assert (await http.post(f"/v1/{a}/checkpoints/threads/copy", json=copy)).status_code == 200
+    assert (await usage(http, a))["checkpoints"] | {} == {"items": 2, "bytes": 5800, "max_items": None, "max_bytes": 6000}
+    assert (await http.delete(f"/v1/{a}/checkpoints/threads", params={"thread_id": "t1"})).status_code == 200
+    assert (await usage(http, a))["checkpoints"]["bytes"] == 2900

@@ -9,7 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.checkpoints.backend import backend_for
-from app.checkpoints.models import checkpoint_retention, checkpoint_threads
+from app.checkpoints.models import checkpoint_blobs, checkpoint_retention, checkpoint_threads, checkpoint_writes
+from app.checkpoints.models import checkpoints as checkpoint_rows
 from app.checkpoints.reads import CheckpointReader
 from app.checkpoints.repository import CheckpointsRepository
 from app.checkpoints.router import router
@@ -17,7 +18,7 @@ from app.checkpoints.samples import SAMPLES
 from app.checkpoints.service import CheckpointsService
 from app.checkpoints.writer import writer_for
 from app.core.capability import Capability, Change, Periodic
-from app.quotas.tables import Counted
+from app.quotas.tables import Counted, Part
 from app.fairness.fairshare import HeavyWrites
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
@@ -82,7 +83,11 @@ CAPABILITY = Capability(
     # checkpoints, blobs, writes and metadata terms are keyed by a thread row's id, which only a
     # scoped checkpoint_threads row hands out
     tables=(checkpoint_threads, checkpoint_retention),
-    usage=(Counted(checkpoint_threads),),  # items: threads (a retention row is one); bytes not counted yet
+    # items: threads (a retention row is one); bytes: their checkpoints', blobs' and pending writes'
+    usage=(Counted(checkpoint_threads, parts=(
+        Part(checkpoint_rows, "thread_pk", "checkpoint"), Part(checkpoint_blobs, "thread_pk", "blob"),
+        Part(checkpoint_writes, "thread_pk", "blob"),
+    )),),
     summary="LangGraph graph state: threads, checkpoints, channel blobs and pending writes "
     "(the client's GatewayCheckpointSaver).",
     samples=SAMPLES,

@@ -10,8 +10,13 @@ class QuotaLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_bytes: int | None = Field(default=None, ge=0, description="Most bytes stored: kv and record values (UTF-8 JSON), file sizes.")
-    max_items: int | None = Field(default=None, ge=0, description="Most items: kv entries, records, files, checkpoint threads.")
+    max_bytes: int | None = Field(
+        default=None, ge=0, description="Most bytes stored: kv, record and store values (UTF-8 JSON), "
+        "file sizes, checkpoint threads' checkpoints, blobs and pending writes.",
+    )
+    max_items: int | None = Field(
+        default=None, ge=0, description="Most items: kv entries, records, files, store items, checkpoint threads."
+    )
 
 
 class QuotasSettings(BaseModel):

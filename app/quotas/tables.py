@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Integer, String, Table
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, String, Table
 
 from app.core.config import Database
 from app.core.db.tables import METADATA, NameColumn, byte_ordered
@@ -38,24 +38,61 @@ TABLES: dict[Database, tuple[Table, Table]] = {db: _tables(METADATA[db]) for db 
 """Each database's ``namespace_usage`` and ``namespace_quotas`` (a capability's usage lives in its database)."""
 
 
+def _length(table: Table, row: str, column: str, dialect: str) -> str:
+    """SQL of ``row.column``'s stored length in bytes: a blob's (read from its header), a text's
+    UTF-8 (PostgreSQL ``jsonb``: of its text, which is what SQLite keeps, ``jsonb_text``)."""
+    if isinstance(table.c[column].type, LargeBinary):
+        return f"{'octet_length' if dialect == 'postgresql' else 'length'}({row}.{column})"
+    return f"octet_length(CAST({row}.{column} AS text))" if dialect == "postgresql" else f"length(CAST({row}.{column} AS BLOB))"
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows of another table that belong to a counted row (``key``: its primary key), such as a
+    checkpoint thread's blobs: their ``length_of`` bytes count as that row's, in its namespace
+    (added as they are written, moved and dropped with the row)."""
+
+    table: Table
+    key: str
+    length_of: str
+
+    def bytes_sql(self, row: str, dialect: str) -> str:
+        return f"coalesce({_length(self.table, row, self.length_of, dialect)}, 0)"
+
+
 @dataclass(frozen=True)
 class Counted:
     """A table whose rows a capability counts: each row one item; its bytes the UTF-8/byte length
-    of ``length_of`` or the integer ``size`` column (neither: items only)."""
+    of ``length_of`` or the integer ``size`` column (neither: items only), plus its ``parts``'."""
 
     table: Table
     length_of: str | None = None
     size: str | None = None
+    parts: tuple[Part, ...] = ()
 
     def __post_init__(self) -> None:
         if "namespace" not in self.table.c:
             raise ValueError(f"counted table {self.table.name} has no namespace column")
 
-    def bytes_sql(self, row: str, dialect: str) -> str:
+    @property
+    def pk(self) -> str:
+        """The primary key column its parts' ``key`` refers to."""
+        return str(next(iter(self.table.primary_key.columns)).name)
+
+    @property
+    def tables(self) -> list[Table]:
+        return [self.table, *(p.table for p in self.parts)]
+
+    def bytes_sql(self, row: str, dialect: str, *, parts: bool = False) -> str:
+        """Its own bytes of ``row`` (and, with ``parts``, its parts' stored now)."""
+        own = "0"
         if self.size is not None:
-            return f"coalesce({row}.{self.size}, 0)"
-        if self.length_of is not None:
-            if dialect == "postgresql":
-                return f"coalesce(octet_length({row}.{self.length_of}), 0)"
-            return f"coalesce(length(CAST({row}.{self.length_of} AS BLOB)), 0)"
-        return "0"
+            own = f"coalesce({row}.{self.size}, 0)"
+        elif self.length_of is not None:
+            own = f"coalesce({_length(self.table, row, self.length_of, dialect)}, 0)"
+        if not parts:
+            return own
+        return " + ".join([own] + [
+            f"(SELECT coalesce(sum({p.bytes_sql('p', dialect)}), 0) FROM {p.table.name} p "
+            f"WHERE p.{p.key} = {row}.{self.pk})" for p in self.parts
+        ])

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
-from sqlalchemy import Table, func, inspect, select, text, tuple_
+from sqlalchemy import Table, func, inspect, literal_column, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Database
@@ -34,7 +34,7 @@ from app.core.errors import InsufficientStorage
 from app.core.namespace_data import writer
 from app.core.ops.metrics import REGISTRY
 from app.quotas.settings import QuotasSettings
-from app.quotas.tables import TABLES, Counted
+from app.quotas.tables import TABLES, Counted, Part
 
 if TYPE_CHECKING:
     from app.core.capability import Capability, Periodic
@@ -78,7 +78,7 @@ SQLSTATE = "QT507"
 INSTALL_RETRY_SECONDS = 2.0
 RECOUNT_BATCH = 1000
 """Rows a page of a recount reads."""
-VERSION = 6
+VERSION = 7
 """Of the triggers' SQL: a gateway finding another version's triggers replaces them (and recounts)."""
 MESSAGE = "quota exceeded: "
 
@@ -117,23 +117,46 @@ def _sqlite_check(cap: str, ns: str, *, items: bool, grows: str, when: str = "1"
     )
 
 
-def _sqlite_add(cap: str, ns: str, items: str, size: str) -> str:
+def _sqlite_add(cap: str, ns: str, items: str, size: str, owner: str = "") -> str:
+    """Add to ``ns``'s usage (``owner``: ``FROM ... WHERE`` finding a part's row; none, nothing)."""
+    values = f"SELECT {ns}, '{cap}', 0, {items}, {size} {owner}" if owner else f"VALUES ({ns}, '{cap}', 0, {items}, {size})"
     return (
         "INSERT INTO namespace_usage (namespace, capability, shard, items, bytes) "
-        f"VALUES ({ns}, '{cap}', 0, {items}, {size}) ON CONFLICT (namespace, capability, shard) "
+        f"{values} ON CONFLICT (namespace, capability, shard) "
         "DO UPDATE SET items = items + excluded.items, bytes = bytes + excluded.bytes;"
     )
+
+
+def _sqlite_part_triggers(cap: str, counted: Counted, part: Part) -> list[str]:
+    """A part's bytes added to its row's namespace as it is written (checked when it adds some)."""
+    t, owner = part.table.name, f"{counted.table.name} w"
+    new, old = part.bytes_sql("NEW", "sqlite"), part.bytes_sql("OLD", "sqlite")
+    ns = f"(SELECT w.namespace FROM {owner} WHERE w.{counted.pk} = NEW.{part.key})"
+    return [
+        f"CREATE TRIGGER {_name(t, 'insert')} AFTER INSERT ON {t} BEGIN "
+        + _sqlite_add(cap, "w.namespace", "0", new, f"FROM {owner} WHERE w.{counted.pk} = NEW.{part.key}")
+        + _sqlite_check(cap, ns, items=False, grows=f"({new}) > 0") + " END",
+        f"CREATE TRIGGER {_name(t, 'delete')} AFTER DELETE ON {t} BEGIN "
+        + _sqlite_add(cap, "w.namespace", "0", f"-({old})", f"FROM {owner} WHERE w.{counted.pk} = OLD.{part.key}")
+        + " END",
+        f"CREATE TRIGGER {_name(t, 'update')} AFTER UPDATE ON {t} WHEN ({new}) <> ({old}) BEGIN "
+        + _sqlite_add(cap, "w.namespace", "0", f"({new}) - ({old})", f"FROM {owner} WHERE w.{counted.pk} = NEW.{part.key}")
+        + _sqlite_check(cap, ns, items=False, grows="1", when=f"({new}) > ({old})") + " END",
+    ]
 
 
 def sqlite_triggers(cap: str, counted: Counted) -> list[str]:
     t = counted.table.name
     new, old = counted.bytes_sql("NEW", "sqlite"), counted.bytes_sql("OLD", "sqlite")
-    checks = _sqlite_check(cap, "NEW.namespace", items=True, grows=f"({new}) > 0")
+    # deleted or moved: with its parts' bytes (inserted: it has none yet; its parts are counted as
+    # they are written, with it there; updated in place: its own bytes only)
+    new_all, old_all = counted.bytes_sql("NEW", "sqlite", parts=True), counted.bytes_sql("OLD", "sqlite", parts=True)
+    checks = _sqlite_check(cap, "NEW.namespace", items=True, grows=f"({new_all}) > 0")
     return [
-        f"CREATE TRIGGER {_name(t, 'insert')} AFTER INSERT ON {t} BEGIN "
-        + _sqlite_add(cap, "NEW.namespace", "1", new) + checks + " END",
+        f"CREATE TRIGGER {_name(t, 'insert')} AFTER INSERT ON {t} BEGIN " + _sqlite_add(cap, "NEW.namespace", "1", new)
+        + _sqlite_check(cap, "NEW.namespace", items=True, grows=f"({new}) > 0") + " END",
         f"CREATE TRIGGER {_name(t, 'delete')} AFTER DELETE ON {t} BEGIN "
-        + _sqlite_add(cap, "OLD.namespace", "-1", f"-({old})") + " END",
+        + _sqlite_add(cap, "OLD.namespace", "-1", f"-({old_all})") + " END",
         # an update in place: its bytes' difference, checked only when it grows
         f"CREATE TRIGGER {_name(t, 'update')} AFTER UPDATE ON {t} "
         f"WHEN NEW.namespace = OLD.namespace AND ({new}) <> ({old}) BEGIN "
@@ -142,9 +165,9 @@ def sqlite_triggers(cap: str, counted: Counted) -> list[str]:
         + " END",
         # a row moved to another namespace (a checkpoint copy's staged thread taking its name)
         f"CREATE TRIGGER {_name(t, 'move')} AFTER UPDATE ON {t} WHEN NEW.namespace <> OLD.namespace BEGIN "
-        + _sqlite_add(cap, "OLD.namespace", "-1", f"-({old})") + _sqlite_add(cap, "NEW.namespace", "1", new)
+        + _sqlite_add(cap, "OLD.namespace", "-1", f"-({old_all})") + _sqlite_add(cap, "NEW.namespace", "1", new_all)
         + checks + " END",
-    ]
+    ] + [ddl for part in counted.parts for ddl in _sqlite_part_triggers(cap, counted, part)]
 
 
 def _pg_add() -> str:
@@ -182,32 +205,40 @@ END $$"""
 def postgres_triggers(cap: str, counted: Counted) -> list[str]:
     """Inserts and deletes: a statement-level trigger each, which adds up its transition table by
     namespace (a batch is one call per namespace). Updates: a row-level trigger whose ``WHEN``
-    (evaluated without a call) passes only a row that changes size or namespace."""
-    t = counted.table.name
-    add = _name("usage", "add")
+    (evaluated without a call) passes only a row that changes size or namespace. A part's rows
+    are added up by the namespace of the row they belong to."""
+    t, add, owner = counted.table.name, _name("usage", "add"), f"{counted.table.name} w"
     out = [_pg_add()]
-    for op, rows, sign in (("insert", "new_rows", ""), ("delete", "old_rows", "-")):
-        size = counted.bytes_sql("r", "postgresql")
-        out.append(f"""CREATE OR REPLACE FUNCTION {_name(t, op)}() RETURNS trigger LANGUAGE plpgsql AS $$
+    # a row inserted: its own bytes (its parts are counted as they are written, with it there,
+    # in the same statement too); deleted: with its parts left
+    own, with_parts = counted.bytes_sql("r", "postgresql"), counted.bytes_sql("r", "postgresql", parts=True)
+    statement_level = [(t, "r.namespace", "count(*)", (own, with_parts), "")] + [
+        (p.table.name, "w.namespace", "0", (p.bytes_sql("r", "postgresql"),) * 2, f"JOIN {owner} ON w.{counted.pk} = r.{p.key}")
+        for p in counted.parts
+    ]
+    for table, ns, items, sizes, join in statement_level:
+        for op, rows, sign, size in (("insert", "new_rows", "", sizes[0]), ("delete", "old_rows", "-", sizes[1])):
+            out.append(f"""CREATE OR REPLACE FUNCTION {_name(table, op)}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM {add}(namespace, '{cap}', items, bytes) FROM (
-    SELECT r.namespace, {sign}count(*) AS items, {sign}coalesce(sum({size}), 0)::bigint AS bytes
-    FROM {rows} r GROUP BY r.namespace) d;
+    SELECT {ns} AS namespace, {sign}{items} AS items, {sign}coalesce(sum({size}), 0)::bigint AS bytes
+    FROM {rows} r {join} GROUP BY {ns}) d;
   RETURN NULL;
 END $$""")
-        refs = "NEW TABLE AS new_rows" if op == "insert" else "OLD TABLE AS old_rows"
-        out.append(
-            f"CREATE OR REPLACE TRIGGER {_name(t, op)} AFTER {op.upper()} ON {t} "
-            f"REFERENCING {refs} FOR EACH STATEMENT EXECUTE FUNCTION {_name(t, op)}()"
-        )
+            refs = "NEW TABLE AS new_rows" if op == "insert" else "OLD TABLE AS old_rows"
+            out.append(
+                f"CREATE OR REPLACE TRIGGER {_name(table, op)} AFTER {op.upper()} ON {table} "
+                f"REFERENCING {refs} FOR EACH STATEMENT EXECUTE FUNCTION {_name(table, op)}()"
+            )
     new, old = counted.bytes_sql("NEW", "postgresql"), counted.bytes_sql("OLD", "postgresql")
+    new_all, old_all = counted.bytes_sql("NEW", "postgresql", parts=True), counted.bytes_sql("OLD", "postgresql", parts=True)
     out.append(f"""CREATE OR REPLACE FUNCTION {_name(t, "update")}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.namespace = OLD.namespace THEN
     PERFORM {add}(NEW.namespace, '{cap}', 0, ({new}) - ({old}));
   ELSE
-    PERFORM {add}(OLD.namespace, '{cap}', -1, -({old}));
-    PERFORM {add}(NEW.namespace, '{cap}', 1, {new});
+    PERFORM {add}(OLD.namespace, '{cap}', -1, -({old_all}));
+    PERFORM {add}(NEW.namespace, '{cap}', 1, {new_all});
   END IF;
   RETURN NULL;
 END $$""")
@@ -216,13 +247,25 @@ END $$""")
         f"WHEN (OLD.namespace IS DISTINCT FROM NEW.namespace OR ({old}) IS DISTINCT FROM ({new})) "
         f"EXECUTE FUNCTION {_name(t, 'update')}()"
     )
+    for p in counted.parts:  # a part updated in place (a checkpoint put again): its bytes' difference
+        pt, new, old = p.table.name, p.bytes_sql("NEW", "postgresql"), p.bytes_sql("OLD", "postgresql")
+        out.append(f"""CREATE OR REPLACE FUNCTION {_name(pt, "update")}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM {add}(w.namespace, '{cap}', 0, ({new}) - ({old})) FROM {owner} WHERE w.{counted.pk} = NEW.{p.key};
+  RETURN NULL;
+END $$""")
+        out.append(
+            f"CREATE OR REPLACE TRIGGER {_name(pt, 'update')} AFTER UPDATE ON {pt} FOR EACH ROW "
+            f"WHEN (({old}) IS DISTINCT FROM ({new})) EXECUTE FUNCTION {_name(pt, 'update')}()"
+        )
     return out
 
 
 def _trigger_names(counted: Counted, dialect: str) -> list[str]:
-    t = counted.table.name
     ops = ("insert", "delete", "update", "move") if dialect == "sqlite" else ("insert", "update", "delete")
-    return [_name(t, op) for op in ops]
+    return [_name(counted.table.name, op) for op in ops] + [
+        _name(p.table.name, op) for p in counted.parts for op in ("insert", "update", "delete")
+    ]
 
 
 def _name(table: str, op: str) -> str:
@@ -256,7 +299,7 @@ async def _existing_triggers(conn: AsyncConnection, dialect: str) -> dict[str, s
 async def _triggers_as_wanted(conn: AsyncConnection, tables: Sequence[Counted], accounting: bool) -> bool:
     """Whether ``tables`` have exactly this version's triggers (accounting on) or none (off)."""
     existing = await _existing_triggers(conn, conn.dialect.name)
-    names = {c.table.name for c in tables}
+    names = {t.name for c in tables for t in c.tables}
     there = {name for name, on in existing.items() if on in names}
     if not accounting:
         return not there
@@ -273,11 +316,11 @@ async def _drop_trigger(conn: AsyncConnection, name: str, table: str) -> None:
 
 def _count(counted: Counted, dialect: str, namespace: str | None) -> Any:
     t = counted.table
-    size = text(counted.bytes_sql(t.name, dialect))
-    query = select(t.c.namespace, func.count().label("items"), func.coalesce(func.sum(size), 0).label("bytes"))
+    rows = select(t.c.namespace, literal_column(counted.bytes_sql(t.name, dialect, parts=True)).label("size"))
     if namespace is not None:
-        query = query.where(t.c.namespace == namespace)
-    return query.group_by(t.c.namespace)
+        rows = rows.where(t.c.namespace == namespace)
+    r = rows.subquery()
+    return select(r.c.namespace, func.count(), func.coalesce(func.sum(r.c.size), 0)).group_by(r.c.namespace)
 
 
 async def _recount(
@@ -331,11 +374,11 @@ async def install(state: GatewayState, only: Iterable[Database] | None = None) -
                 if await _triggers_as_wanted(conn, tables, settings.accounting):
                     continue
                 if dialect == "postgresql":  # the capability's writes wait until its recount is committed
-                    for counted in tables:
-                        await conn.execute(text(f"LOCK TABLE {counted.table.name} IN SHARE ROW EXCLUSIVE MODE"))
+                    for table in (t for counted in tables for t in counted.tables):
+                        await conn.execute(text(f"LOCK TABLE {table.name} IN SHARE ROW EXCLUSIVE MODE"))
                     if await _triggers_as_wanted(conn, tables, settings.accounting):
                         continue  # another gateway's, installed meanwhile
-                names = {c.table.name for c in tables}
+                names = {t.name for c in tables for t in c.tables}
                 for name, on in (await _existing_triggers(conn, dialect)).items():
                     if on in names:  # another version's, or all of them with accounting off
                         await _drop_trigger(conn, name, on)
@@ -411,7 +454,7 @@ async def _pages(conn: AsyncConnection, counted: Counted, namespace: str, batch:
     """(items, bytes) of ``namespace``'s rows of the counted table, ``batch`` rows a page."""
     t = counted.table
     key = _namespace_key(t)
-    size = text(counted.bytes_sql(t.name, conn.dialect.name))
+    size = text(counted.bytes_sql(t.name, conn.dialect.name, parts=True))
     after: tuple[Any, ...] | None = None
     while True:
         query = select(*key, size).where(t.c.namespace == namespace).order_by(*key).limit(batch)

@@ -17,6 +17,7 @@ from app.core.capability import Capability, Change, Periodic, expiry_sweep
 from app.core.config import Database
 from app.core.namespace_data import Deleted, NamespaceData, writer
 from app.core.state import GatewayState
+from app.quotas.tables import Counted
 from app.store.models import store_items, store_vectors
 from app.store import platform  # noqa: F401 - LangGraph Platform's routes, on the store router
 from app.store.repository import StoreSql
@@ -93,6 +94,7 @@ CAPABILITY = Capability(
     tables=(store_items,),
     samples=SAMPLES,
     data=StoreData(),
+    usage=(Counted(store_items, length_of="value"),),  # items and their values' bytes (not their vectors)
     changes=(
         # a batch's puts with a value write items, those without one delete them
         Change("items_write", ("POST /batch", "PUT /langgraph/store/items", "DELETE /langgraph/store/items")),
