@@ -50,7 +50,9 @@ def _length(table: Table, row: str, column: str, dialect: str) -> str:
 class Part:
     """Rows of another table that belong to a counted row (``key``: its primary key), such as a
     checkpoint thread's blobs: their ``length_of`` bytes count as that row's, in its namespace
-    (added as they are written, moved and dropped with the row)."""
+    (added as they are written, moved and dropped with the row). A row and its parts are deleted
+    in statements of their own, either first: one PostgreSQL statement deleting both would leave
+    their bytes counted (each trigger finds the other gone) until the reconciliation."""
 
     table: Table
     key: str
