@@ -304,3 +304,45 @@ async def test_store_items_and_checkpoint_bytes_are_counted_and_refused(backend:
     assert (await usage(http, a))["checkpoints"] | {} == {"items": 2, "bytes": 5800, "max_items": None, "max_bytes": 6000}
     assert (await http.delete(f"/v1/{a}/checkpoints/threads", params={"thread_id": "t1"})).status_code == 200
     assert (await usage(http, a))["checkpoints"]["bytes"] == 2900
+
+
+async def test_vector_points_and_their_bytes_are_counted(server: Server, backend: Backend, http: httpx.AsyncClient) -> None:
+    """Points live in a table per collection (no namespace column): the service keeps their usage
+    (payload JSON + 4 bytes a dimension). A batch that would pass the points quota changes
+    nothing; usage is exact after upserts that replace, a patch, deletes by id and by filter, a
+    reset, a collection delete and a namespace delete; the recount agrees. (A payload's bytes are
+    its JSON text as the backend keeps it: PostgreSQL's jsonb text has a space after a colon.)"""
+    a = ns()
+    sp = int(backend.name == "postgres")
+    base = f"/v1/{a}/vectors"
+    for c in ("c", "d"):
+        assert (await http.put(f"{base}/{c}", json={"vector_size": 2, "distance": "l2"})).status_code in (200, 201)
+    await set_quota(http, a, "vectors", max_items=3)
+
+    def point(i: int, payload: str = "p") -> dict[str, Any]:
+        return {"id": f"p{i}", "vector": [1.0, float(i)], "payload": {"k": payload}}  # {"k":"p"}: 9 bytes (+ sp) + 8
+
+    assert (await http.post(f"{base}/c/points", json={"points": [point(0)]})).status_code == 200
+    refused(await http.post(f"{base}/c/points", json={"points": [point(i) for i in range(4)]}), "vectors.items")
+    listed = (await http.post(f"{base}/c/points/list", json={"with_vectors": True})).json()["items"]
+    assert [(p["id"], p["vector"]) for p in listed] == [("p0", [1.0, 0.0])]
+    assert (await usage(http, a))["vectors"] | {} == {"items": 1, "bytes": 17 + sp, "max_items": 3, "max_bytes": None}
+
+    await set_quota(http, a, "vectors", max_items=10, max_bytes=70 + 4 * sp)
+    assert (await http.post(f"{base}/c/points", json={"points": [point(i) for i in range(3)]})).status_code == 200
+    assert (await http.post(f"{base}/d/points", json={"points": [point(7, "ppp")]})).status_code == 200
+    assert (await usage(http, a))["vectors"]["items"] == 4 and (await usage(http, a))["vectors"]["bytes"] == 3 * (17 + sp) + 19 + sp
+    refused(await http.patch(f"{base}/c/points/p1", json={"payload": {"k": "p" * 20}}), "vectors.bytes")
+    assert (await http.patch(f"{base}/c/points/p1", json={"payload": {"k": ""}})).status_code == 200
+    assert (await http.delete(f"{base}/c/points/p0")).status_code == 204
+    assert (await http.post(f"{base}/c/points/delete", json={"filters": {"k": "p"}})).json() == {"deleted": 1}
+    assert (await usage(http, a))["vectors"]["items"] == 2 and (await usage(http, a))["vectors"]["bytes"] == 16 + 19 + 2 * sp
+    assert (await http.post(f"/v1/admin/quotas/{a}")).status_code == 200  # the recount agrees
+    assert (await usage(http, a))["vectors"]["items"] == 2 and (await usage(http, a))["vectors"]["bytes"] == 35 + 2 * sp
+    assert (await http.post(f"{base}/c/reset")).status_code == 204
+    assert (await usage(http, a))["vectors"]["items"] == 1
+    assert (await http.delete(f"{base}/d")).status_code == 204
+    assert (await usage(http, a))["vectors"]["items"] == 0 and (await usage(http, a))["vectors"]["bytes"] == 0
+    assert (await http.post(f"{base}/c/points", json={"points": [point(i) for i in range(3)]})).status_code == 200
+    assert run_cli(backend, "delete-namespace", a, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode == 0
+    assert (await usage(http, a))["vectors"]["items"] == 0 and (await usage(http, a))["vectors"]["bytes"] == 0

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.core.config import Database
 from app.core.errors import DatabaseErrorRule
 from app.core.namespace_data import NamespaceData, TableData, writer
-from app.quotas.tables import RESERVED, Counted
+from app.quotas.tables import RESERVED, Counted, Kept
 from app.core.samples import NO_SAMPLES, Samples
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Capability(Generic[S]):
     """Every kind of write it makes: each writing route belongs to one (tests/test_capabilities.py)."""
     errors: tuple[DatabaseErrorRule, ...] = ()
     """Database errors of its own answered as 4xx (tried before the gateway's own rules)."""
-    usage: tuple[Counted, ...] = ()
+    usage: tuple[Counted | Kept, ...] = ()
     """What its quotas count (``app.quotas``: a row an item, its bytes as declared); none: no quota."""
 
     def __post_init__(self) -> None:

@@ -3,10 +3,12 @@ capability counts (``Capability.usage``: ``Counted``); the rules are ``app.quota
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Integer, LargeBinary, String, Table
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.config import Database
 from app.core.db.tables import METADATA, NameColumn, byte_ordered
@@ -98,3 +100,13 @@ class Counted:
             f"(SELECT coalesce(sum({p.bytes_sql('p', dialect)}), 0) FROM {p.table.name} p "
             f"WHERE p.{p.key} = {row}.{self.pk})" for p in self.parts
         ])
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Usage that no trigger can count (rows in tables without a namespace column, such as a vector
+    collection's points): the capability adds each write's difference itself, in the write's own
+    transaction (``app.quotas.usage.keep``, which refuses it at the quota as the triggers do);
+    ``recount(conn, namespace)`` says its (items, bytes) now, for the reconciliation."""
+
+    recount: Callable[[AsyncConnection, str], Awaitable[tuple[int, int]]]

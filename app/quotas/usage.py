@@ -34,7 +34,7 @@ from app.core.errors import InsufficientStorage
 from app.core.namespace_data import writer
 from app.core.ops.metrics import REGISTRY
 from app.quotas.settings import QuotasSettings
-from app.quotas.tables import TABLES, Counted, Part
+from app.quotas.tables import TABLES, Counted, Kept, Part
 
 if TYPE_CHECKING:
     from app.core.capability import Capability, Periodic
@@ -275,8 +275,8 @@ def _name(table: str, op: str) -> str:
 
 # --- install, recount ---------------------------------------------------------------------------
 
-def counted_by_database(capabilities: Iterable[Capability[Any]]) -> dict[Database, list[tuple[str, Counted]]]:
-    out: dict[Database, list[tuple[str, Counted]]] = {}
+def counted_by_database(capabilities: Iterable[Capability[Any]]) -> dict[Database, list[tuple[str, Counted | Kept]]]:
+    out: dict[Database, list[tuple[str, Counted | Kept]]] = {}
     for capability in capabilities:
         for counted in capability.usage:
             out.setdefault(capability.database, []).append((capability.name, counted))
@@ -370,8 +370,8 @@ async def install(state: GatewayState, only: Iterable[Database] | None = None) -
             for cap in sorted({cap for cap, _ in entries}):
                 await _put_limits(conn, db, DEFAULTS, cap, default_limits(settings, cap))
             for cap in sorted({cap for cap, _ in entries}):
-                tables = [c for name, c in entries if name == cap]
-                if await _triggers_as_wanted(conn, tables, settings.accounting):
+                tables = [c for name, c in entries if name == cap and isinstance(c, Counted)]
+                if not tables or await _triggers_as_wanted(conn, tables, settings.accounting):
                     continue
                 if dialect == "postgresql":  # the capability's writes wait until its recount is committed
                     for table in (t for counted in tables for t in counted.tables):
@@ -427,6 +427,10 @@ async def reconcile_namespace(
                 before = await _usage_of(conn, db, namespace, cap)  # the first read: the snapshot's
                 items = size = 0
                 for counted in tables:
+                    if isinstance(counted, Kept):
+                        n, b = await counted.recount(conn, namespace)
+                        items, size = items + n, size + b
+                        continue
                     async for n, b in _pages(conn, counted, namespace, batch):
                         items, size = items + n, size + b
             if (items, size) != before:
@@ -469,15 +473,45 @@ async def _pages(conn: AsyncConnection, counted: Counted, namespace: str, batch:
         after = tuple(rows[-1][:-1])
 
 
-async def _add(conn: AsyncConnection, db: Database, namespace: str, capability: str, items: int, size: int) -> None:
+async def _add(
+    conn: AsyncConnection, db: Database, namespace: str, capability: str, items: int, size: int, shard: Any = 0
+) -> None:
     usage, _ = TABLES[db]
     ins = insert_builder(conn.dialect.name)(usage).values(
-        namespace=namespace, capability=capability, shard=0, items=items, bytes=size
+        namespace=namespace, capability=capability, shard=shard, items=items, bytes=size
     )
     await conn.execute(ins.on_conflict_do_update(
         index_elements=[usage.c.namespace, usage.c.capability, usage.c.shard],
         set_={"items": usage.c["items"] + ins.excluded["items"], "bytes": usage.c.bytes + ins.excluded.bytes},
     ))
+
+
+async def keep(
+    conn: AsyncConnection, settings: QuotasSettings, db: Database, namespace: str, capability: str, items: int, size: int
+) -> None:
+    """Add a write's difference to ``namespace``'s usage of ``capability`` in ``conn``'s transaction
+    (a ``Kept`` capability's, which no trigger counts), then, when it adds, refuse it past the
+    quota as the triggers do: ``QuotaExceeded`` (507 naming the quota) before the caller commits,
+    whose transaction then rolls back, so nothing changes."""
+    if not settings.accounting or (items == 0 and size == 0):
+        return
+    postgres = conn.dialect.name == "postgresql"
+    await _add(conn, db, namespace, capability, items, size, text(f"pg_backend_pid() % {SHARDS}") if postgres else 0)
+    if (items <= 0 and size <= 0) or namespace.startswith(INTERNAL):
+        return
+    _, quotas = TABLES[db]
+    rows = {r.namespace: r for r in await conn.execute(
+        select(quotas).where(quotas.c.namespace.in_([namespace, DEFAULTS]), quotas.c.capability == capability)
+    )}
+    ordered = [r for r in (rows.get(namespace), rows.get(DEFAULTS)) if r is not None]
+    max_items, max_bytes = _first(r.max_items for r in ordered), _first(r.max_bytes for r in ordered)
+    if max_items is None and max_bytes is None:
+        return
+    used_items, used_bytes = await _usage_of(conn, db, namespace, capability)
+    if items > 0 and max_items is not None and used_items > max_items:
+        raise _refused(f"{capability}.items", f"{capability}.items (namespace {namespace}: {used_items} items, at most {max_items})")
+    if size > 0 and max_bytes is not None and used_bytes > max_bytes:
+        raise _refused(f"{capability}.bytes", f"{capability}.bytes (namespace {namespace}: {used_bytes} bytes, at most {max_bytes})")
 
 
 async def _usage_of(conn: AsyncConnection, db: Database, namespace: str, capability: str) -> tuple[int, int]:
@@ -632,11 +666,14 @@ def quota_problem(exc: BaseException) -> QuotaExceeded | None:
         ):
             at = message.find(MESSAGE)
             what = message[at + len(MESSAGE):].splitlines()[0] if at >= 0 else message
-            quota = what.split(" ", 1)[0]
-            QUOTA_REFUSED.labels(quota=quota[:64]).inc()
-            return QuotaExceeded(
-                f"the namespace's {quota} quota would be exceeded ({what}); nothing was written: "
-                "delete data or ask the operator for a larger quota",
-                errors=[{"loc": ["quota"], "msg": "quota exceeded", "quota": quota}],
-            )
+            return _refused(what.split(" ", 1)[0], what)
     return None
+
+
+def _refused(quota: str, what: str) -> QuotaExceeded:
+    QUOTA_REFUSED.labels(quota=quota[:64]).inc()
+    return QuotaExceeded(
+        f"the namespace's {quota} quota would be exceeded ({what}); nothing was written: "
+        "delete data or ask the operator for a larger quota",
+        errors=[{"loc": ["quota"], "msg": "quota exceeded", "quota": quota}],
+    )

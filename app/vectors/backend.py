@@ -31,6 +31,7 @@ from app.core.db.pages import budgeted, byte_length_sql
 from app.vectors.filters import FilterSql, Node, SqlBuilder
 from app.vectors.planner import Plan
 from app.vectors.recall import Calibration
+from app.vectors.usage import point_usage
 from app.vectors.payload_index import PayloadIndex, PayloadKind, declared_kinds, from_options
 
 Distance = Literal["cosine", "l2", "ip"]
@@ -352,6 +353,18 @@ class VectorIndex(ABC):
         where = self._where(flt, sql, coll)
         result = await session.execute(text(f"SELECT count(*) FROM {coll.data_table} WHERE {where}"), sql.params)
         return int(result.scalar_one())
+
+    async def stored(
+        self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str] | None = None, flt: Node | None = None
+    ) -> tuple[int, int]:
+        """(points, bytes) of ``coll``'s points among ``ids`` and matching ``flt`` (neither: all), as
+        quotas count them (``app.vectors.usage``)."""
+        sql = SqlBuilder()
+        where = self._where(flt, sql, coll)
+        if ids is not None:
+            among, sql.params["ids"] = self._ids_in(ids)
+            where += f" AND {among}"
+        return await point_usage(session, coll.data_table, coll.vector_size, where, sql.params)
 
     async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
         if not points:

@@ -14,7 +14,9 @@ from app.core.config import Database
 from app.fairness.fairshare import HeavyWrites
 from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
 from app.core.state import GatewayState
+from app.quotas.tables import Kept
 from app.vectors.backend import RegistryCache
+from app.vectors.usage import recount
 from app.vectors.models import vector_collections, vector_idempotency
 from app.vectors.router import router
 from app.vectors.samples import SAMPLES
@@ -98,6 +100,7 @@ CAPABILITY = Capability(
     # each collection's points live in a table of its own, named from its registry id, which
     # only a scoped vector_collections row hands out
     tables=(vector_collections, vector_idempotency),
+    usage=(Kept(recount),),  # points and their bytes, kept by the service (no namespace column to trigger on)
     summary="Collections of vectors with JSON payloads: filtered, hybrid and batched search.",
     samples=SAMPLES,
     data=VectorsData(),

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.config import Settings
+from app.core.config import Database, Settings
 from app.core.errors import Conflict, InvalidInput, NotFound
 from app.fairness.fairshare import HeavyWrites
 from app.core.jsonvalue import LITERAL_YIELD_CHARS, LONE_SURROGATE, find_invalid, jsonb_text
@@ -61,6 +61,7 @@ from app.vectors.planner import Plan, ef_for
 from app.vectors.payload_index import declared_value_problem
 from app.vectors.recall import K, Calibration
 from app.vectors import repository
+from app.quotas import usage as quotas
 from app.vectors.schemas import (
     CollectionCreate,
     PointsDelete,
@@ -322,12 +323,32 @@ class VectorService:
         if info is None:
             return
         self.registry.forget(namespace, collection)
+        before = await self._stored(conn, info)
         await self.index.drop(conn, info)
         await repository.delete_collection(conn, namespace, collection)
+        await self._keep(conn, info, before, (0, 0))
 
     async def reset(self, conn: AsyncConnection, namespace: str, collection: str) -> None:
         info = await self.get(conn, namespace, collection, lock=True)
+        before = await self._stored(conn, info)
         await self.index.reset(conn, info)
+        await self._keep(conn, info, before, (0, 0))
+
+    # --- quotas (app.vectors.usage) ------------------------------------------------------------
+
+    async def _stored(
+        self, conn: AsyncConnection, info: CollectionInfo, ids: list[str] | None = None, flt: Node | None = None
+    ) -> tuple[int, int]:
+        """(points, bytes) the quotas count of ``info``'s points among ``ids`` / matching ``flt``
+        (nothing read with quota accounting off)."""
+        return await self.index.stored(conn, info, ids, flt) if self.settings.quotas.accounting else (0, 0)
+
+    async def _keep(self, conn: AsyncConnection, info: CollectionInfo, before: tuple[int, int], after: tuple[int, int]) -> None:
+        """The difference added to the namespace's usage in ``conn``'s transaction (507 past a quota)."""
+        await quotas.keep(
+            conn, self.settings.quotas, Database.vectors, info.namespace, "vectors",
+            after[0] - before[0], after[1] - before[1],
+        )
 
     # --- points ------------------------------------------------------------------------------------
 
@@ -474,7 +495,10 @@ class VectorService:
         for p in points:
             unique.pop(p.id, None)
             unique[p.id] = p
+        ids = list(unique)
+        before = await self._stored(conn, info, ids)
         await self.index.upsert(conn, info, list(unique.values()))
+        await self._keep(conn, info, before, await self._stored(conn, info, ids))
         answer = {"ids": [p.id for p in points]}
         if idempotency_key is not None:
             await repository.record_answer(
@@ -547,9 +571,11 @@ class VectorService:
         payload_json = self._payload_json(info, body.payload, "payload") if body.payload is not None else None
         changed = PointIn(point_id, array("f"), "", text_of(body.payload, info.text_field))
         await self._with_terms(info, [changed])
+        before = await self._stored(conn, info, [point_id])
         found = await self.index.update(conn, info, point_id, new_vector, payload_json, changed.terms)
         if not found:
             raise NotFound(f"point {point_id!r} does not exist in {collection!r}", code="point_not_found")
+        await self._keep(conn, info, before, await self._stored(conn, info, [point_id]))
         point = await self.index.get(conn, info, point_id, False)
         assert point is not None
         return self._point_read(point), info
@@ -560,7 +586,9 @@ class VectorService:
         """The collection written (``None`` when it does not exist)."""
         info = await self.find(conn, namespace, collection, lock=True)
         if info is not None:
+            before = await self._stored(conn, info, [point_id])
             await self.index.delete(conn, info, [point_id], None)
+            await self._keep(conn, info, before, (0, 0))
         return info
 
     async def delete_points(
@@ -576,7 +604,9 @@ class VectorService:
                 if key_problem(pid):
                     raise InvalidInput(f"ids.{i}", key_problem(pid) or "")
         info = await self.get(conn, namespace, collection, lock=True)
+        before = await self._stored(conn, info, body.ids, flt)
         deleted = await self.index.delete(conn, info, body.ids, flt)
+        await self._keep(conn, info, before, (0, 0))
         return {"deleted": deleted}, info
 
     async def list_points(
