@@ -346,3 +346,17 @@ async def test_vector_points_and_their_bytes_are_counted(server: Server, backend
     assert (await http.post(f"{base}/c/points", json={"points": [point(i) for i in range(3)]})).status_code == 200
     assert run_cli(backend, "delete-namespace", a, GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY).returncode == 0
     assert (await usage(http, a))["vectors"]["items"] == 0 and (await usage(http, a))["vectors"]["bytes"] == 0
+
+
+async def test_writers_racing_at_the_quota_never_end_above_it(http: httpx.AsyncClient) -> None:
+    """16 writers at once, one item left: exactly one gets it (on PostgreSQL, where each transaction
+    sees only committed usage, those near the limit take the namespace's lock and read it again)."""
+    for _ in range(3):
+        a = ns()
+        await set_quota(http, a, "kv", max_items=20)
+        r = await http.post(f"/v1/{a}/kv/c", json={"items": [{"key": f"k{i}", "value": 1} for i in range(19)]})
+        assert r.status_code == 200, r.text
+        answers = await asyncio.gather(*(http.put(f"/v1/{a}/kv/c/n{i}", json=1) for i in range(16)))
+        assert sorted(r.status_code for r in answers) == [204] + [507] * 15
+        assert (await usage(http, a))["kv"]["items"] == 20
+        assert len((await http.get(f"/v1/{a}/kv/c", params={"limit": 100})).json()["items"]) == 20

@@ -78,9 +78,20 @@ SQLSTATE = "QT507"
 INSTALL_RETRY_SECONDS = 2.0
 RECOUNT_BATCH = 1000
 """Rows a page of a recount reads."""
-VERSION = 7
+VERSION = 8
 """Of the triggers' SQL: a gateway finding another version's triggers replaces them (and recounts)."""
 MESSAGE = "quota exceeded: "
+NEAR = 8
+"""PostgreSQL: a write that brings a namespace within 1/``NEAR`` of a limit takes the namespace's
+lock for that capability until it commits and reads the usage again (``near_lock``), so writers
+racing at the limit are judged one after another, each on what the one before committed; further
+from it no lock is taken (concurrent writers there could pass the limit only by more than 1/``NEAR``
+of it together)."""
+
+
+def near_lock(ns: str, cap: str) -> str:
+    """PostgreSQL: the transaction-scoped advisory lock of ``ns``'s usage of ``cap``, as SQL."""
+    return f"pg_advisory_xact_lock(hashtextextended('quota:' || {cap} || ':' || {ns}, 0))"
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,13 @@ BEGIN
   IF max_items IS NULL AND max_bytes IS NULL THEN RETURN; END IF;
   SELECT sum(u.items), sum(u.bytes) INTO used_items, used_bytes
     FROM namespace_usage u WHERE u.namespace = ns AND u.capability = cap;
+  IF (d_items > 0 AND used_items > max_items - max_items / {NEAR})
+      OR (d_bytes > 0 AND used_bytes > max_bytes - max_bytes / {NEAR}) THEN
+    -- near the quota: one writer at a time from here to its commit, reading what others committed
+    PERFORM {near_lock("ns", "cap")};
+    SELECT sum(u.items), sum(u.bytes) INTO used_items, used_bytes
+      FROM namespace_usage u WHERE u.namespace = ns AND u.capability = cap;
+  END IF;
   IF d_items > 0 AND used_items > max_items THEN
     RAISE EXCEPTION '{MESSAGE}%.items (namespace %: % items, at most %)', cap, ns, used_items, max_items
       USING ERRCODE = '{SQLSTATE}';
@@ -508,6 +526,12 @@ async def keep(
     if max_items is None and max_bytes is None:
         return
     used_items, used_bytes = await _usage_of(conn, db, namespace, capability)
+    if postgres and (
+        (items > 0 and max_items is not None and used_items > max_items - max_items // NEAR)
+        or (size > 0 and max_bytes is not None and used_bytes > max_bytes - max_bytes // NEAR)
+    ):  # near the quota: as the triggers do (NEAR)
+        await conn.execute(text(f"SELECT {near_lock(':ns', ':cap')}"), {"ns": namespace, "cap": capability})
+        used_items, used_bytes = await _usage_of(conn, db, namespace, capability)
     if items > 0 and max_items is not None and used_items > max_items:
         raise _refused(f"{capability}.items", f"{capability}.items (namespace {namespace}: {used_items} items, at most {max_items})")
     if size > 0 and max_bytes is not None and used_bytes > max_bytes:
