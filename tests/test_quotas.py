@@ -360,3 +360,33 @@ async def test_writers_racing_at_the_quota_never_end_above_it(http: httpx.AsyncC
         assert sorted(r.status_code for r in answers) == [204] + [507] * 15
         assert (await usage(http, a))["kv"]["items"] == 20
         assert len((await http.get(f"/v1/{a}/kv/c", params={"limit": 100})).json()["items"]) == 20
+
+
+async def test_at_quota_every_capability_still_reads_and_deletes(http: httpx.AsyncClient) -> None:
+    """records, files and store at their items quota (kv, checkpoints and vectors are above): the
+    next write is refused; what is stored reads back, deletes go through, and make room again."""
+    a = ns()
+    for cap in ("records", "files", "store"):
+        await set_quota(http, a, cap, max_items=1)
+    store = f"/v1/{a}/store/batch"
+
+    def put(key: str, value: dict[str, Any] | None) -> dict[str, Any]:
+        return {"ops": [{"op": "put", "namespace": ["m"], "key": key, "value": value}]}
+
+    assert (await http.put(f"/v1/{a}/records/c/r1", json=1)).status_code == 204
+    assert (await http.put(f"/v1/{a}/files/c/f1", content=b"f")).status_code == 201
+    assert (await http.post(store, json=put("s1", {"v": 1}))).status_code == 200
+    refused(await http.put(f"/v1/{a}/records/c/r2", json=1), "records.items")
+    refused(await http.put(f"/v1/{a}/files/c/f2", content=b"f"), "files.items")
+    refused(await http.post(store, json=put("s2", {"v": 1})), "store.items")
+    assert (await http.get(f"/v1/{a}/records/c/r1")).json()["value"] == 1
+    assert (await http.get(f"/v1/{a}/files/c/f1")).content == b"f"
+    read = {"ops": [{"op": "get", "namespace": ["m"], "key": "s1"}]}
+    assert (await http.post(f"/v1/{a}/store/read", json=read)).json()["results"][0]["value"] == {"v": 1}
+    assert (await http.delete(f"/v1/{a}/records/c/r1")).status_code == 204
+    assert (await http.delete(f"/v1/{a}/files/c/f1")).status_code == 204
+    assert (await http.post(store, json=put("s1", None))).status_code == 200
+    assert {c: u["items"] for c, u in (await usage(http, a)).items() if c in ("records", "files", "store")} == {
+        "records": 0, "files": 0, "store": 0,
+    }
+    assert (await http.put(f"/v1/{a}/records/c/r2", json=1)).status_code == 204  # room again
