@@ -8,13 +8,16 @@ same transaction as the write, and refuse a write that brings a namespace past i
 (``namespace_quotas``: the row of the namespace, else the defaults row ``''`` written from the
 ``quotas`` settings): SQLite ``RAISE(ABORT)``, PostgreSQL an exception with SQLSTATE
 ``QT507``; the request's transaction rolls back, so nothing changes, and the client gets a 507
-naming the quota (``quota_problem``). Deletes and shrinking updates are never refused.
+naming the quota (``quota_problem``). Deletes and shrinking updates are never refused. Rows
+no trigger can count (a vector collection's table has no namespace column) are ``Kept``: their
+capability adds each write's difference itself in the write's transaction (``keep``, same rules).
 
 Rules: usage is never counted per request; it is exact because it commits or rolls back with
 the write (a crash loses both or neither). ``reconcile`` recounts a few namespaces a round in
 the background (drift can only come from writes made while accounting was off). On PostgreSQL a
 namespace's usage is ``SHARDS`` rows (by backend pid) so that concurrent writers of one
-namespace do not queue on one row; usage is their sum.
+namespace do not queue on one row; usage is their sum, and a write that brings it within 1/``NEAR``
+of a limit takes the namespace's lock and sums again (racing writers never end above it).
 """
 
 from __future__ import annotations
