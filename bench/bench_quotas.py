@@ -1,4 +1,4 @@
-"""Benchmark: the cost of quota accounting on kv set and record upsert at concurrency 16.
+"""Benchmark: the cost of quota accounting on kv set and record upsert at concurrency 16 (or `--concurrency`).
 
 Two gateways of one worker each on each backend, on databases of their own: one with quota
 accounting on (the default; the bench namespace given a quota far above what it stores, so that
@@ -8,7 +8,7 @@ namespace-scoped key (``kv:write records:write`` on ``bench``), over keep-alive 
 cell is the median of its rounds, and the ratio the median of the rounds' on/off throughputs
 (each round measures both, one right after the other, each first in turn).
 
-    .venv/bin/python bench/bench_quotas.py [--seconds N] [--rounds N] [--no-postgres]
+    .venv/bin/python bench/bench_quotas.py [--seconds N] [--rounds N] [--concurrency N] [--no-postgres]
 
 Target (issue 44): accounting costs under 5% (ratio >= 0.95) on both backends, for kv set and
 record upsert; a batch of 100 records (all new rows) is shown for
@@ -120,11 +120,14 @@ def bench_backend(
 
 
 def main() -> None:
+    global CONCURRENCY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per cell and round (default 2)")
     parser.add_argument("--rounds", type=int, default=9, help="turns of on and off (default 9)")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help=f"clients at once (default {CONCURRENCY})")
     args = parser.parse_args()
+    CONCURRENCY = args.concurrency
     work = Path(tempfile.mkdtemp(prefix="bench-quotas-"))
     results: dict[str, dict[str, tuple[float, float, float, float, float]]] = {}
     pg = None
