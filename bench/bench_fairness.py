@@ -267,7 +267,7 @@ def run_backend(name: str, seconds: float, copy_mib: int, ops: list[str]) -> lis
         if result.returncode != 0:
             raise SystemExit(result.stderr)
         server = start_server(backend, work / "gateway.log", "--workers", "1",
-                              GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning")
+                              GATEWAY_AUTH__ADMIN_KEY=ADMIN_KEY, GATEWAY_LOG_LEVEL="warning", **GATEWAY_ENV)
         try:
             return asyncio.run(bench(server.url, seconds, copy_mib, ops))
         finally:
@@ -278,13 +278,19 @@ def run_backend(name: str, seconds: float, copy_mib: int, ops: list[str]) -> lis
         shutil.rmtree(work, ignore_errors=True)
 
 
+GATEWAY_ENV: dict[str, str] = {}  # --gateway-env: settings of the gateways this run starts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="seconds under load per row (default 15)")
     parser.add_argument("--copy-mib", type=int, default=240, help="MiB of the thread copied (default 240)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--ops", default=",".join(name for name, _, _ in ROWS), help="heavy operations (default all)")
+    parser.add_argument("--gateway-env", action="append", default=[], metavar="GATEWAY_X=VALUE",
+                        help="a setting of the gateways it starts (repeatable)")
     args = parser.parse_args()
+    GATEWAY_ENV.update(item.split("=", 1) for item in args.gateway_env)
     ops = args.ops.split(",")
     if unknown := set(ops) - {name for name, _, _ in ROWS}:
         parser.error(f"unknown operations: {sorted(unknown)}")
