@@ -24,9 +24,9 @@ transaction. A copy still goes in turns there (each reading the source at one ex
 so that its WAL is flushed a turn at a time rather than all at the commit another namespace's
 commit would queue behind; deletes, prunes and sweeps keep the one transaction they had.
 
-How many heavy operations one namespace may run at once in a process is ``admit``'s:
-``fairness.heavy_per_namespace``, past which the request is refused at once with 429 and
-``Retry-After``.
+How many heavy operations (copies, batches larger than a turn) one namespace may run at once in a
+process is ``admit``'s: ``fairness.heavy_per_namespace``, past which the request is refused at once
+with 429 and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -117,10 +117,21 @@ class HeavyWrites:
                         yield conn
             self._turns.observe(time.perf_counter() - started)
 
-    def batch(self, nbytes: int) -> AbstractAsyncContextManager[AsyncConnection]:
-        """The one transaction of an atomic batch of ``nbytes`` (its request body): a heavy turn
-        when it is larger than a turn, else a single write (a one-point upsert is not heavy)."""
-        return self.turn() if nbytes > self.chunk_bytes else self.single()
+    @asynccontextmanager
+    async def batch(self, namespace: str, nbytes: int) -> AsyncIterator[AsyncConnection]:
+        """The one transaction of an atomic batch of ``nbytes`` (its request body): a single write
+        when it fits in a turn (a one-point upsert is not heavy), else a heavy operation of
+        ``namespace`` (``admit``: 429 past ``fairness.heavy_per_namespace`` at once) in a heavy turn."""
+        if nbytes <= self.chunk_bytes:
+            async with self.single() as conn:
+                yield conn
+            return
+        slot = self.admit(namespace, "large batches")
+        try:
+            async with self.turn() as conn:
+                yield conn
+        finally:
+            slot.release()
 
     @asynccontextmanager
     async def single(self) -> AsyncIterator[AsyncConnection]:

@@ -63,7 +63,7 @@ class RecordsService:
             if since >= LITERAL_YIELD_CHARS:  # the event loop's turn between values, as between their parses
                 since = 0
                 await asyncio.sleep(0)
-        async with self.heavy.batch(sum(len(k) + len(v) for k, v in items)) as conn:
+        async with self.heavy.batch(ns, sum(len(k) + len(v) for k, v in items)) as conn:
             await self.repo.upsert_many(conn, ns, c, items, _utcnow())
         return len(items)
 

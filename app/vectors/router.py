@@ -126,7 +126,7 @@ async def upsert_points(
     """Upsert a batch in one statement; ids are generated for points without one. The batch is one
     transaction; a large one a heavy write's turn (on SQLite it begins after the single writes waiting)."""
     raw = await request.body()
-    async with service.heavy.batch(len(raw)) as conn:
+    async with service.heavy.batch(namespace, len(raw)) as conn:
         answer, written = await service.upsert(conn, namespace, collection, body, raw, idempotency_key)
     _after_commit(service, written, background)
     return json_response(answer)
