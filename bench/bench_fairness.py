@@ -19,6 +19,7 @@ Heavy operations, each from 4 clients:
 - ``vector batch``: 250 points of 1,536 dimensions; the light namespace upserts one point.
 
     .venv/bin/python bench/bench_fairness.py [--seconds N] [--copy-mib N] [--backends sqlite,postgres] [--ops copy,...]
+        [--gateway-env GATEWAY_X=VALUE] [--pg-setting max_wal_size=8GB]
 """
 
 from __future__ import annotations
@@ -259,6 +260,11 @@ def run_backend(name: str, seconds: float, copy_mib: int, ops: list[str]) -> lis
             import pgserver
 
             pg = pgserver.get_server(work / "pg", cleanup_mode="stop")
+            for setting in PG_SETTINGS:  # --pg-setting: the server as an operator configured it
+                name, _, value = setting.partition("=")
+                pg.psql(f"ALTER SYSTEM SET {name} = '{value}';")
+            if PG_SETTINGS:
+                pg.psql("SELECT pg_reload_conf();")
             urls = create_postgres_databases(pg.get_uri(), f"benchfair_{uuid.uuid4().hex[:8]}")
             backend = Backend("postgres", backend_env(urls, work / "data"), urls)
         else:
@@ -279,6 +285,7 @@ def run_backend(name: str, seconds: float, copy_mib: int, ops: list[str]) -> lis
 
 
 GATEWAY_ENV: dict[str, str] = {}  # --gateway-env: settings of the gateways this run starts
+PG_SETTINGS: list[str] = []  # --pg-setting: ALTER SYSTEM settings of the throwaway PostgreSQL
 
 
 def main() -> None:
@@ -289,13 +296,16 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(name for name, _, _ in ROWS), help="heavy operations (default all)")
     parser.add_argument("--gateway-env", action="append", default=[], metavar="GATEWAY_X=VALUE",
                         help="a setting of the gateways it starts (repeatable)")
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the throwaway PostgreSQL, e.g. max_wal_size=8GB (repeatable)")
     args = parser.parse_args()
+    PG_SETTINGS.extend(args.pg_setting)
     GATEWAY_ENV.update(item.split("=", 1) for item in args.gateway_env)
     ops = args.ops.split(",")
     if unknown := set(ops) - {name for name, _, _ in ROWS}:
         parser.error(f"unknown operations: {sorted(unknown)}")
     print(f"bench_fairness {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, 1 worker, {CLIENTS} heavy clients, "
-          f"{args.seconds:g} s a row, copy of {args.copy_mib} MiB; latencies of the light namespace's writes in ms")
+          f"{args.seconds:g} s a row, copy of {args.copy_mib} MiB, PostgreSQL settings {PG_SETTINGS or 'pgserver defaults'}; latencies of the light namespace's writes in ms")
     print("| backend | heavy operation (x4) | light write | alone p50 / p99 | under load p50 / p99 / max | light writes (failed) | heavy ops (failed) | 429s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.backends.split(","):
