@@ -20,7 +20,7 @@ import pytest
 from storage_gateway_client import GatewayClient
 
 from app.vectors.backend import CollectionInfo
-from app.vectors.estimate import KeywordStats
+from app.vectors.estimate import FieldStats
 from app.vectors.filters import parse_filter
 from app.vectors.nulescape import escape_text
 from app.vectors.payload_index import PayloadIndex
@@ -36,7 +36,9 @@ pytestmark = pytest.mark.backends(*VECTOR_BACKENDS)
 N, DIM = 4000, 16
 QUOTED = "o'q\"u\\x\\'; --"  # quotes, backslashes and SQL punctuation
 VALUES = ("mid", QUOTED)  # 10% of the points each
-DECLARED = [{"field": "team", "kind": "keyword"}, {"field": "n", "kind": "integer"}]
+DECLARED = [{"field": "team", "kind": "keyword"}, {"field": "n", "kind": "integer"},
+            {"field": "grp", "kind": "integer"}]
+GROUPS = 10  # grp: 10% of the points each, an integer field's subgraphs
 SETTINGS = {
     "GATEWAY_VECTORS__EXACT_SEARCH_THRESHOLD": "200",
     "GATEWAY_VECTORS__SUBGRAPH_MAX_SHARE": "0.15",
@@ -50,7 +52,7 @@ def payloads(n: int) -> list[dict]:
     out = []
     for i in range(n):
         team = VALUES[i % 10] if i % 10 < 2 else f"t{i % 200}"
-        out.append({"team": team, "n": i})
+        out.append({"team": team, "n": i, "grp": (i // 10) % GROUPS})
     return out
 
 
@@ -97,7 +99,21 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
             for s in range(0, N, 1000):
                 await gw.vectors.upsert_points("c", data[s:s + 1000], pl[s:s + 1000], [str(i) for i in range(s, s + 1000)])
             info = await wait_subgraphs(gw, "c", built=len(VALUES))
-            assert info["payload_indexes"][1]["subgraphs"] is None  # an integer field has none
+            # The integer field's values are all distinct: none common enough for a subgraph.
+            assert info["payload_indexes"][1]["subgraphs"] == {"built": 0, "building": 0}
+            # An integer field's common values get theirs (issue 49: a 2% filter on a declared
+            # integer field searched the main graph at ef_search 1,000, 3-4x an unfiltered search).
+            deadline = time.monotonic() + 120
+            while (await gw.vectors.describe_collection("c"))["payload_indexes"][2]["subgraphs"] != {
+                "built": GROUPS, "building": 0
+            }:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            answer = await subgraph_search(gw, queries[2], {"grp": 3})
+            assert len(answer["results"]) == 10 and all(h["payload"]["grp"] == 3 for h in answer["results"])
+            mask = np.array([p["grp"] == 3 for p in pl])
+            truth = set(np.argsort(np.where(mask, cosine(data, queries[2]), np.inf))[:10].tolist())
+            assert len(truth & {int(h["id"]) for h in answer["results"]}) >= 9, answer["plan"]
 
             # One valid partial HNSW index per common value, named by a hash, the value a literal.
             table = await table_of(conn, ns, "c")
@@ -125,7 +141,7 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
             for value, name in names.items():
                 sql = _Positional(2)
                 where = compile_filter(parse_filter({"team": value}), sql, {"team": "keyword", "n": "integer"})
-                stmt = PgVectorIndex.budgeted_hits(subgraph_statement(coll, "team", escape_text(value), where, 10, 10), 10**6)
+                stmt = PgVectorIndex.budgeted_hits(subgraph_statement(coll, team, escape_text(value), where, 10, 10), 10**6)
                 plan = "\n".join(r[0] for r in await conn.fetch(
                     f"EXPLAIN {stmt}", encode_vector(array("f", queries[0].tolist())), *sql.args
                 ))
@@ -201,12 +217,12 @@ async def test_subgraphs_are_built_used_and_dropped(own_backend: Backend, tmp_pa
 async def test_describe_reports_subgraphs_only_where_there_is_a_graph(gw: GatewayClient, server) -> None:
     await gw.vectors.setup_collection("sg", 4, payload_indexes=DECLARED)
     info = await gw.vectors.describe_collection("sg")
-    team, n = info["payload_indexes"]
-    assert n["subgraphs"] is None
-    if server.backend.is_postgres:
-        assert team["subgraphs"] == {"built": 0, "building": 0}
-    else:
-        assert team["subgraphs"] is None  # SQLite has no graph: the json_extract index narrows
+    # Every declared field's, whatever its kind (integer fields' too, since issue 49).
+    for field in info["payload_indexes"]:
+        if server.backend.is_postgres:
+            assert field["subgraphs"] == {"built": 0, "building": 0}, field
+        else:
+            assert field["subgraphs"] is None  # SQLite has no graph: the json_extract index narrows
 
 
 # --- pure decisions ------------------------------------------------------------------------------
@@ -221,14 +237,16 @@ def test_planner_searches_a_subgraph_between_exact_and_the_main_graph() -> None:
     plan = choose(selectivity=0.02, subgraph=sub, **common)
     assert (plan.kind, plan.subgraph, plan.candidates) == ("hnsw_subgraph", sub.index, 0)
     assert plan.ef_search == ef_for(10_000, 10, 100) and plan.estimated_matches == 10_000
-    assert "subgraph" not in plan.as_dict() and "candidates" not in plan.as_dict()
+    assert "subgraph" not in plan.as_dict() and plan.as_dict()["candidates"] == 0
     # Another condition keeping a tenth of the subgraph: candidates enough for limit matches.
     anded = choose(selectivity=0.002, subgraph=sub, **{**common, "exact_threshold": 500})
     assert anded.kind == "hnsw_subgraph" and anded.candidates == anded.ef_search == 200
     # ... keeping too few of them for EF_SEARCH_MAX candidates: not the subgraph.
     assert choose(selectivity=0.00001, subgraph=sub, **{**common, "exact_threshold": 0}).kind != "hnsw_subgraph"
-    # Few enough to compare exactly, or no ready graph: as without a subgraph.
-    assert choose(selectivity=0.005, subgraph=Subgraph("x", 0.005), **common).kind == "filter_first"
+    # Few enough to compare exactly for less, or no ready graph: as without a subgraph.
+    assert choose(selectivity=0.0002, subgraph=Subgraph("x", 0.0002), **common).kind == "filter_first"
+    # 2,500 matches: the subgraph's walk costs less than comparing them (the cost model).
+    assert choose(selectivity=0.005, subgraph=Subgraph("x", 0.005), **common).kind == "hnsw_subgraph"
     assert choose(selectivity=0.02, subgraph=sub, **{**common, "index_ready": False}).kind == "filter_first"
     # A requested ef_search is kept.
     assert choose(selectivity=0.02, subgraph=sub, fixed_ef=300, **common).ef_search == 300
@@ -239,8 +257,8 @@ def test_subgraphs_are_chosen_from_the_common_values() -> None:
     n = PayloadIndex(1, "n", "integer")
     kind = PayloadIndex(2, "kind", "keyword")
     stats = {
-        0: KeywordStats(0.0, 100, {"a": 0.3, "b": 0.02, "c": 0.015, "d": 0.005, "e\x01\x01": 0.02}),
-        2: KeywordStats(0.0, 60, {f"k{i}": 0.02 for i in range(60)}),
+        0: FieldStats(0.0, 100, {"a": 0.3, "b": 0.02, "c": 0.015, "d": 0.005, "e\x01\x01": 0.02}),
+        2: FieldStats(0.0, 60, {f"k{i}": 0.02 for i in range(60)}),
     }
     got = wanted("vec_9", [user, n, kind], stats, 500_000, min_points=5000, max_share=0.1, max_count=64)
     # "a" is too common (the main graph), "d" too rare (2,500 points: compared exactly).

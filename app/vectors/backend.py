@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import time
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterable
@@ -46,6 +47,7 @@ class PayloadIndexState:
 
     state: Literal["pending", "building", "ready", "failed"]
     error: str | None = None
+    build: dict[str, Any] | None = None  # a ready index's build (seconds, points, built_at), a building one's progress
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,12 @@ class Search:
     budget: int  # bytes of payloads the hits may carry (``budgeted_hits``)
     where: str = ""  # the filter as SQL
     narrowed: bool = False  # an index narrows the rows the filter keeps
+    # What the statements found: the filter's matches an exact plan compared (counted by its
+    # statement), those among a graph plan's candidates, and the seconds each took.
+    matches: int | None = None
+    matched: int | None = None
+    exact_s: float = 0.0
+    graph_s: float = 0.0
 
 
 @dataclass
@@ -222,6 +230,11 @@ class VectorIndex(ABC):
         subgraphs (``app.vectors.subgraphs``) as (built, building); a backend without them, or a
         collection without a graph, is left out."""
         return {}
+
+    def forget(self, coll_id: int, learned: bool = False) -> None:
+        """Drop what this process keeps of a collection's indexes (and, ``learned``, of its
+        searches): one was built or dropped, or the collection reset or dropped."""
+        return None  # SQLite keeps nothing
 
     async def calibration(self, session: AsyncConnection, coll: CollectionInfo) -> Calibration | None:
         """What the recall calibration of the collection's graph measured (``app.vectors.recall``);
@@ -329,7 +342,7 @@ class VectorIndex(ABC):
         ]
 
     @classmethod
-    def budgeted_hits(cls, stmt: str, budget: int) -> str:
+    def budgeted_hits(cls, stmt: str, budget: int, counted: bool = False) -> str:
         """``stmt``'s rows (``id``, ``p``: the payload as stored, ``d``: the distance; at most a
         search's ``limit``), nearest first, with ``p`` as JSON text, NULL from the first row whose
         running sum of payload bytes (and ``LIST_ROW_BYTES`` a row) passes ``budget``: an answer's
@@ -338,14 +351,16 @@ class VectorIndex(ABC):
         with, so its hits stay and only their payloads are left out (the client reads those
         points). The payload goes through the window as stored (on PostgreSQL a TOAST pointer,
         not its text) and becomes text only where it is answered."""
+        # ``counted``: ``stmt`` has a column n (the matches its plan saw), passed on.
+        n, hn = (", n", ", h.n") if counted else ("", "")
         if budget <= 0:
-            return f"SELECT id, NULL AS p, d FROM ({stmt}) AS h ORDER BY d, id"
+            return f"SELECT id, NULL AS p, d{n} FROM ({stmt}) AS h ORDER BY d, id"
         as_text = cls.payload_text.format("p")
         weight = f"{byte_length_sql(as_text, cls.dialect)} + {LIST_ROW_BYTES}"
         upto = f"sum({weight}) OVER (ORDER BY d, id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
         return (
-            f"SELECT id, CASE WHEN upto <= {int(budget)} THEN {as_text} END AS p, d "
-            f"FROM (SELECT h.id, h.p, h.d, {upto} AS upto FROM ({stmt}) AS h) AS w ORDER BY d, id"
+            f"SELECT id, CASE WHEN upto <= {int(budget)} THEN {as_text} END AS p, d{n} "
+            f"FROM (SELECT h.id, h.p, h.d{hn}, {upto} AS upto FROM ({stmt}) AS h) AS w ORDER BY d, id"
         )
 
     async def count(self, session: AsyncConnection, coll: CollectionInfo, flt: Node | None = None) -> int:
@@ -497,15 +512,32 @@ class VectorIndex(ABC):
             search.narrowed = flt is not None and filter_sql.narrows(flt)
             plan = await self._plan(conn, search)
             if plan.kind in EXACT_PLANS:
-                return await self._exact(conn, search), plan
-            hits = await self._graph(conn, search, plan)
-            if len(hits) < search.limit:
-                # Fewer candidates matched than asked for: the exact answer (min(limit, matches)),
-                # without holding the graph's answer meanwhile.
-                del hits
-                plan.fallback = True
-                return await self._exact(conn, search), plan
+                hits = await self._timed_exact(conn, search)
+            else:
+                started = time.perf_counter()
+                hits = await self._graph(conn, search, plan)
+                search.graph_s = time.perf_counter() - started
+                if len(hits) < search.limit:
+                    # Fewer candidates matched than asked for: the exact answer (min(limit, matches)),
+                    # without holding the graph's answer meanwhile.
+                    del hits
+                    plan.fallback = True
+                    hits = await self._timed_exact(conn, search)
+            plan.found_matches = search.matches if search.matches is not None else search.matched
+            plan.ms = round((search.exact_s + search.graph_s) * 1000, 3)
+            self._observe(search, plan)
             return hits, plan
+
+    async def _timed_exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
+        """``_exact``, its seconds kept in ``search``."""
+        started = time.perf_counter()
+        hits = await self._exact(conn, search)
+        search.exact_s = time.perf_counter() - started
+        return hits
+
+    def _observe(self, search: Search, plan: Plan) -> None:
+        """After a search: what its plan found (``search``), for a backend that learns from it."""
+        return None  # a hook: SQLite's plans are all exact
 
     async def text_search(
         self,

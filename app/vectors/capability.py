@@ -58,7 +58,7 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
     )
     from app.vectors.builder import IndexBuilder
 
-    builder = IndexBuilder(engine, settings.vectors)
+    builder = IndexBuilder(engine, settings.vectors, index.forget)
     builder.start()
     try:
         yield VectorService(index, settings, RegistryCache(), builder, heavy)

@@ -66,11 +66,11 @@ from app.core.jsonvalue import jsonb_text
 from app.vectors.backend import (
     CollectionInfo, Hit, IndexKind, IndexState, MissingTable, PayloadIndexState, PointIn, Search, TextRanking, VectorIndex,
 )
-from app.vectors import recall, subgraphs, text as bm25
+from app.vectors import feedback, recall, subgraphs, text as bm25
 from app.vectors.filters import COMPARE_SQL, And, Compare, Eq, Exists, FilterSql, Node, SqlBuilder
-from app.vectors.estimate import KeywordStats, distinct_count, estimate
+from app.vectors.estimate import FieldStats, estimate, field_stats
 from app.vectors.nulescape import escape_json, escape_text, unescape_json, unescape_text
-from app.vectors.planner import ITERATIVE_SCAN_MAX, Plan, Subgraph, choose
+from app.vectors.planner import GRAPH_PLANS, ITERATIVE_SCAN_MAX, Plan, Subgraph, choose
 from app.vectors.payload_index import (
     MAX_DECLARED_VALUE_BYTES, PayloadIndex, PayloadKind, create_index_sql, serves_value, sql_index_name,
 )
@@ -141,8 +141,16 @@ _CANCEL_BUILDS = (
 )
 
 
-# Planner inputs: the table's size and index state, and each filter's sampled selectivity.
+# Planner inputs: the table's size and index state, and each filter's sampled selectivity. A
+# collection's size and index state are read again after STATS_TTL while it is big and has no
+# valid graph (a build's end is seen within a second, where its searches compare every point),
+# otherwise after STABLE_STATS_TTL: a stale "ready" or "small" plans a search that is correct
+# either way (without the index PostgreSQL runs the same statement as a scan), and with 1,000
+# collections a catalog read per collection and second was a read on most searches (issue 49).
+# This process's builder, a reset and a drop forget a collection's at once (``forget``).
 STATS_TTL = 1.0
+STABLE_STATS_TTL = 30.0
+SMALL_ROWS = 10_000
 SELECTIVITY_TTL = 30.0
 SAMPLE_ROWS = 2000
 CACHE_ENTRIES = 4096
@@ -211,6 +219,26 @@ def parse_payload_failures(comment: str | None) -> dict[int, PayloadFailure]:
     return out
 
 
+BUILD_MARK = "storage-gateway build"
+
+
+def build_record(seconds: float, points: int) -> str:
+    """The comment a payload index keeps of its build (describe's ``payload_indexes[].build``)."""
+    return json.dumps({"mark": BUILD_MARK, "seconds": round(seconds, 2), "points": int(points),
+                       "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def parse_build_record(comment: str | None) -> dict[str, Any] | None:
+    """What ``build_record`` kept (None for no comment or another one)."""
+    try:
+        data = json.loads(comment) if comment else None
+        if isinstance(data, dict) and data.get("mark") == BUILD_MARK:
+            return {"seconds": float(data["seconds"]), "points": int(data["points"]), "built_at": str(data["built_at"])}
+    except (ValueError, TypeError, KeyError):
+        pass
+    return None
+
+
 def index_comment_sql(index: str, comment: str | None) -> str:
     """``COMMENT ON INDEX`` setting ``comment`` (None: clearing it), quoted as a SQL literal
     (``COMMENT`` takes no parameter)."""
@@ -239,19 +267,21 @@ def offending_points_sql(coll: CollectionInfo, index: PayloadIndex) -> str:
     )
 
 
-# The statistics of the declared keyword indexes' expressions (a B-tree's single column "expr"),
-# by index name ($1), values as stored (NUL-escaped: ``keyword_stats`` reads them).
-KEYWORD_STATS = (
+# The statistics of the declared payload indexes' expressions (a B-tree's single column "expr"),
+# by index name ($1), values as stored (NUL-escaped: ``declared_stats`` reads them).
+FIELD_STATS = (
     "SELECT tablename, null_frac, n_distinct, CAST(CAST(most_common_vals AS text) AS text[]), most_common_freqs "
     "FROM pg_stats WHERE schemaname = current_schema() AND tablename = ANY($1::text[]) AND attname = 'expr'"
 )
 
 
-def keyword_stats(row: Any, rows: int, value: Callable[[str], str] = str) -> KeywordStats:
-    """A ``KEYWORD_STATS`` row of a table of ``rows`` points; ``value`` reads a common value
-    (``unescape_text``: as searched; the default: as stored)."""
-    common = dict(zip((value(v) for v in row[3] or ()), row[4] or (), strict=True))
-    return KeywordStats(null_frac=float(row[1]), distinct=distinct_count(float(row[2]), rows), common=common)
+def declared_stats(row: Any, rows: int, kind: PayloadKind, value: Callable[[str], str] = str) -> FieldStats:
+    """A ``FIELD_STATS`` row of a table of ``rows`` points, of a declared field of ``kind``;
+    ``value`` reads a keyword field's common value (``unescape_text``: as searched; the default:
+    as stored). The other kinds' values are jsonb's text."""
+    keyword = kind == "keyword"
+    values = [value(v) if keyword else v for v in row[3] or ()]
+    return field_stats(float(row[1]), float(row[2]), rows, values, [float(f) for f in row[4] or ()], keyword)
 
 
 def hnsw_index_name(coll: CollectionInfo) -> str:
@@ -342,17 +372,20 @@ def _hnsw_sql(coll: CollectionInfo, name: str, where: str) -> str:
     )
 
 
-def subgraph_predicate(field: str, stored_value: str) -> str:
-    """The predicate of the payload subgraph of a declared keyword field's value (as stored):
-    a search must spell it the same way for PostgreSQL to use the partial index."""
-    return f"{keyword_expr(field)} = {subgraphs.sql_literal(stored_value)}"
+def subgraph_predicate(index: PayloadIndex, stored_value: str) -> str:
+    """The predicate of the payload subgraph of a declared field's value (as stored: a keyword
+    field's text, jsonb's text of another kind's value): a search must spell it the same way for
+    PostgreSQL to use the partial index."""
+    if index.kind == "keyword":
+        return f"{keyword_expr(index.field)} = {subgraphs.sql_literal(stored_value)}"
+    return f"{value_expr(index.field)} = CAST({subgraphs.sql_literal(stored_value)} AS jsonb)"
 
 
 def subgraph_index_sql(coll: CollectionInfo, index: PayloadIndex, stored_value: str) -> str:
     """``CREATE INDEX CONCURRENTLY`` of a payload subgraph: the main index's HNSW over the
-    points whose declared keyword field is ``stored_value``."""
+    points whose declared field is ``stored_value``."""
     name = subgraphs.index_name(coll.data_table, index, stored_value)
-    return _hnsw_sql(coll, name, f" WHERE {subgraph_predicate(index.field, stored_value)}")
+    return _hnsw_sql(coll, name, f" WHERE {subgraph_predicate(index, stored_value)}")
 
 
 def subgraph_like(data_table: str) -> str:
@@ -391,16 +424,32 @@ def decode_vector(data: bytes) -> array[float]:
     return out
 
 
+# Prepared statements asyncpg keeps per vectors connection (its default is 100). A search's
+# statements name the collection's table, so 1,000 collections searched in turn missed a cache
+# of 100 on every search: a Parse round trip and PostgreSQL's parse and analysis again (searches
+# of 1,000 small tables 1.5-5x the statement time of 10; issue 49 measured 1.32-1.55x the p50
+# through the gateway). Each cached statement holds ~28 KB of the server process's memory
+# (measured: a backend with 1,000 of them 42 MiB, with 100 14 MiB, 12 of which its catalog
+# caches of the 1,000 tables); asyncpg closes the least recently used one past the bound.
+STATEMENT_CACHE = 1024
+
+
 def install_vector_codec(engine: AsyncEngine, ef_search: int) -> None:
     """Send and receive ``vector`` values in binary on every new connection of ``engine``
-    (about 6x faster than pgvector's text form for a 500 x 384 batch), and give each
-    connection the default ``hnsw.ef_search`` (``PgVectorIndex`` tracks changes to it)."""
+    (about 6x faster than pgvector's text form for a 500 x 384 batch), give each connection the
+    default ``hnsw.ef_search`` (``PgVectorIndex`` tracks changes to it), and a statement cache
+    of ``STATEMENT_CACHE``."""
 
     async def register(conn: Any) -> None:
         await conn.set_type_codec(
             "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
         )
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
+        # asyncpg takes the size only when connecting (``statement_cache_size``), which is the
+        # engine's, shared with the other databases: resized here, for this engine alone.
+        cache = getattr(conn, "_stmt_cache", None)
+        if cache is not None:
+            cache.set_max_size(STATEMENT_CACHE)
 
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -521,7 +570,7 @@ class PgVectorIndex(VectorIndex):
     ) -> None:
         self.default_ef = ef_search
         self.calibrated = calibrated  # False: recall calibrations kept by an earlier run are not used
-        self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, bool]] = weakref.WeakKeyDictionary()
+        self._gucs: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
         self._forced: weakref.WeakSet[Any] = weakref.WeakSet()  # connections inside ``_walk_only``
         self.version = version
         self._v = parse_version(version)
@@ -530,8 +579,18 @@ class PgVectorIndex(VectorIndex):
         self.exact_threshold = exact_threshold
         self._stat_cache: dict[int, tuple[float, int, bool, recall.Calibration | None]] = {}
         self._sel_cache: dict[tuple[int, bytes], tuple[float, float]] = {}
-        self._kw_cache: dict[int, tuple[float, dict[str, KeywordStats]]] = {}
+        self._kw_cache: dict[int, tuple[float, dict[str, FieldStats]]] = {}
+        self.feedback = feedback.Feedback()
         self._subgraph_cache: dict[int, frozenset[str]] = {}  # valid subgraphs, with ``_stat_cache``
+
+    def forget(self, coll_id: int, learned: bool = False) -> None:
+        """Read the collection's size, index state and statistics again on its next search (an
+        index built or dropped); ``learned``: its costs and corrections go too (reset, drop)."""
+        self._stat_cache.pop(coll_id, None)
+        self._subgraph_cache.pop(coll_id, None)
+        self._kw_cache.pop(coll_id, None)
+        if learned:
+            self.feedback.forget(coll_id)
 
     # --- shape -----------------------------------------------------------------------------
 
@@ -650,19 +709,25 @@ class PgVectorIndex(VectorIndex):
             return out
         rows = await session.execute(
             text(
-                "SELECT n.name, i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
-                "WHERE p.index_relid = i.indexrelid), obj_description(to_regclass(n.t || '_payload'), 'pg_class') "
+                "SELECT n.name, i.indisvalid, p.phase, p.tuples_done, p.tuples_total, "
+                "obj_description(to_regclass(n.t || '_payload'), 'pg_class'), obj_description(i.indexrelid, 'pg_class') "
                 "FROM unnest(CAST(:names AS text[]), CAST(:tables AS text[])) AS n(name, t) "
-                "LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name)"
+                "LEFT JOIN pg_index i ON i.indexrelid = to_regclass(n.name) "
+                "LEFT JOIN pg_stat_progress_create_index p ON p.index_relid = i.indexrelid"
             ),
             {"names": [sql_index_name(c.data_table, p) for c, p in declared], "tables": [c.data_table for c, _ in declared]},
         )
-        found = {name: (valid, running, comment) for name, valid, running, comment in rows}
+        found = {r[0]: r[1:] for r in rows}
         for c, p in declared:
-            valid, running, comment = found.get(sql_index_name(c.data_table, p), (None, False, None))
-            failure = parse_payload_failures(comment).get(p.position)
+            valid, phase, done, total, failures, comment = found.get(
+                sql_index_name(c.data_table, p), (None, None, None, None, None, None)
+            )
+            failure = parse_payload_failures(failures).get(p.position)
+            running = phase is not None
             if valid or running or failure is None:
-                out[c.id].append(PayloadIndexState("ready" if valid else "building" if running else "pending"))
+                build = (parse_build_record(comment) if valid else
+                         {"phase": phase, "tuples_done": int(done or 0), "tuples_total": int(total or 0)} if running else None)
+                out[c.id].append(PayloadIndexState("ready" if valid else "building" if running else "pending", build=build))
             else:
                 out[c.id].append(PayloadIndexState("failed", failure.error))
         return out
@@ -672,7 +737,7 @@ class PgVectorIndex(VectorIndex):
     ) -> dict[int, dict[int, tuple[int, int]]]:
         out: dict[int, dict[int, tuple[int, int]]] = {}
         for c in colls:
-            keyword = [p.position for p in c.payload_indexes if p.kind == "keyword"]
+            keyword = [p.position for p in c.payload_indexes]
             if c.index.get("kind") not in HNSW_KINDS or not keyword:
                 continue
             counts = {position: [0, 0] for position in keyword}
@@ -829,27 +894,29 @@ class PgVectorIndex(VectorIndex):
         left with the planner's switches off (``_walk_only``) is never pooled again. Unknown is
         not the connect-time default: a SET made outside a transaction outlives the failure, so
         the next search on the connection sets what it needs whatever that is."""
-        self._gucs[conn] = (-1, False)
+        self._gucs[conn] = (-1, -1)
         if conn in self._forced:
             self._forced.discard(conn)
             if pooled.is_valid:
                 pooled.invalidate()
 
-    async def _settings(self, conn: Any, ef: int, iterative: bool) -> None:
-        wanted = (ef, iterative)
-        if self._gucs.get(conn, (self.default_ef, False)) == wanted:
+    async def _settings(self, conn: Any, ef: int, scan_tuples: int) -> None:
+        """``hnsw.ef_search``, and the iterative walk with ``scan_tuples`` as its bound (0: off)."""
+        wanted = (ef, scan_tuples)
+        if self._gucs.get(conn, (self.default_ef, 0)) == wanted:
             return
         stmt = f"SET hnsw.ef_search = {int(ef)}"
         if self.iterative_scan:
-            stmt += "; SET hnsw.iterative_scan = " + ("strict_order" if iterative else "off")
-            if iterative:  # the planner's bound on the walk, whatever the server's configuration says
-                stmt += f"; SET hnsw.max_scan_tuples = {ITERATIVE_SCAN_MAX}"
-        self._gucs[conn] = (-1, False)  # unknown until the SET is through
+            # relaxed_order: pgvector's better recall; the statement re-sorts the walk's rows.
+            stmt += "; SET hnsw.iterative_scan = " + ("relaxed_order" if scan_tuples else "off")
+            if scan_tuples:  # the planner's bound on the walk, whatever the server's configuration says
+                stmt += f"; SET hnsw.max_scan_tuples = {int(scan_tuples)}"
+        self._gucs[conn] = (-1, -1)  # unknown until the SET is through
         await conn.execute(stmt)
         # Inside the request's transaction (its first look at a collection's registry row begins
         # one) the SET goes with the transaction's ROLLBACK: set it again next time. Seen on a
         # restarted gateway: every later search of the connection ran at the default ef_search.
-        self._gucs[conn] = (-1, False) if conn.is_in_transaction() else wanted
+        self._gucs[conn] = (-1, -1) if conn.is_in_transaction() else wanted
 
     @asynccontextmanager
     async def _walk_only(self, conn: Any) -> AsyncIterator[None]:
@@ -873,27 +940,70 @@ class PgVectorIndex(VectorIndex):
         coll, flt = search.coll, search.flt
         hnsw = coll.index.get("kind") in HNSW_KINDS
         rows, ready, calibration = await self._stats(conn, coll) if hnsw else (0, False, None)
-        selectivity = None
-        subgraph = None
+        selectivity = source = subgraph = None
+        correction = feedback.Correction()
         if ready and flt is not None:
-            selectivity = await self._selectivity(conn, coll, search, rows)
-            subgraph = await self._subgraph(conn, coll, flt, rows, selectivity)
-        return choose(
+            selectivity, source = await self._selectivity(conn, coll, search, rows)
+            correction = self.feedback.correction(coll.id, feedback.shape(flt))
+            subgraph = await self._subgraph(conn, coll, flt, rows, min(1.0, selectivity * correction.matches))
+        plan = choose(
             rows=rows, limit=search.limit, base_ef=self.default_ef, index_ready=ready, filtered=flt is not None,
             narrowed=search.narrowed, selectivity=selectivity, exact_threshold=self.exact_threshold,
             iterative=self.iterative_scan, fixed_ef=search.ef_search, subgraph=subgraph, calibration=calibration,
+            costs=self.feedback.costs(coll.id), correction=correction.matches, local=correction.local,
         )
+        plan.estimate = source
+        return plan
 
-    def _subgraph_conditions(self, coll: CollectionInfo, flt: Node) -> builtins.list[tuple[Eq, str]]:
-        """The string equalities on declared keyword fields that ``flt`` requires (itself, or the
-        conditions of its top AND), with the name their subgraph would have."""
+    def _observe(self, search: Search, plan: Plan) -> None:
+        """Teach the collection's costs and corrections (``app.vectors.feedback``) what the plan found."""
+        coll, flt = search.coll, search.flt
+        key = feedback.shape(flt) if flt is not None and plan.estimate is not None else None
+        if plan.kind in GRAPH_PLANS:
+            if plan.kind == "hnsw_iterative":
+                # The walk's visits are not counted; one that ended short of limit matches at its
+                # bound saw that few matches among max_scan_tuples points.
+                candidates = int(plan.max_scan_tuples or 0) if plan.fallback else 0
+                walked = int(plan.ef_search or 0) if not plan.fallback else int(plan.max_scan_tuples or 0)
+                matched = search.matched
+            else:
+                candidates, walked, matched = int(plan.candidates or 0), int(plan.ef_search or 0), search.matched
+            if plan.kind == "hnsw_subgraph":
+                # A smaller graph, whose candidates are the equality's: neither the main graph's
+                # cost nor the filter's share among its candidates.
+                candidates = walked = 0
+            self.feedback.graph(coll.id, key, plan.graph_share, candidates, matched, walked, search.graph_s * 1000)
+        if search.matches is not None:
+            raw = plan.estimated_matches / (plan.correction or 1.0) if plan.estimated_matches is not None else None
+            scanned = 0 if search.narrowed or plan.rows is None else plan.rows
+            self.feedback.exact(coll.id, key, raw, search.matches, search.exact_s * 1000, scanned)
+
+    def _subgraph_conditions(
+        self, coll: CollectionInfo, flt: Node, stats: Mapping[str, FieldStats]
+    ) -> builtins.list[tuple[PayloadIndex, Eq, str, str]]:
+        """The equalities on declared fields that ``flt`` requires (itself, or the conditions of
+        its top AND), as (declaration, condition, stored value, the name their subgraph would
+        have): a keyword field's string, another kind's value as its statistics spell it (a value
+        they do not list as common has no subgraph)."""
         nodes = flt.nodes if isinstance(flt, And) else [flt]
-        declared = {p.field: p for p in coll.payload_indexes if p.kind == "keyword"}
+        declared = {p.field: p for p in coll.payload_indexes}
         out = []
         for n in nodes:
-            if isinstance(n, Eq) and isinstance(n.value, str) and n.key in declared:
+            index = declared.get(n.key) if isinstance(n, Eq) else None
+            if index is None or not isinstance(n, Eq):
+                continue
+            if index.kind == "keyword":
+                if not isinstance(n.value, str):
+                    continue
                 stored = escape_text(n.value)
-                out.append((n, subgraphs.index_name(coll.data_table, declared[n.key], stored)))
+            else:
+                field = stats.get(n.key)
+                key = field.key(n.value) if field is not None else None
+                literal = field.literal.get(key) if field is not None and key is not None else None
+                if literal is None:
+                    continue
+                stored = literal
+            out.append((index, n, stored, subgraphs.index_name(coll.data_table, index, stored)))
         return out
 
     async def _subgraph(
@@ -903,45 +1013,55 @@ class PgVectorIndex(VectorIndex):
         valid = self._subgraph_cache.get(coll.id)
         if not valid:
             return None
+        stats = await self._field_stats(conn, coll, rows)
         best = None
-        for node, name in self._subgraph_conditions(coll, flt):
+        for index, node, _, name in self._subgraph_conditions(coll, flt, stats):
             if name not in valid:
                 continue
-            stats = (await self._keyword_stats(conn, coll, rows)).get(node.key)
-            share = stats.eq(node.value) if stats is not None and isinstance(node.value, str) else selectivity
+            field = stats.get(index.field)
+            share = field.eq(node.value) if field is not None else None
+            share = selectivity if share is None else share
             if best is None or share < best.share:
                 best = Subgraph(name, max(share, selectivity))
         return best
 
     async def _graph(self, conn: Any, search: Search, plan: Plan) -> builtins.list[Hit]:
         ef = int(plan.ef_search or self.default_ef)
-        await self._settings(conn, ef, plan.kind == "hnsw_iterative")
+        iterative = plan.kind == "hnsw_iterative"
+        await self._settings(conn, ef, int(plan.max_scan_tuples or ITERATIVE_SCAN_MAX) if iterative else 0)
         if plan.kind == "hnsw_subgraph":
-            stmt = self._subgraph_statement(search, plan)
+            stmt = await self._subgraph_statement(conn, search, plan)
             if stmt is not None:
-                return await self._fetch_hits(conn, search, stmt)
+                return await self._fetch_hits(conn, search, stmt, counted=bool(plan.candidates))
         # Before pgvector 0.8 a filter is applied to the graph's ef_search candidates.
         candidates = ef if search.flt is not None and plan.kind == "hnsw" else 0
-        if plan.kind == "hnsw_iterative":
+        stmt = graph_statement(search.coll, search.where, search.limit, candidates)
+        if iterative:
             async with self._walk_only(conn):
-                return await self._indexed(conn, search, 0)
-        return await self._indexed(conn, search, candidates)
+                hits = await self._fetch_hits(conn, search, stmt)
+            search.matched = len(hits)  # of at most max_scan_tuples walked
+            return hits
+        return await self._fetch_hits(conn, search, stmt, counted=bool(candidates))
 
-    def _subgraph_statement(self, search: Search, plan: Plan) -> str | None:
+    async def _subgraph_statement(self, conn: Any, search: Search, plan: Plan) -> str | None:
         """The search of ``plan``'s payload subgraph: the subgraph's predicate spelled as its
         index has it (a literal: PostgreSQL uses a partial index only for a query whose WHERE
         implies the index's, which a parameter cannot), the nearest ``candidates`` (or
         ``limit``) from it, and the whole filter on them."""
         coll = search.coll
-        for node, name in self._subgraph_conditions(coll, search.flt) if search.flt is not None else []:
-            if name == plan.subgraph and isinstance(node.value, str):
+        if search.flt is None:
+            return None
+        stats = await self._field_stats(conn, coll, int(plan.rows or 0))
+        for index, _, stored, name in self._subgraph_conditions(coll, search.flt, stats):
+            if name == plan.subgraph:
                 take = max(search.limit, int(plan.candidates or 0))
-                return subgraph_statement(coll, node.key, escape_text(node.value), search.where, search.limit, take)
+                return subgraph_statement(coll, index, stored, search.where, search.limit, take, bool(plan.candidates))
         return None
 
     async def _stats(self, conn: Any, coll: CollectionInfo) -> tuple[int, bool, recall.Calibration | None]:
         """(estimated rows, HNSW index valid, the index's recall calibration) of a collection,
-        cached for ``STATS_TTL`` seconds with its valid payload subgraphs (``_subgraph_cache``)."""
+        cached (``STATS_TTL``, ``STABLE_STATS_TTL``) with its valid payload subgraphs
+        (``_subgraph_cache``)."""
         now = time.monotonic()
         cached = self._stat_cache.get(coll.id)
         if cached is not None and cached[0] > now:
@@ -953,7 +1073,8 @@ class PgVectorIndex(VectorIndex):
         if len(self._stat_cache) > CACHE_ENTRIES:
             self._stat_cache.clear()
             self._subgraph_cache.clear()
-        self._stat_cache[coll.id] = (now + STATS_TTL, rows, ready, calibration)
+        ttl = STATS_TTL if not ready and rows >= SMALL_ROWS else STABLE_STATS_TTL
+        self._stat_cache[coll.id] = (now + ttl, rows, ready, calibration)
         if self._subgraph_cache.get(coll.id, names) != names:
             # The builder chose subgraphs from newer statistics than the cached ones: read them
             # again, or a new subgraph's value would be estimated as rare for up to 30 s.
@@ -961,16 +1082,16 @@ class PgVectorIndex(VectorIndex):
         self._subgraph_cache[coll.id] = names
         return rows, ready, calibration
 
-    async def _selectivity(self, conn: Any, coll: CollectionInfo, search: Search, rows: int) -> float:
-        """The share of points the search's filter keeps: from the statistics of the declared
-        keyword fields when it only tests those (``app.vectors.estimate``), otherwise from a
-        block sample of about ``SAMPLE_ROWS`` points (``TABLESAMPLE SYSTEM``: reads only the
-        sampled pages, never the whole table), cached for ``SELECTIVITY_TTL`` seconds per
-        collection and filter."""
-        keywords = await self._keyword_stats(conn, coll, rows)
-        share = estimate(search.flt, keywords) if keywords else None
+    async def _selectivity(self, conn: Any, coll: CollectionInfo, search: Search, rows: int) -> tuple[float, str]:
+        """The share of points the search's filter keeps, and how it was estimated: from the
+        statistics of the declared fields when it only tests equalities on those
+        (``app.vectors.estimate``), otherwise from a block sample of about ``SAMPLE_ROWS`` points
+        (``TABLESAMPLE SYSTEM``: reads only the sampled pages, never the whole table), cached for
+        ``SELECTIVITY_TTL`` seconds per collection and filter."""
+        fields = await self._field_stats(conn, coll, rows)
+        share = estimate(search.flt, fields) if fields else None
         if share is not None:
-            return share
+            return share, "statistics"
         args = _args(search.sql)
         # A digest, not the filter's values: those are the client's (up to a body's size each),
         # and the cache holds CACHE_ENTRIES of them.
@@ -978,7 +1099,7 @@ class PgVectorIndex(VectorIndex):
         now = time.monotonic()
         cached = self._sel_cache.get(key)
         if cached is not None and cached[0] > now:
-            return cached[1]
+            return cached[1], "sample"
         pct = 100.0 if rows <= SAMPLE_ROWS else max(0.01, 100.0 * SAMPLE_ROWS / rows)
         # ``where`` is numbered from $2 (the search's $1 is the query vector; here the percentage).
         row = await conn.fetchrow(
@@ -992,71 +1113,84 @@ class PgVectorIndex(VectorIndex):
         if len(self._sel_cache) > CACHE_ENTRIES:
             self._sel_cache.clear()
         self._sel_cache[key] = (now + SELECTIVITY_TTL, selectivity)
-        return selectivity
+        return selectivity, "sample"
 
-    async def _keyword_stats(self, conn: Any, coll: CollectionInfo, rows: int) -> dict[str, KeywordStats]:
-        """``ANALYZE``'s statistics of each declared keyword field's index expression (none
-        before the table is analyzed with the index), cached for ``SELECTIVITY_TTL`` seconds."""
-        names = {
-            sql_index_name(coll.data_table, p): p.field for p in coll.payload_indexes if p.kind == "keyword"
-        }
+    async def _field_stats(self, conn: Any, coll: CollectionInfo, rows: int) -> dict[str, FieldStats]:
+        """``ANALYZE``'s statistics of each declared field's index expression (none before the
+        table is analyzed with the index), cached for ``SELECTIVITY_TTL`` seconds."""
+        names = {sql_index_name(coll.data_table, p): p for p in coll.payload_indexes}
         if not names:
             return {}
         now = time.monotonic()
         cached = self._kw_cache.get(coll.id)
         if cached is not None and cached[0] > now:
             return cached[1]
-        found = {names[r[0]]: keyword_stats(r, rows, unescape_text) for r in await conn.fetch(KEYWORD_STATS, list(names))}
+        found = {
+            names[r[0]].field: declared_stats(r, rows, names[r[0]].kind, unescape_text)
+            for r in await conn.fetch(FIELD_STATS, list(names))
+        }
         if len(self._kw_cache) > CACHE_ENTRIES:
             self._kw_cache.clear()
         self._kw_cache[coll.id] = (now + SELECTIVITY_TTL, found)
         return found
 
-    async def _indexed(self, conn: Any, search: Search, candidates: int) -> builtins.list[Hit]:
-        stmt = graph_statement(search.coll, search.where, search.limit, candidates)
-        return await self._fetch_hits(conn, search, stmt)
-
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         # OFFSET 0 keeps the ORDER BY away from the HNSW index (exact), while the payload
         # indexes still narrow the rows of a filter; only the k answers' payloads become text.
+        # A filtered search counts the matches it compared (the plan's ``found_matches``, and
+        # what the planner learns from): over ids and distances only, the k answers' rows read
+        # again by their key for the payloads.
         coll = search.coll
-        return await self._fetch_hits(
-            conn, search,
-            f"SELECT id, p, d FROM (SELECT id, payload AS p, "
-            f"(embedding {_OPERATOR[coll.distance]} $1) AS d FROM {coll.data_table} WHERE {search.where} OFFSET 0) s "
-            f"ORDER BY d, id LIMIT {search.limit}",
+        t = coll.data_table
+        distance = f"(embedding {_OPERATOR[coll.distance]} $1)"
+        if search.flt is None:
+            stmt = (f"SELECT id, p, d FROM (SELECT id, payload AS p, {distance} AS d FROM {t} OFFSET 0) s "
+                    f"ORDER BY d, id LIMIT {search.limit}")
+            return await self._fetch_hits(conn, search, stmt)
+        stmt = (
+            f"SELECT k.id, t.payload AS p, k.d, k.n FROM (SELECT id, d, count(*) OVER () AS n FROM "
+            f"(SELECT id, {distance} AS d FROM {t} WHERE {search.where} OFFSET 0) s ORDER BY d, id "
+            f"LIMIT {search.limit}) k JOIN {t} t ON t.id = k.id"
         )
+        return await self._fetch_hits(conn, search, stmt, counted=True, exact=True)
 
-    async def _fetch_hits(self, conn: Any, search: Search, stmt: str) -> builtins.list[Hit]:
+    async def _fetch_hits(
+        self, conn: Any, search: Search, stmt: str, counted: bool = False, exact: bool = False
+    ) -> builtins.list[Hit]:
         """The hits of one of the plans' statements (``id``, raw payload ``p``, distance ``d``
         against ``$1``, the filter's arguments from ``$2``), with their payloads within the
-        search's byte budget (``budgeted_hits``)."""
-        return self._hits(await conn.fetch(self.budgeted_hits(stmt, search.budget), search.q["q"], *_args(search.sql)))
+        search's byte budget (``budgeted_hits``); ``counted``: the statement's column ``n`` is
+        the matches it saw (an ``exact`` plan's, or among a graph plan's candidates)."""
+        rows = await conn.fetch(self.budgeted_hits(stmt, search.budget, counted), search.q["q"], *_args(search.sql))
+        if counted:
+            n = int(rows[0][3]) if rows else 0
+            if exact:
+                search.matches = n
+            else:
+                search.matched = n
+        return self._hits(rows)
 
 
 def graph_statement(coll: CollectionInfo, where: str, limit: int, candidates: int) -> str:
     """A graph search against ``$1``. With a filter and ``candidates`` > 0: the ``candidates``
-    nearest from the graph, then the filter on them (what pgvector before 0.8 does with a WHERE
-    anyway, but spelled out so that PostgreSQL cannot pick a payload index and sort every match
-    instead); otherwise the filter in the index scan's WHERE (pgvector 0.8's iterative scan
-    walks on until ``limit`` rows pass it)."""
+    nearest from the graph, then the filter on them, counted (``n``) (what pgvector before 0.8
+    does with a WHERE anyway, but spelled out so that PostgreSQL cannot pick a payload index and
+    sort every match instead); otherwise the filter in the index scan's WHERE (pgvector 0.8's
+    iterative scan walks on until ``limit`` rows pass it; its rows, in relaxed order, are sorted
+    again by ``budgeted_hits``)."""
     op = _OPERATOR[coll.distance]
     t = coll.data_table
     order = _graph_order(coll)
     if candidates:
         return (
-            f"SELECT id, payload AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
+            f"SELECT id, payload AS p, d, count(*) OVER () AS n FROM (SELECT id, payload, (embedding {op} $1) AS d "
             f"FROM {t} ORDER BY {order} LIMIT {int(candidates)}) c WHERE {where} ORDER BY d, id LIMIT {limit}"
         )
-    if coll.index.get("kind") == "hnsw_halfvec":
-        # The index orders by half precision; re-rank the candidates by the exact distance.
-        return (
-            f"SELECT * FROM (SELECT id, payload AS p, (embedding {op} $1) AS d "
-            f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c ORDER BY d, id"
-        )
+    # A subquery: the index's order is not the answer's (half precision for hnsw_halfvec, whose
+    # candidates are re-ranked by the exact distance; the iterative walk's relaxed order).
     return (
-        f"SELECT id, payload AS p, (embedding {op} $1) AS d FROM {t} "
-        f"WHERE {where} ORDER BY {order} LIMIT {limit}"
+        f"SELECT * FROM (SELECT id, payload AS p, (embedding {op} $1) AS d "
+        f"FROM {t} WHERE {where} ORDER BY {order} LIMIT {limit}) c"
     )
 
 
@@ -1077,15 +1211,18 @@ async def _subgraph_indexes(session: AsyncConnection, coll: CollectionInfo) -> b
     return [(r[0], r[1], r[2]) for r in rows if subgraphs.is_subgraph_name(t, r[0])]
 
 
-def subgraph_statement(coll: CollectionInfo, field: str, stored_value: str, where: str, limit: int, take: int) -> str:
-    """A search of the payload subgraph of ``field`` = ``stored_value``: its ``take`` nearest
-    points (``$1``: the query vector), then ``where`` (the search's whole filter, numbered from
-    ``$2``) on them, nearest first."""
+def subgraph_statement(
+    coll: CollectionInfo, index: PayloadIndex, stored_value: str, where: str, limit: int, take: int, counted: bool = False
+) -> str:
+    """A search of the payload subgraph of ``index``'s field = ``stored_value``: its ``take``
+    nearest points (``$1``: the query vector), then ``where`` (the search's whole filter,
+    numbered from ``$2``) on them, nearest first; ``counted``: with how many passed it (``n``)."""
     op = _OPERATOR[coll.distance]
     order = _graph_order(coll)
+    n = ", count(*) OVER () AS n" if counted else ""
     return (
-        f"SELECT id, payload AS p, d FROM (SELECT id, payload, (embedding {op} $1) AS d "
-        f"FROM {coll.data_table} WHERE {subgraph_predicate(field, stored_value)} ORDER BY {order} "
+        f"SELECT id, payload AS p, d{n} FROM (SELECT id, payload, (embedding {op} $1) AS d "
+        f"FROM {coll.data_table} WHERE {subgraph_predicate(index, stored_value)} ORDER BY {order} "
         f"LIMIT {int(take)}) c WHERE {where} ORDER BY d, id LIMIT {int(limit)}"
     )
 

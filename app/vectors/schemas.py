@@ -55,10 +55,21 @@ class PayloadIndexCreate(_Body):
 
 
 class SubgraphsRead(BaseModel):
-    """A declared keyword field's payload subgraphs (pgvector, described only)."""
+    """A declared field's payload subgraphs (pgvector, described only)."""
 
     built: int = Field(description="Values with a ready subgraph (a partial HNSW index of their points).")
     building: int = Field(description="Subgraphs being built in the background.")
+
+
+class PayloadIndexBuild(BaseModel):
+    """A declared payload index's build (pgvector, described only)."""
+
+    seconds: float | None = Field(default=None, description="How long its CREATE INDEX CONCURRENTLY took.")
+    points: int | None = Field(default=None, description="The collection's points when it was built.")
+    built_at: str | None = Field(default=None, description="When it was built (UTC).")
+    phase: str | None = Field(default=None, description="A running build's phase (PostgreSQL's).")
+    tuples_done: int | None = None
+    tuples_total: int | None = None
 
 
 class PayloadIndexRead(BaseModel):
@@ -72,9 +83,15 @@ class PayloadIndexRead(BaseModel):
         "five `index_sweep_seconds`. SQLite: made with the collection."
     )
     error: str | None = Field(default=None, description="Why a `failed` index could not be built; null otherwise.")
+    build: PayloadIndexBuild | None = Field(
+        default=None,
+        description="pgvector: a `ready` index's build by the background builder (`seconds`, `points`, `built_at`), "
+        "a `building` one's progress (`phase`, `tuples_done`, `tuples_total`); null otherwise (and on SQLite, "
+        "where it is made with the table).",
+    )
     subgraphs: SubgraphsRead | None = Field(
         default=None,
-        description="Describe of a keyword field of an HNSW collection (pgvector): its payload subgraphs, "
+        description="Describe of a declared field of an HNSW collection (pgvector): its payload subgraphs, "
         "partial HNSW indexes of the values too common to compare exactly and too rare for the main graph "
         "(`hnsw_subgraph` plans); null elsewhere (SQLite has no graph).",
     )
@@ -353,9 +370,31 @@ class SearchPlan(BaseModel):
     reason: str
     ef_search: int | None = None
     rows: int | None = Field(default=None, description="The collection's estimated size (pgvector).")
-    estimated_matches: int | None = Field(default=None, description="The filter's estimated matches.")
+    estimated_matches: int | None = Field(default=None, description="The filter's estimated matches (corrected).")
     fallback: bool = Field(default=False, description="The graph search found too few matches and was redone exactly.")
     text: TextPlan | None = Field(default=None, description="A hybrid search: its text half.")
+    candidates: int | None = Field(
+        default=None, description="Graph candidates the filter was applied to (pgvector `hnsw`, `hnsw_subgraph`)."
+    )
+    estimate: Literal["statistics", "sample"] | None = Field(
+        default=None, description="How the filter's share was estimated: ANALYZE's statistics of declared fields, or a "
+        "block sample (pgvector)."
+    )
+    correction: float | None = Field(
+        default=None, description="The factor this collection's earlier searches of the filter's shape taught the "
+        "estimate (pgvector; null: none)."
+    )
+    graph_share: float | None = Field(default=None, description="The share of graph candidates expected to match.")
+    max_scan_tuples: int | None = Field(default=None, description="The iterative walk's bound (`hnsw_iterative`).")
+    costs: dict[str, float] | None = Field(
+        default=None, description="Each plan considered, with its predicted milliseconds by this collection's "
+        "measured costs (pgvector); the cheapest ran."
+    )
+    found_matches: int | None = Field(
+        default=None, description="What the plan found: the filter's matches an exact plan compared, or those "
+        "among a graph plan's candidates."
+    )
+    ms: float | None = Field(default=None, description="The plan's statements, as the gateway timed them.")
 
 
 class SearchResults(BaseModel):

@@ -190,7 +190,7 @@ class VectorService:
                 "plans": plans,
             },
             "payload_indexes": [
-                {**p.as_option(), "state": st.state, "error": st.error,
+                {**p.as_option(), "state": st.state, "error": st.error, "build": st.build,
                  "subgraphs": _subgraphs_read((subgraphs or {}).get(p.position))}
                 for p, st in zip(info.payload_indexes, states, strict=True)
             ],
@@ -323,6 +323,7 @@ class VectorService:
         if info is None:
             return
         self.registry.forget(namespace, collection)
+        self.index.forget(info.id, learned=True)
         before = await self._stored(conn, info)
         await self.index.drop(conn, info)
         await repository.delete_collection(conn, namespace, collection)
@@ -330,6 +331,7 @@ class VectorService:
 
     async def reset(self, conn: AsyncConnection, namespace: str, collection: str) -> None:
         info = await self.get(conn, namespace, collection, lock=True)
+        self.index.forget(info.id, learned=True)
         before = await self._stored(conn, info)
         await self.index.reset(conn, info)
         await self._keep(conn, info, before, (0, 0))

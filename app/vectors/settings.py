@@ -33,8 +33,8 @@ class VectorsSettings(BaseModel):
     exact_search_threshold: int = Field(
         default=5000,
         ge=0,
-        description="A filtered search an index narrows to at most this many estimated matches compares "
-        "them exactly instead of searching the graph (pgvector).",
+        description="A filtered search expected to match at most this many points may compare them exactly "
+        "instead of searching a graph, when that costs less by the collection's measured costs (pgvector).",
     )
     index_min_rows: int = Field(
         default=1000,
@@ -66,7 +66,7 @@ class VectorsSettings(BaseModel):
         default=0.1,
         gt=0,
         le=1,
-        description="A value of a declared keyword field gets a payload subgraph (a partial HNSW index of its "
+        description="A value of a declared payload field gets a payload subgraph (a partial HNSW index of its "
         "points, built in the background) when it holds more than `exact_search_threshold` points and at most "
         "this share of the collection; above it the main graph finds its matches cheaply (at 500,000 points "
         "and limit 10, from about 9%: twice limit / share candidates within the unfiltered ef_search) (pgvector).",

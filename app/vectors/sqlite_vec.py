@@ -299,12 +299,21 @@ class SqliteVecIndex(VectorIndex):
 
     async def _exact(self, conn: Any, search: Search) -> builtins.list[Hit]:
         coll = search.coll
-        rows = await conn.execute(
-            text(self.budgeted_hits(
-                f"SELECT id, payload AS p, {self._distance_expr(coll)} AS d FROM {coll.data_table} "
-                f"WHERE {search.where} ORDER BY d, id LIMIT :limit",
-                search.budget,
-            )),
+        t = coll.data_table
+        if search.flt is None:
+            stmt = f"SELECT id, payload AS p, {self._distance_expr(coll)} AS d FROM {t} ORDER BY d, id LIMIT :limit"
+        else:
+            # A filtered search counts the matches it compared (the plan's ``found_matches``),
+            # over row ids and distances only; the k answers' payloads are read by their row id.
+            stmt = (
+                f"SELECT k.id, t.payload AS p, k.d, k.n FROM (SELECT rid, id, d, count(*) OVER () AS n FROM "
+                f"(SELECT rid, id, {self._distance_expr(coll)} AS d FROM {t} WHERE {search.where}) "
+                f"ORDER BY d, id LIMIT :limit) k JOIN {t} t ON t.rid = k.rid"
+            )
+        rows = (await conn.execute(
+            text(self.budgeted_hits(stmt, search.budget, counted=search.flt is not None)),
             {**search.sql.params, **search.q, "limit": search.limit},
-        )
+        )).all()
+        if search.flt is not None:
+            search.matches = int(rows[0][3]) if rows else 0
         return self._hits(rows)

@@ -1,7 +1,7 @@
-"""Payload subgraphs (PostgreSQL): a partial HNSW index per common value of a declared keyword
-field, the way Qdrant builds a graph per payload value.
+"""Payload subgraphs (PostgreSQL): a partial HNSW index per common value of a declared field, the
+way Qdrant builds a graph per payload value.
 
-A filter ``{"user": "u7"}`` on a declared keyword field is served three ways: ``filter_first``
+A filter ``{"user": "u7"}`` (or ``{"kind": 7}``) on a declared field is served three ways: ``filter_first``
 (the field's B-tree narrows the rows, which are compared exactly) when the value holds few
 points, the main graph with the filter applied to its candidates when it holds many, and, in
 between, neither is cheap: at 500,000 points a value holding 2% (~10,000 points) took 38-48 ms
@@ -10,14 +10,15 @@ for an unfiltered search. A subgraph of those ~10,000 points is searched like a 
 that size.
 
 Which values: the background builder (``app.vectors.builder``) reads ``ANALYZE``'s most common
-values of each declared keyword field's expression (the statistics ``app.vectors.estimate``
+values of each declared field's index expression (the statistics ``app.vectors.estimate``
 reads) and picks those holding more than ``vectors.exact_search_threshold`` points (fewer are
 compared exactly, cheaply) and at most ``vectors.subgraph_max_share`` of the collection (more are
 found cheaply by the main graph), the largest first, at most ``vectors.subgraph_max_count`` per
 collection. A value outside PostgreSQL's most-common list is not common enough to need one.
 
 Each is ``CREATE INDEX CONCURRENTLY ... USING hnsw (...) WHERE <the field's expression> = '<value>'``
-with the main index's ``m`` and ``ef_construction``. Its name comes from the collection's table,
+with the main index's ``m`` and ``ef_construction`` (a keyword field's text; another kind's jsonb
+value, ``CAST('7' AS jsonb)``, as the statistics spell it). Its name comes from the collection's table,
 the declaration's position and a hash of the value (never user text); the value is in the
 predicate as an escaped literal, and a search spells the same literal, which is what lets
 PostgreSQL use a partial index at all: a name that collides with another value's names an index
@@ -32,7 +33,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from app.vectors.estimate import KeywordStats
+from app.vectors.estimate import FieldStats
 from app.vectors.payload_index import PayloadIndex, sql_index_name
 
 HASH_HEX = 12
@@ -83,7 +84,7 @@ class Wanted:
 def wanted(
     data_table: str,
     declared: Iterable[PayloadIndex],
-    stats: Mapping[int, KeywordStats],
+    stats: Mapping[int, FieldStats],
     rows: int,
     *,
     min_points: int,
@@ -96,9 +97,10 @@ def wanted(
     out: list[Wanted] = []
     for p in declared:
         s = stats.get(p.position)
-        if p.kind != "keyword" or s is None:
+        if s is None:
             continue
-        for value, share in s.common.items():
+        for key, share in s.common.items():
+            value = s.literal.get(key, str(key))
             points = round(share * rows)
             if points > min_points and share <= max_share and "\x00" not in value:
                 out.append(Wanted(p, value, index_name(data_table, p, value), points))
