@@ -311,7 +311,7 @@ async def bench_gateway(url: str, key: str, data, payloads, queries, truth, work
                 slow = sorted(timed, key=lambda t: -t[0])[: max(1, len(timed) // 100)]
                 out["cells"][name][conc] = {
                     "qps": qps, "p50": p50, "p99": p99, "recall": recall(found, truth[name]), "plans": plans,
-                    "slowest": [{"ms": round(t * 1000, 1), **plan} for t, plan in slow[:5]],
+                    "slowest": [{**plan, "latency_ms": round(t * 1000, 1)} for t, plan in slow[:5]],
                 }
             out["cells"][name]["plans"] = out["cells"][name][1]["plans"]
         if info["state"] == "ready":
@@ -538,8 +538,10 @@ def print_table(results: dict[tuple[str, int], dict | str], many: dict | None = 
         for name, cell in res["cells"].items():
             b = cell[8] if 8 in cell else cell["8"]
             slow = "; ".join(
-                f"{s['ms']} ms {plan_name(s)} est {s.get('estimated_matches')} found {s.get('found')}"
-                + (f" corr {s['correction']}" if s.get("correction") not in (None, 1.0) else "")
+                f"{s['latency_ms']} ms ({s.get('ms')} ms in the database) {plan_name(s)}: estimated "
+                f"{s.get('estimated_matches')} ({s.get('estimate')}"
+                + (f", corrected x{s['correction']}" if s.get("correction") not in (None, 1.0) else "")
+                + f"), found {s.get('found_matches')}" + (f" of {s['candidates']}" if s.get("candidates") else "")
                 for s in b.get("slowest", [])[:3]
             )
             print(f"  slowest c8 {name}: {slow}")
