@@ -399,7 +399,7 @@ class IndexBuilder:
                 await raw.execute(f"ANALYZE {coll.data_table}", timeout=BUILD_TIMEOUT_SECONDS)
             if not valid:
                 detail = f", m={coll.index.get('m')}, ef_construction={coll.index.get('ef_construction')}"
-                await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail, watch=True)
+                await self._build(raw, coll, "HNSW index", hnsw_index_sql(coll), detail, watch=index)
             if hnsw:
                 # The main graph's recall first: its searches take the measured ef_search at once,
                 # while the subgraphs take minutes more at 500,000 points.
@@ -524,7 +524,7 @@ class IndexBuilder:
         for w in build:
             await self._build(
                 raw, coll, f"payload subgraph of {w.index.field!r} = {w.value!r} (~{w.points} points)",
-                subgraph_index_sql(coll, w.index, w.value), watch=True,
+                subgraph_index_sql(coll, w.index, w.value), watch=w.name,
             )
 
     async def _payload_indexes(self, raw: Any, coll: CollectionInfo, missing: list[PayloadIndex]) -> list[PayloadIndex]:
@@ -592,20 +592,23 @@ class IndexBuilder:
         await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}", timeout=BUILD_TIMEOUT_SECONDS)
 
     async def _build(
-        self, raw: Any, coll: CollectionInfo, what: str, stmt: str, detail: str = "", watch: bool = False
+        self, raw: Any, coll: CollectionInfo, what: str, stmt: str, detail: str = "", watch: str | None = None
     ) -> float:
         """Run one ``CREATE INDEX CONCURRENTLY``, logging its progress every
         ``progress_log_seconds`` and when it is done; its seconds.
 
-        ``watch`` (a graph): the build is cancelled (``QueryCanceledError``, the check says
-        ``postponed`` and runs again once writes are quiet) when the collection takes more than
+        ``watch`` (a graph: its index's name): the build is cancelled (``QueryCanceledError``, the
+        check says ``postponed`` and runs again once writes are quiet) when the collection takes more than
         ``LOAD_GROWTH`` of its rows (and at least ``index_min_rows``) in writes meanwhile, from any
         process: a bulk load that paused for a quiet second. CREATE INDEX CONCURRENTLY inserts
         every row written after its scan into the graph one by one, in its validation and in
         each writer's INSERT: a 500,000-point load on pgvector 0.6.2 ran at 681 points/s
         instead of 4,293 and was ready after 1,481 s instead of 541 (issue 49). Not for longer than
         ``MAX_POSTPONE_SECONDS`` from the first postponement: a collection written to without
-        pause is built anyway."""
+        pause is built anyway. A cancelled build's invalid index is dropped at once, under the lock
+        that built it: left until the next check, the load's writes could keep it up to date
+        point by point (a build cancelled in its validation leaves an index PostgreSQL
+        maintains), and that check would take it for a crashed build."""
         started = time.perf_counter()
         kind = "hnsw" if what.startswith(("HNSW", "payload subgraph")) else "payload"
         load = None
@@ -618,6 +621,11 @@ class IndexBuilder:
         try:
             await raw.execute(stmt, timeout=BUILD_TIMEOUT_SECONDS)
             self._postponing.discard(coll.id)  # done before the cancel came
+        except asyncpg.QueryCanceledError:
+            if watch is not None and coll.id in self._postponing:
+                log.info("vectors: dropping the postponed %s of %s/%s (%s)", what, coll.namespace, coll.collection, watch)
+                await raw.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {watch}", timeout=BUILD_TIMEOUT_SECONDS)
+            raise
         finally:
             await cancel_and_wait(reporter)
             INDEX_BUILD_TUPLES.labels(kind).set(0)
