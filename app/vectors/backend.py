@@ -226,7 +226,7 @@ class VectorIndex(ABC):
     async def subgraph_states(
         self, session: AsyncConnection, colls: builtins.list[CollectionInfo]
     ) -> dict[int, dict[int, tuple[int, int]]]:
-        """By collection id and declaration position, each declared keyword field's payload
+        """By collection id and declaration position, each declared field's payload
         subgraphs (``app.vectors.subgraphs``) as (built, building); a backend without them, or a
         collection without a graph, is left out."""
         return {}

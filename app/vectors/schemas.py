@@ -365,7 +365,7 @@ class SearchPlan(BaseModel):
 
     kind: PlanKind = Field(
         description="exact_scan, filter_first (an index narrows the filter; exact), hnsw, hnsw_iterative "
-        "(pgvector 0.8's iterative scan), hnsw_subgraph (the payload subgraph of a declared keyword value)."
+        "(pgvector 0.8's iterative scan), hnsw_subgraph (the payload subgraph of a declared field's value)."
     )
     reason: str
     ef_search: int | None = None

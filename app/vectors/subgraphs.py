@@ -92,7 +92,7 @@ def wanted(
     max_count: int,
 ) -> list[Wanted]:
     """The subgraphs a table of ``rows`` points should have, largest first: from the most common
-    values (``stats``: the statistics of each declared keyword field, by position, with values as
+    values (``stats``: the statistics of each declared field, by position, with values as
     stored), those holding more than ``min_points`` points and at most ``max_share`` of them."""
     out: list[Wanted] = []
     for p in declared:
