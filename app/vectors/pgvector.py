@@ -147,7 +147,10 @@ _CANCEL_BUILDS = (
 # otherwise after STABLE_STATS_TTL: a stale "ready" or "small" plans a search that is correct
 # either way (without the index PostgreSQL runs the same statement as a scan), and with 1,000
 # collections a catalog read per collection and second was a read on most searches (issue 49).
-# This process's builder, a reset and a drop forget a collection's at once (``forget``).
+# This process's builder, a reset and a drop forget a collection's at once (``forget``); one this
+# process wrote points to in the last STABLE_STATS_TTL is read again after STATS_TTL, as before:
+# its plans follow its growth (a calibrated ef_search grows with the rows) once PostgreSQL's
+# counters have it, while a collection only searched keeps its read for STABLE_STATS_TTL.
 STATS_TTL = 1.0
 STABLE_STATS_TTL = 30.0
 SMALL_ROWS = 10_000
@@ -582,6 +585,7 @@ class PgVectorIndex(VectorIndex):
         self._kw_cache: dict[int, tuple[float, dict[str, FieldStats]]] = {}
         self.feedback = feedback.Feedback()
         self._subgraph_cache: dict[int, frozenset[str]] = {}  # valid subgraphs, with ``_stat_cache``
+        self._written: dict[int, float] = {}  # when this process last wrote points, with ``_stat_cache``
 
     def forget(self, coll_id: int, learned: bool = False) -> None:
         """Read the collection's size, index state and statistics again on its next search (an
@@ -589,8 +593,19 @@ class PgVectorIndex(VectorIndex):
         self._stat_cache.pop(coll_id, None)
         self._subgraph_cache.pop(coll_id, None)
         self._kw_cache.pop(coll_id, None)
+        self._written.pop(coll_id, None)
         if learned:
             self.feedback.forget(coll_id)
+
+    def _wrote(self, coll_id: int) -> None:
+        """Points were written: the collection's size is read again within ``STATS_TTL`` (``_stats``)."""
+        now = time.monotonic()
+        if len(self._written) > CACHE_ENTRIES:
+            self._written.clear()
+        self._written[coll_id] = now
+        cached = self._stat_cache.get(coll_id)
+        if cached is not None and cached[0] > now + STATS_TTL:
+            self._stat_cache[coll_id] = (now + STATS_TTL, *cached[1:])
 
     # --- shape -----------------------------------------------------------------------------
 
@@ -774,6 +789,18 @@ class PgVectorIndex(VectorIndex):
         }
 
     # --- points --------------------------------------------------------------------------------
+
+    async def upsert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
+        await super().upsert(session, coll, points)
+        self._wrote(coll.id)
+
+    async def delete(
+        self, session: AsyncConnection, coll: CollectionInfo, ids: builtins.list[str] | None, flt: Node | None
+    ) -> int:
+        deleted = await super().delete(session, coll, ids, flt)
+        if deleted:
+            self._wrote(coll.id)
+        return deleted
 
     async def _insert(self, session: AsyncConnection, coll: CollectionInfo, points: builtins.list[PointIn]) -> None:
         t = coll.data_table
@@ -1073,7 +1100,9 @@ class PgVectorIndex(VectorIndex):
         if len(self._stat_cache) > CACHE_ENTRIES:
             self._stat_cache.clear()
             self._subgraph_cache.clear()
-        ttl = STATS_TTL if not ready and rows >= SMALL_ROWS else STABLE_STATS_TTL
+            self._written.clear()
+        written = now - self._written.get(coll.id, -STABLE_STATS_TTL) < STABLE_STATS_TTL
+        ttl = STATS_TTL if written or (not ready and rows >= SMALL_ROWS) else STABLE_STATS_TTL
         self._stat_cache[coll.id] = (now + ttl, rows, ready, calibration)
         if self._subgraph_cache.get(coll.id, names) != names:
             # The builder chose subgraphs from newer statistics than the cached ones: read them
