@@ -61,6 +61,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.core.fences.sqlalchemy_ import resize_statement_cache
 from app.core.fast.fixed_statements import translate_driver_error
 from app.core.jsonvalue import jsonb_text
 from app.vectors.backend import (
@@ -448,11 +449,7 @@ def install_vector_codec(engine: AsyncEngine, ef_search: int) -> None:
             "vector", schema="public", encoder=encode_vector, decoder=decode_vector, format="binary"
         )
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
-        # asyncpg takes the size only when connecting (``statement_cache_size``), which is the
-        # engine's, shared with the other databases: resized here, for this engine alone.
-        cache = getattr(conn, "_stmt_cache", None)
-        if cache is not None:
-            cache.set_max_size(STATEMENT_CACHE)
+        resize_statement_cache(conn, STATEMENT_CACHE)  # this engine's alone
 
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:

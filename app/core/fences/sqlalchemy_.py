@@ -19,6 +19,8 @@ pool (``AsyncEngine.raw_connection()``, public) without a ``Connection`` around 
 - ``is_dialect_conditional``: ``SchemaItem.ddl_if()`` (public) stores its condition in
   ``_ddl_if``, which has no public reader; Alembic's autogenerate (``app.core.db.migrations``)
   needs to know an index is created on one dialect only.
+- ``resize_statement_cache``: asyncpg takes ``statement_cache_size`` only when it connects (the
+  engine's, shared by the databases); one connection's LRU is resized through its ``_stmt_cache``.
 """
 
 from __future__ import annotations
@@ -52,3 +54,11 @@ def recycle_pool_generation(conn: PoolProxiedConnection, exc: BaseException) -> 
 def is_dialect_conditional(obj: Any) -> bool:
     """Whether ``obj`` (an ``Index``, a ``Constraint``) was declared with ``.ddl_if(...)``."""
     return getattr(obj, "_ddl_if", None) is not None
+
+
+def resize_statement_cache(conn: Any, size: int) -> None:
+    """Hold at most ``size`` prepared statements in asyncpg connection ``conn``'s cache (nothing
+    when the driver has no such cache)."""
+    cache = getattr(conn, "_stmt_cache", None)
+    if cache is not None:
+        cache.set_max_size(size)
