@@ -238,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     forget.add_argument("--config", default=None, help=f"YAML settings file (or {CONFIG_ENV})")
     forget.set_defaults(func=cmd_delete_namespace)
 
+    from app.portability.cli import add_parsers as add_portability_parsers
+
+    add_portability_parsers(sub, f"YAML settings file (or {CONFIG_ENV})", load_settings, _preflight)
+
     from app.auth.cli import add_parser as add_keys_parser
 
     add_keys_parser(sub, f"YAML settings file (or {CONFIG_ENV})")

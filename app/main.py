@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from app import __version__
 from app.auth.cache import KeyCache
 from app.auth.dependencies import admin_guard, capability_guard, namespace_read_guard
+from app.auth.dependencies import admin_guard, capability_guard
+from app.portability import router as portability
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
 from app.core.db import migrations
@@ -129,6 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     include_guarded(app, admin_router, admin_guard)
     include_guarded(app, quotas_router, admin_guard)
     include_namespace_routes(app, "usage", usage_router, namespace_read_guard)
+    portability.include(app)  # /v1/{namespace}/export and /import, after the capabilities' gates
     return app
 
 

@@ -11,7 +11,7 @@ from app.core.names import KEY_PATTERN, NAME_PATTERN, key_problem
 
 # What app.auth.service.validate_pattern and validate_scopes accept, for the OpenAPI document.
 # The capability names are the registry's: app.core.http.openapi writes them into this pattern.
-SCOPE_PATTERN = r"^(CAPABILITY|\*):(read|write|\*)$"
+SCOPE_PATTERN = r"^((CAPABILITY|\*):(read|write|\*)|namespace:admin)$"
 NAMESPACE_GRANT_PATTERN = rf"^(\*|{NAME_PATTERN[1:-1]}|[A-Za-z0-9][A-Za-z0-9_.-]{{0,126}}\*)$"
 
 
@@ -23,7 +23,7 @@ class KeyCreate(BaseModel):
     )
     scopes: list[Annotated[str, Field(json_schema_extra={"pattern": SCOPE_PATTERN})]] = Field(
         min_length=1, max_length=32, fail_fast=True, description="CAP:ACTION; CAP a capability this gateway serves or *; "
-        "ACTION in read, write, * (write includes read).", examples=[["kv:write", "vectors:read"]],
+        "ACTION in read, write, * (write includes read); or namespace:admin (export and import the whole namespace).", examples=[["kv:write", "vectors:read"]],
     )
     description: str = Field(
         default="", max_length=500, json_schema_extra={"pattern": KEY_PATTERN}, examples=["memory plugin, production"]

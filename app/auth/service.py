@@ -50,6 +50,14 @@ class Principal:
             wanted |= {f"{capability}:write", "*:write"}
         return bool(wanted & self.scopes)
 
+    def administers(self, namespace: str) -> bool:
+        """May export or import ``namespace`` as a whole: the admin, or ``namespace:admin`` on it."""
+        return self.is_admin or (NAMESPACE_ADMIN in self.scopes and self.allows_namespace(namespace))
+
+
+NAMESPACE_ADMIN = "namespace:admin"
+"""The scope of a whole namespace (export, import); ``*:*`` does not include it."""
+
 
 ADMIN = Principal("admin", "*", frozenset({"*:*"}), is_admin=True)
 ANONYMOUS = Principal("anonymous", "*", frozenset({"*:*"}))
@@ -77,12 +85,15 @@ def validate_scopes(scopes: list[str], capabilities: Iterable[str]) -> list[str]
         raise InvalidInput("scopes", "at least one CAP:ACTION scope is required")
     out = []
     for i, scope in enumerate(scopes):
+        if scope == NAMESPACE_ADMIN:
+            out.append(scope)
+            continue
         cap, sep, action = scope.partition(":")
         if not sep or cap not in known or action not in (*ACTIONS, "*"):
             raise InvalidInput(
                 f"scopes.{i}",
                 f"{scope!r} is not CAP:ACTION with CAP in {', '.join(known)} "
-                f"and ACTION in read, write, *",
+                f"and ACTION in read, write, *, or {NAMESPACE_ADMIN}",
             )
         out.append(scope)
     return sorted(set(out))

@@ -5,6 +5,12 @@ Each capability describes its part with a ``NamespaceData`` (``Capability.data``
 whose data lives elsewhere too (file bytes in chunks, a bucket or a directory; a table per vector
 collection; checkpoint rows keyed by their thread's id) overrides what differs.
 
+Export and import (``app.portability``): ``export`` reads one connection given to it (one
+snapshot, chosen by the caller) and yields bounded ``Rows`` whose values are ready for a JSON line
+(times ISO 8601, bytes base64, JSON text as its string), and ``Blob``s (file bytes, read when
+asked); ``load`` writes a part back under any namespace through the caller's transaction,
+validating each line as the API would; ``load_blob`` and ``finish`` do what a part cannot.
+
 Rules: a delete runs in bounded batches, each its own write transaction (SQLite: ``BEGIN
 IMMEDIATE``), so it never holds a write lock for long, and yields what each batch deleted once it
 is committed; stopped at any point and run again, it finishes what is left. An export reads one
@@ -14,12 +20,16 @@ connection given to it (one snapshot, chosen by the caller) a bounded part at a 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+import base64
+import binascii
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sqlalchemy import Table, delete, insert, select, tuple_
+import orjson
+from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, Table, delete, insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.databases import SQLITE_BEGIN_OPTION
@@ -37,11 +47,28 @@ DEFAULT_BATCH = 500
 
 @dataclass(frozen=True)
 class Rows:
-    """A bounded part of a namespace's export: rows of one table, as dicts of column values
-    (Python values as the table's types read them), without their ``namespace`` column."""
+    """A bounded part of a namespace's export: lines of one part (``table``: the part's name, a
+    table's for ``TableData``), as dicts of JSON values, without a ``namespace``."""
 
     table: str
     rows: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Bytes a part refers to by their sha256 (a file's), read from the export's snapshot by ``open``."""
+
+    sha256: str
+    size: int
+    open: Callable[[], AsyncIterator[bytes]]
+
+
+class RefusedLine(ValueError):
+    """A line of a part (or a blob) cannot be imported: the message says why (a 422 naming the member)."""
+
+
+Context = dict[str, Any]
+"""What one import keeps between the parts of one capability (``load``, ``load_blob``, ``finish``)."""
 
 
 def writer(engine: AsyncEngine) -> AsyncEngine:
@@ -57,14 +84,25 @@ class NamespaceData(Generic[S]):
     raises ``NotImplementedError`` naming it.
     """
 
-    def export(self, service: S, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows]:
-        """Every item of ``namespace``, ``batch`` rows at most a part, read through ``conn``."""
+    parts: tuple[str, ...] = ()
+    """The names of the parts ``export`` yields, in the order it yields them."""
+
+    def export(self, service: S, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows | Blob]:
+        """Every item of ``namespace``, ``batch`` rows at most a part, read through ``conn``; a
+        ``Blob`` follows the ``Rows`` that refer to it."""
         raise NotImplementedError(f"{type(self).__name__} does not export yet (issue #47)")
 
-    async def load(self, service: S, conn: AsyncConnection, namespace: str, part: Rows) -> int:
+    async def load(self, service: S, conn: AsyncConnection, namespace: str, part: Rows, ctx: Context | None = None) -> int:
         """Write an exported ``part`` into ``namespace`` through ``conn`` (the caller's
-        transaction); how many rows."""
+        transaction); how many rows. A bad line raises ``RefusedLine``."""
         raise NotImplementedError(f"{type(self).__name__} does not import yet (issue #47)")
+
+    async def load_blob(self, service: S, namespace: str, sha256: str, data: Callable[[], AsyncIterator[bytes]], ctx: Context) -> None:
+        """Store bytes (already checked against ``sha256``) that loaded parts refer to."""
+        raise RefusedLine(f"{type(self).__name__} takes no blobs")
+
+    async def finish(self, service: S, engine: AsyncEngine, namespace: str, ctx: Context) -> None:
+        """After the capability's last part: what the load left to do (indexes, checks)."""
 
     def delete(self, service: S, engine: AsyncEngine, namespace: str, batch: int) -> AsyncGenerator[Deleted, None]:
         """Delete every item of ``namespace``, ``batch`` at most a transaction; yields each
@@ -77,17 +115,18 @@ class TableData(NamespaceData[Any]):
 
     def __init__(self, tables: Sequence[Table]) -> None:
         self.tables = tuple(tables)
-        self._by_name = {table.name: table for table in self.tables}
+        self._by_name = {str(table.name): table for table in self.tables}
+        self.parts = tuple(self._by_name)
 
-    async def export(self, service: Any, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows]:
+    async def export(self, service: Any, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows | Blob]:
         for table in self.tables:
             async for part in export_table(conn, table, namespace, batch):
                 yield part
 
-    async def load(self, service: Any, conn: AsyncConnection, namespace: str, part: Rows) -> int:
+    async def load(self, service: Any, conn: AsyncConnection, namespace: str, part: Rows, ctx: Context | None = None) -> int:
         table = self._by_name.get(part.table)
         if table is None:
-            raise ValueError(f"no table {part.table!r} here (tables: {', '.join(self._by_name)})")
+            raise RefusedLine(f"no part {part.table!r} here (parts: {', '.join(self._by_name)})")
         return await load_rows(conn, table, namespace, part.rows)
 
     async def delete(self, service: Any, engine: AsyncEngine, namespace: str, batch: int) -> AsyncGenerator[Deleted, None]:
@@ -108,7 +147,7 @@ async def export_table(conn: AsyncConnection, table: Table, namespace: str, batc
         rows = [dict(row) for row in (await conn.execute(query)).mappings()]
         if not rows:
             return
-        yield Rows(table.name, tuple(rows))
+        yield Rows(str(table.name), tuple(encode_row(table, row) for row in rows))
         if len(rows) < batch:
             return
         last = rows[-1]
@@ -119,8 +158,85 @@ async def load_rows(conn: AsyncConnection, table: Table, namespace: str, rows: S
     """Insert exported ``rows`` into ``table`` under ``namespace``; how many."""
     if not rows:
         return 0
-    await conn.execute(insert(table), [{**row, "namespace": namespace} for row in rows])
+    await conn.execute(insert(table), [{**decode_row(table, row), "namespace": namespace} for row in rows])
     return len(rows)
+
+
+def encode_row(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """A row of ``table`` as JSON values: times ISO 8601, bytes base64."""
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, bytes | bytearray | memoryview):
+            value = base64.b64encode(bytes(value)).decode("ascii")
+        out[str(name)] = value  # (SQLAlchemy's names are a str subclass, which orjson refuses as a key)
+    return out
+
+
+def _kind(column: Any) -> str:
+    t = column.type
+    if isinstance(t, DateTime) or isinstance(getattr(t, "impl", None), DateTime):
+        return "time"
+    if isinstance(t, LargeBinary):
+        return "bytes"
+    if isinstance(t, Boolean):
+        return "bool"
+    if isinstance(t, Integer):
+        return "int"
+    if isinstance(t, Float):
+        return "float"
+    return "str"
+
+
+def decode_row(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """An exported line of ``table`` as column values, each checked against its column: exactly
+    the table's columns but ``namespace``, types as declared, NULL only where allowed, and a
+    ``value`` column of text must be JSON text (``RefusedLine`` otherwise)."""
+    columns = {c.name: c for c in table.c if c.name != "namespace"}
+    if set(row) != set(columns):
+        raise RefusedLine(f"the line's fields are not {table.name}'s: {sorted(row)} (expected {sorted(columns)})")
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        column = columns[name]
+        if value is None:
+            if not column.nullable:
+                raise RefusedLine(f"{name} must not be null")
+            out[name] = None
+            continue
+        kind = _kind(column)
+        try:
+            if kind == "time":
+                if not isinstance(value, str):
+                    raise TypeError
+                parsed = datetime.fromisoformat(value)
+                if parsed.tzinfo is None:
+                    raise RefusedLine(f"{name}: a time must carry its UTC offset")
+                value = parsed
+            elif kind == "bytes":
+                if not isinstance(value, str):
+                    raise TypeError
+                value = base64.b64decode(value, validate=True)
+            elif kind == "int":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError
+            elif kind == "float":
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise TypeError
+                value = float(value)
+            elif kind == "bool":
+                if not isinstance(value, bool):
+                    raise TypeError
+            elif not isinstance(value, str):
+                raise TypeError
+            elif name == "value":
+                orjson.loads(value)  # JSON text the API returns verbatim must be JSON
+        except (TypeError, ValueError, binascii.Error, orjson.JSONDecodeError) as exc:
+            if isinstance(exc, RefusedLine):
+                raise
+            raise RefusedLine(f"{name}: {value!r:.80} is not a valid {kind}") from None
+        out[name] = value
+    return out
 
 
 async def delete_rows(engine: AsyncEngine, table: Table, namespace: str, batch: int) -> AsyncGenerator[Deleted, None]:

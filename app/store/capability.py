@@ -7,20 +7,28 @@ live in one database, and the vector search (sqlite-vec, pgvector) is there.
 from __future__ import annotations
 
 import logging
+import base64
+import binascii
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+import orjson
+from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.capability import Capability, Change, Periodic, expiry_sweep
 from app.core.config import Database
-from app.core.namespace_data import Deleted, NamespaceData, writer
+from app.core.errors import ProblemError
+from app.core.namespace_data import Blob, Context, Deleted, NamespaceData, RefusedLine, Rows, writer
 from app.core.state import GatewayState
 from app.quotas.tables import Counted
 from app.store.models import store_items, store_vectors
 from app.store import platform  # noqa: F401 - LangGraph Platform's routes, on the store router
-from app.store.repository import StoreSql
+from app.store.repository import ItemWrite, StoreSql
+from app.store.service import utcnow
 from app.store.router import router
 from app.store.samples import SAMPLES
 from app.store.service import StoreService
@@ -62,7 +70,88 @@ def periodic(service: StoreService, state: GatewayState) -> Iterator[Periodic]:
 
 class StoreData(NamespaceData[StoreService]):
     """A namespace's items and their vectors (``store_vectors``, keyed by the items' ids): deleted
-    ``batch`` items a transaction, their vectors with them. Export and import are #47's."""
+    ``batch`` items a transaction, their vectors with them.
+
+    Archive: part ``items``, one line per item with its vectors (field path, float32 in base64);
+    depth, norms and dimensions are derived again on import, which writes through the store's
+    own upsert (values checked and stored as a put stores them), then sets the times."""
+
+    parts = ("items",)
+
+    async def export(self, service: StoreService, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows | Blob]:
+        after: int | None = None
+        while True:
+            query = select(store_items).where(store_items.c.namespace == namespace).order_by(store_items.c.id).limit(batch)
+            if after is not None:
+                query = query.where(store_items.c.id > after)
+            items = (await conn.execute(query)).all()
+            if not items:
+                return
+            ids = [r.id for r in items]
+            vectors: dict[int, list[dict[str, str]]] = {}
+            found = await conn.execute(
+                select(store_vectors.c.item_id, store_vectors.c.field, store_vectors.c.embedding)
+                .where(store_vectors.c.item_id.in_(ids)).order_by(store_vectors.c.item_id, store_vectors.c.field)
+            )
+            for v in found:
+                vectors.setdefault(v.item_id, []).append({"field": v.field, "embedding_b64": _b64(v.embedding)})
+            yield Rows("items", tuple(
+                {"labels": orjson.loads(r.labels), "key": r.key,
+                 "value": r.value if isinstance(r.value, dict) else orjson.loads(r.value),
+                 "created_at": r.created_at.isoformat(), "updated_at": r.updated_at.isoformat(),
+                 "expires_at": r.expires_at.isoformat() if r.expires_at is not None else None,
+                 "ttl_minutes": r.ttl_minutes, "vectors": vectors.get(r.id, [])}
+                for r in items
+            ))
+            after = ids[-1]
+
+    async def load(
+        self, service: StoreService, conn: AsyncConnection, namespace: str, part: Rows, ctx: Context | None = None
+    ) -> int:
+        if part.table != "items":
+            raise RefusedLine(f"no part {part.table!r} here (parts: items)")
+        writes: list[ItemWrite] = []
+        times: list[dict[str, Any]] = []
+        try:
+            for row in part.rows:
+                labels = row["labels"]
+                if not isinstance(labels, list):
+                    raise RefusedLine("labels must be a list")
+                prefix = service.namespace("labels", labels)
+                key = service.key("key", row["key"])
+                if not isinstance(row["value"], dict):
+                    raise RefusedLine("value must be an object")
+                ttl = row["ttl_minutes"]
+                if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+                    raise RefusedLine("ttl_minutes must be a number")
+                expires = datetime.fromisoformat(row["expires_at"]) if row["expires_at"] is not None else None
+                vectors = []
+                for v in row["vectors"]:
+                    raw = base64.b64decode(v["embedding_b64"], validate=True)
+                    if not raw or len(raw) % 4 or not isinstance(v["field"], str):
+                        raise RefusedLine("a vector must be float32 bytes in base64 with a field path")
+                    vectors.append((v["field"], array("f", raw)))
+                writes.append(ItemWrite(
+                    prefix=prefix, key=key, depth=len(labels), labels=orjson.dumps(labels).decode(),
+                    value=service._value("value", row["value"]), ttl_minutes=ttl, expires_at=expires, vectors=vectors,
+                ))
+                times.append({"p": prefix, "k": key, "c": datetime.fromisoformat(row["created_at"]),
+                              "u": datetime.fromisoformat(row["updated_at"])})
+        except (KeyError, TypeError, ValueError, binascii.Error, ProblemError) as exc:
+            if isinstance(exc, RefusedLine):
+                raise
+            raise RefusedLine(f"items: {type(exc).__name__}: {exc}") from None
+        for dims in sorted({len(vec) for w in writes for _, vec in w.vectors}):
+            await service.sql.register_dims(conn, dims)
+        await service.sql.upsert(conn, namespace, writes, utcnow())
+        await conn.execute(
+            update(store_items)
+            .where(store_items.c.namespace == namespace, store_items.c.prefix == bindparam("p"),
+                   store_items.c.key == bindparam("k"))
+            .values(created_at=bindparam("c"), updated_at=bindparam("u")),
+            times,
+        )
+        return len(writes)
 
     async def delete(
         self, service: StoreService, engine: AsyncEngine, namespace: str, batch: int
@@ -82,6 +171,12 @@ class StoreData(NamespaceData[StoreService]):
             yield {"items": len(ids), "vectors": vectors or 0}
             if len(ids) < batch:
                 return
+
+
+def _b64(embedding: Any) -> str:
+    """A stored embedding (SQLite: float32 bytes; PostgreSQL: the codec's array) as base64."""
+    raw = embedding.tobytes() if isinstance(embedding, array) else bytes(embedding) if isinstance(embedding, bytes | memoryview) else array("f", embedding).tobytes()
+    return base64.b64encode(raw).decode("ascii")
 
 
 CAPABILITY = Capability(

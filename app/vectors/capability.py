@@ -3,22 +3,42 @@
 from __future__ import annotations
 
 import logging
+import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from pydantic import ValidationError
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.capability import Capability, Change
 from app.core.config import Database
 from app.fairness.fairshare import HeavyWrites
-from app.core.namespace_data import Deleted, NamespaceData, delete_rows, writer
+from app.core.errors import ProblemError
+from app.core.names import NAME_PATTERN
+from app.core.namespace_data import (
+    Blob,
+    Context,
+    Deleted,
+    NamespaceData,
+    RefusedLine,
+    Rows,
+    delete_rows,
+    export_table,
+    load_rows,
+    writer,
+)
 from app.core.state import GatewayState
 from app.quotas.tables import Kept
 from app.vectors.backend import RegistryCache
 from app.vectors.usage import recount
 from app.vectors.models import vector_collections, vector_idempotency
+from app.vectors.encoding import to_b64
 from app.vectors.router import router
+from app.vectors.schemas import CollectionCreate, PointsUpsert
 from app.vectors.samples import SAMPLES
 from app.vectors.service import VectorService
 
@@ -69,7 +89,69 @@ async def lifecycle(state: GatewayState) -> AsyncIterator[VectorService]:
 class VectorsData(NamespaceData[VectorService]):
     """A namespace's collections, each with the tables and indexes of its points (dropped as a
     DELETE of the collection drops them, one collection a transaction), and its
-    Idempotency-Key answers."""
+    Idempotency-Key answers.
+
+    Archive: ``collections`` (settings: size, distance, index options with the payload indexes,
+    text field and language, created_at), ``points`` (collection, id, float32 vector in base64,
+    payload JSON text) in id order, and ``vector_idempotency`` rows. An import creates each
+    collection and writes its points through the API's own paths (checks, text terms), so every
+    index the collection has is the importing backend's; PostgreSQL's HNSW builder is told after."""
+
+    parts = ("collections", "points", "vector_idempotency")
+
+    async def export(self, service: VectorService, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows | Blob]:
+        rows = (await conn.execute(
+            select(vector_collections).where(vector_collections.c.namespace == namespace)
+            .order_by(vector_collections.c.collection)
+        )).all()
+        for start in range(0, len(rows), batch):
+            yield Rows("collections", tuple(
+                {"collection": r.collection, "vector_size": r.vector_size, "distance": r.distance,
+                 "index": json.loads(r.index_options), "text_field": r.text_field, "text_language": r.text_language,
+                 "created_at": r.created_at.isoformat()}
+                for r in rows[start:start + batch]
+            ))
+        for r in rows:
+            info = service._info(r)
+            after: str | None = None
+            while True:
+                points, _ = await service.index.list(conn, info, None, after, batch, True, budget=1 << 62, dimension_bytes=8)
+                if not points:
+                    break
+                yield Rows("points", tuple(
+                    {"collection": r.collection, "id": p.id,
+                     "vector_b64": to_b64(p.vector) if p.vector is not None else None, "payload": p.payload_json}
+                    for p in points
+                ))
+                after = points[-1].id
+        async for part in export_table(conn, vector_idempotency, namespace, batch):
+            yield part
+
+    async def load(
+        self, service: VectorService, conn: AsyncConnection, namespace: str, part: Rows, ctx: Context | None = None
+    ) -> int:
+        ctx = ctx if ctx is not None else {}
+        if part.table == "vector_idempotency":
+            return await load_rows(conn, vector_idempotency, namespace, part.rows)
+        try:
+            if part.table == "collections":
+                for row in part.rows:
+                    await _create(service, conn, namespace, row)
+            elif part.table == "points":
+                await _upsert(service, conn, namespace, part.rows, ctx)
+            else:
+                raise RefusedLine(f"no part {part.table!r} here (parts: {', '.join(self.parts)})")
+        except (ValidationError, ProblemError, KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, RefusedLine):
+                raise
+            raise RefusedLine(f"{part.table}: {_message(exc)}") from None
+        return len(part.rows)
+
+    async def finish(self, service: VectorService, engine: AsyncEngine, namespace: str, ctx: Context) -> None:
+        if service.builder is not None:
+            async with engine.connect() as conn:
+                for name in sorted(ctx.get("written", ())):
+                    await service.builder.notice(await service.get(conn, namespace, name))
 
     async def delete(
         self, service: VectorService, engine: AsyncEngine, namespace: str, batch: int
@@ -90,6 +172,56 @@ class VectorsData(NamespaceData[VectorService]):
             yield {"collections": 1, "points": points}
         async for deleted in delete_rows(engine, vector_idempotency, namespace, batch):
             yield deleted
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, ProblemError):
+        errors = getattr(exc, "errors", None)
+        return f"{exc} {errors}" if errors else str(exc)
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def _create(service: VectorService, conn: AsyncConnection, namespace: str, row: dict[str, Any]) -> None:
+    index = dict(row["index"])
+    kind = index.get("kind", "hnsw")
+    body = CollectionCreate.model_validate({
+        "vector_size": row["vector_size"], "distance": row["distance"],
+        "index": {"kind": "exact" if kind == "exact" else "hnsw", "m": index.get("m"),
+                  "ef_construction": index.get("ef_construction")},
+        "text_field": row["text_field"], "text_language": row["text_language"],
+        "payload_indexes": index.get("payload_indexes"),
+    })
+    name = row["collection"]
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise RefusedLine(f"collection {name!r:.80} is not a collection name")
+    _, created = await service.create(conn, namespace, name, body)
+    if not created:
+        raise RefusedLine(f"collection {name!r} appears twice")
+    await conn.execute(
+        update(vector_collections)
+        .where(vector_collections.c.namespace == namespace, vector_collections.c.collection == name)
+        .values(created_at=datetime.fromisoformat(row["created_at"]))
+    )
+
+
+async def _upsert(service: VectorService, conn: AsyncConnection, namespace: str, rows: tuple[dict[str, Any], ...], ctx: Context) -> None:
+    step = service.settings.limits.max_batch_items
+    by_collection: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_collection.setdefault(row["collection"], []).append(row)
+    for name, points in by_collection.items():
+        for start in range(0, len(points), step):
+            chunk = points[start:start + step]
+            body = PointsUpsert.model_validate({
+                "ids": [p["id"] for p in chunk],
+                "vectors_b64": [p["vector_b64"] for p in chunk],
+                "payloads": [json.loads(p["payload"]) for p in chunk],
+            })
+            await service.upsert(conn, namespace, name, body, b"", None)
+        ctx.setdefault("written", set()).add(name)
 
 
 CAPABILITY = Capability(

@@ -49,6 +49,10 @@ class Body(enum.Enum):
     JSON = "json"
     VALUE = "value"
     STREAM = "stream"
+    ARCHIVE = "archive"  # a namespace archive (app.portability), streamed like STREAM, to MAX_ARCHIVE_BYTES
+
+
+MAX_ARCHIVE_BYTES = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class BodySpec:
             return limits.max_value_bytes + VALUE_SLACK_BYTES
         if self.kind is Body.STREAM:
             return limits.max_file_bytes + self.overhead
+        if self.kind is Body.ARCHIVE:
+            return MAX_ARCHIVE_BYTES
         return 0
 
     @property

@@ -177,7 +177,7 @@ class GatedRoutes(BaseRoute):
         if has_body(scope):
             spec, limit = policy.body, policy.limit
             clock = BodyClock(self.limits)
-            if spec.kind is Body.STREAM:
+            if spec.kind in (Body.STREAM, Body.ARCHIVE):
                 declared = declared_length(scope)
                 if declared is not None and declared > limit:
                     raise too_large(spec, limit)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import AsyncIterator
 from types import TracebackType
 from urllib.parse import quote
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ._files import FilesAPI
+from . import _namespaces
+from ._files import FilesAPI, UploadSource
 from ._kv import KeyValueAPI
 from ._persist import RemotePersistStore
 from ._records import RecordsAPI
@@ -131,6 +134,23 @@ class GatewayClient:
         response = await self._transport.request("GET", f"/v1/{quote(self.namespace, safe='')}/usage")
         usage: dict[str, Any] = response.json()["capabilities"]
         return usage
+    # --- the namespace as a whole (admin key or namespace:admin) ------------------------
+
+    async def export_namespace(
+        self, destination: str | os.PathLike[str], *, namespace: str | None = None
+    ) -> int:
+        """Write the namespace's archive (``GET /v1/{namespace}/export``) to ``destination``,
+        streamed and atomically; the bytes written."""
+        return await _namespaces.export_to(self._transport, namespace or self.namespace, destination)
+
+    def iter_export(self, *, namespace: str | None = None) -> AsyncIterator[bytes]:
+        """The namespace's archive in pieces, as the gateway streams it."""
+        return _namespaces.iter_export(self._transport, namespace or self.namespace)
+
+    async def import_namespace(self, source: UploadSource, *, namespace: str | None = None) -> dict[str, Any]:
+        """Load an archive (bytes, a path or an async iterator of bytes, streamed) into the
+        namespace, which must be empty (409 otherwise); what was loaded, by capability."""
+        return await _namespaces.import_from(self._transport, namespace or self.namespace, source)
 
     async def health(self) -> dict[str, Any]:
         """``/readyz`` as a dict (does not raise on 503)."""

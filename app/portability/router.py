@@ -1,0 +1,111 @@
+"""``GET /v1/{namespace}/export`` and ``POST /v1/{namespace}/import``: a namespace as one archive.
+
+Both are for the admin key and for keys with the ``namespace:admin`` scope on the namespace
+(``*:*`` does not include it: an all-data key should not take or replace a namespace wholesale);
+the gate checks that from the headers, before any byte of the body is read. The export is the
+response, streamed from one snapshot per database; the import reads the request body as it
+arrives (at most ``MAX_ARCHIVE_BYTES``) into an empty namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
+
+from app.auth.dependencies import authenticate
+from app.auth.service import ANONYMOUS
+from app.core.dependencies import NamespacePath
+from app.core.errors import BadRequest, Forbidden
+from app.core.http.limits import Body, accepts
+from app.core.http.routing import GatedRoutes, _copy_routes
+from app.core.state import gateway_state
+from app.portability.exporter import export_archive
+from app.portability.importer import import_archive
+
+ROUTES = ("export", "import")
+TAG = "namespace"
+
+router = APIRouter(tags=[TAG])
+
+
+async def namespace_admin_guard(request: Request, _gate: str, _reads: bool) -> None:
+    """403 unless the caller administers the namespace (admin key, or ``namespace:admin`` on it)."""
+    principal = await authenticate(request)
+    namespace = request.path_params.get("namespace", "")
+    if principal is ANONYMOUS or principal.administers(namespace):
+        return
+    raise Forbidden("exporting or importing a whole namespace needs the admin key or a key with the namespace:admin scope on it")
+
+
+class NamespaceRoutes(GatedRoutes):
+    """Routes of a namespace as a whole: ``/v1/{namespace}/<name>``, nothing after it."""
+
+    def selects(self, parts: list[str]) -> bool:
+        return len(parts) == 4 and parts[1] == "v1" and parts[3] in ROUTES
+
+
+def include(app: FastAPI) -> None:
+    routes = _copy_routes(app, router, "/v1/{namespace}")
+    app.router.routes.append(NamespaceRoutes(TAG, routes, namespace_admin_guard, gateway_state(app).settings))
+
+
+@router.get(
+    "/export", summary="Export a namespace as an archive", response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "The archive (docs/archive-format.md)."}},
+    openapi_extra={"x-required-scope": "namespace:admin"},
+)
+async def export_namespace(namespace: NamespacePath, request: Request) -> StreamingResponse:
+    """Every capability's data of the namespace, from one snapshot per database, as a tar streamed
+    as it is read. An error after the first byte cuts the archive short (an import refuses it)."""
+    state = gateway_state(request.app)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    body = export_archive(state, namespace)
+    first = await anext(body)  # the snapshots are open and the manifest written: errors before this are answers
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for piece in body:
+                yield piece
+        finally:
+            await body.aclose()  # the snapshots end with the answer, however it ends
+
+    return StreamingResponse(
+        stream(), media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{namespace}-{stamp}.sgw.tar"'},
+    )
+
+
+@router.post(
+    "/import", summary="Import an archive into an empty namespace",
+    openapi_extra={
+        "x-required-scope": "namespace:admin",
+        "requestBody": {"required": True, "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+    },
+    responses={409: {"description": "The namespace holds data."}, 422: {"description": "The archive is refused."},
+               413: {"description": "A member is over its bound."}},
+)
+@accepts(Body.ARCHIVE)
+async def import_namespace(namespace: NamespacePath, request: Request, mode: str = "fail") -> JSONResponse:
+    """Load an archive (the request body, streamed) into the namespace, which must be empty
+    (``mode=fail``, the only mode yet). Every member is checked before it is stored; a refused
+    archive (422/413, naming the member) leaves the namespace empty."""
+    if mode != "fail":
+        raise BadRequest("mode: only `fail` (the namespace must be empty) is supported yet", code="invalid_input")
+    state = gateway_state(request.app)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for piece in request.stream():
+                if piece:
+                    yield piece
+        except ClientDisconnect:
+            return
+
+    report: dict[str, Any] = await import_archive(state, namespace, body())
+    return JSONResponse(report)

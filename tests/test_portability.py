@@ -1,0 +1,324 @@
+"""Namespace export and import (issue #47, phase 1): ``GET /v1/{ns}/export``, ``POST /v1/{ns}/import``,
+the client's ``export_namespace`` / ``import_namespace`` and the CLI's ``export`` / ``import``.
+
+A namespace holding every capability (the samples' seed and workload, plus a kv TTL, two files with
+one content, a collection with a payload index and a text field, checkpoint retention) goes from
+this backend's gateway to a gateway on the other backend and back, under other names; every
+sample snapshot, the search results and the manifest's counts agree. Corrupt, truncated, lying
+and oversized archives are refused with a 4xx naming the member, and nothing stays stored; the
+scope is enforced before any byte of the body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from storage_gateway_client import GatewayClient
+from storage_gateway_client._exceptions import Conflict, GatewayError
+from tests.conftest import (
+    ADMIN_KEY,
+    Backend,
+    Server,
+    backend_env,
+    create_postgres_databases,
+    run_cli,
+    start_server,
+    stop_server,
+)
+
+
+@pytest.fixture(scope="module")
+def other(backend: Backend, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A gateway on the other backend (SQLite for PostgreSQL, PostgreSQL for SQLite), files in a directory."""
+    data_dir = tmp_path_factory.mktemp("other")
+    if backend.is_postgres:
+        urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
+        name = "sqlite"
+    else:
+        base = request.getfixturevalue("postgres_base_url")
+        urls = create_postgres_databases(base, f"gwp_{uuid.uuid4().hex[:8]}")
+        name = "postgres"
+    env = {**backend_env(urls, data_dir), "GATEWAY_FILES__BACKEND": "directory"}
+    other_backend = Backend(name, env, urls, files="directory")
+    assert run_cli(other_backend, "migrate").returncode == 0
+    srv = start_server(other_backend, data_dir / "gateway.log")
+    yield srv
+    stop_server(srv)
+
+
+async def _seed(server: Server, http: httpx.AsyncClient, ns: str) -> None:
+    for capability in server.capabilities:
+        samples = capability.samples_for("seed", "workload")
+        await samples.workload(http, ns)
+        await samples.seed(http, ns)
+
+    def ok(r: httpx.Response) -> httpx.Response:
+        assert r.status_code < 300, r.text
+        return r
+
+    ok(await http.put(f"/v1/{ns}/kv/ttl/k", json={"n": 1.5, "big": 12345678901234567890}, params={"ttl": 3600}))
+    ok(await http.put(f"/v1/{ns}/files/dup/a", content=b"same bytes", headers={"Content-Type": "text/plain"}))
+    ok(await http.put(f"/v1/{ns}/files/dup/b", content=b"same bytes", headers={"Content-Type": "text/plain"}))
+    ok(await http.put(f"/v1/{ns}/files/dup/empty", content=b""))
+    ok(await http.put(f"/v1/{ns}/vectors/docs", json={
+        "vector_size": 3, "distance": "cosine", "text_field": "text",
+        "payload_indexes": [{"field": "user", "kind": "keyword"}],
+    }))
+    ok(await http.post(f"/v1/{ns}/vectors/docs/points", json={"points": [
+        {"id": f"p{i}", "vector": [1.0, i / 10, 0.5 - i / 40], "payload": {"user": f"u{i % 3}", "text": f"note {i} apples", "x": 0.1 * i}}
+        for i in range(20)
+    ]}))
+    ok(await http.put(f"/v1/{ns}/checkpoints/retention", json={"keep_latest": 5, "idle_ttl_seconds": 86400}))
+
+
+async def _answers(server: Server, http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for capability in server.capabilities:
+        out[capability.name] = await capability.samples_for("snapshot").snapshot(http, ns)
+    kv = await http.get(f"/v1/{ns}/kv/ttl/k")
+    out["kv_ttl"] = (kv.text, kv.headers.get("etag"), kv.headers.get("expires") or kv.headers.get("x-expires-at"))
+    out["files_dup"] = [
+        (r.content, r.headers.get("etag"), r.headers.get("last-modified"), r.headers.get("content-type"))
+        for r in [await http.get(f"/v1/{ns}/files/dup/{f}") for f in ("a", "b", "empty")]
+    ]
+    out["files_list"] = (await http.get(f"/v1/{ns}/files/dup")).json()
+    collection = (await http.get(f"/v1/{ns}/vectors/docs")).json()
+    out["collection"] = {k: collection[k] for k in ("vector_size", "distance", "text_field", "text_language", "count", "created_at")}
+    out["payload_indexes"] = [(p["field"], p["kind"]) for p in collection["payload_indexes"]]
+    search = await http.post(f"/v1/{ns}/vectors/docs/search", json={
+        "vector": [1.0, 0.3, 0.2], "limit": 5, "filters": {"user": "u1"},
+    })
+    out["search"] = [(h["id"], round(h["score"], 5), h.get("payload")) for h in search.json()["results"]]
+    hybrid = await http.post(f"/v1/{ns}/vectors/docs/search", json={"vector": [1.0, 0.3, 0.2], "query": "apples", "limit": 3})
+    out["hybrid"] = [h["id"] for h in hybrid.json()["results"]]
+    out["retention"] = (await http.get(f"/v1/{ns}/checkpoints/retention")).json()
+    return _portable(out, ns)
+
+
+# What differs by backend, not by data: the vector index's backend, build state and plans.
+_BACKEND_KEYS = frozenset({"backend", "state", "plans", "progress", "ef_search", "calibration", "subgraphs", "error"})
+
+
+def _portable(value: Any, ns: str) -> Any:
+    """``value`` with the namespace's name as ``NS`` and the backend's own facts left out."""
+    if isinstance(value, dict):
+        return {k: _portable(v, ns) for k, v in value.items() if k not in _BACKEND_KEYS}
+    if isinstance(value, list | tuple):
+        return [_portable(v, ns) for v in value]
+    if isinstance(value, str) and value == ns:
+        return "NS"
+    return value
+
+
+def _same(after: dict[str, Any], before: dict[str, Any]) -> None:
+    """Equal answers, each difference named."""
+    differing = {k: (after.get(k), before[k]) for k in before if after.get(k) != before[k]}
+    assert not differing, json.dumps(differing, default=repr, indent=1)
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+
+
+async def test_round_trip_across_backends(
+    server: Server, other: Server, http: httpx.AsyncClient, namespace: str, tmp_path: Path
+) -> None:
+    await _seed(server, http, namespace)
+    before = await _answers(server, http, namespace)
+    archive_path = tmp_path / "a.tar"
+    async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
+        written = await gw.export_namespace(archive_path)
+    archive = archive_path.read_bytes()
+    assert written == len(archive)
+    members = _members(archive)
+    names = list(members)
+    assert names[0] == "manifest.json" and names[-1] == "checksums.json"
+    manifest = json.loads(members["manifest.json"])
+    assert set(manifest["capabilities"]) == {c.name for c in server.capabilities}
+    checksums = json.loads(members["checksums.json"])
+    assert [m["name"] for m in checksums["members"]] == names[:-1]
+    # the manifest's counts are the lines of the parts
+    for cap, entry in manifest["capabilities"].items():
+        for part, counted in entry["parts"].items():
+            if part == "blobs":
+                assert counted["count"] == sum(1 for n in names if n.startswith(f"{cap}/blobs/"))
+            else:
+                lines = sum(members[n].count(b"\n") for n in names if n.startswith(f"{cap}/{part}/"))
+                assert lines == counted["count"], (cap, part)
+    assert manifest["capabilities"]["files"]["parts"]["blobs"]["count"] < manifest["capabilities"]["files"]["parts"]["files"]["count"]
+
+    there = f"{namespace}x"
+    async with httpx.AsyncClient(base_url=other.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http2:
+        async with GatewayClient(other.url, there, ADMIN_KEY) as gw2:
+            report = await gw2.import_namespace(archive_path)
+            assert report["loaded"]["kv"]["kv_entries"] == manifest["capabilities"]["kv"]["parts"]["kv_entries"]["count"]
+            _same(await _answers(other, http2, there), before)
+            back = b"".join([piece async for piece in gw2.iter_export()])
+        # again into this backend, under a third name, from the other backend's export
+        home = f"{namespace}y"
+        async with GatewayClient(server.url, home, ADMIN_KEY) as gw:
+            await gw.import_namespace(back)
+        _same(await _answers(server, http, home), before)
+        # an export of unchanged data has the same parts (the same backend: PostgreSQL writes jsonb its own way)
+        async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
+            again = _members(b"".join([piece async for piece in gw.iter_export()]))
+        assert list(again) == names
+        for name, data in members.items():
+            if name not in ("manifest.json", "checksums.json"):
+                assert again[name] == data, name
+        # a namespace that holds data is refused
+        async with GatewayClient(server.url, home, ADMIN_KEY) as gw:
+            with pytest.raises(GatewayError) as refused:
+                await gw.import_namespace(back)
+        assert isinstance(refused.value, Conflict) and refused.value.code == "namespace_not_empty"
+
+
+def _rebuild(members: list[tuple[str, bytes]], pax: dict[str, dict[str, str]] | None = None) -> bytes:
+    """A tar of ``members`` with the exporter's PAX headers (sha256 and lines), ``pax`` overriding."""
+    from app.portability.archive import END, member_header, padding
+    import hashlib
+
+    out = []
+    for name, data in members:
+        headers = {"sha256": hashlib.sha256(data).hexdigest(), "lines": str(data.count(b"\n")) if name.endswith(".jsonl") else None}
+        headers.update((pax or {}).get(name, {}))
+        lines = headers.get("lines")
+        out.append(member_header(name, len(data), headers["sha256"] or "", int(lines) if lines else None) + data + padding(len(data)))
+    return b"".join(out) + END
+
+
+async def _empty(http: httpx.AsyncClient, ns: str) -> None:
+    assert (await http.get(f"/v1/{ns}/kv/settings")).json()["items"] == []
+    assert (await http.get(f"/v1/{ns}/files/dup")).json()["items"] == []
+    assert (await http.get(f"/v1/{ns}/vectors/docs")).status_code == 404
+    assert (await http.get(f"/v1/{ns}/records/history")).json()["items"] == []
+
+
+async def test_bad_archives_are_refused_and_nothing_stays(
+    server: Server, http: httpx.AsyncClient, namespace: str
+) -> None:
+    await _seed(server, http, namespace)
+    archive = b"".join([piece async for piece in (await _export_stream(server, namespace))])
+    members = list(_members(archive).items())
+    names = [n for n, _ in members]
+    first_part = next(i for i, n in enumerate(names) if n.endswith(".jsonl"))
+    blob = next(i for i, n in enumerate(names) if "/blobs/" in n)
+
+    def flipped(i: int) -> bytes:
+        data = bytearray(members[i][1])
+        data[len(data) // 2] ^= 0x01
+        return _rebuild([*members[:i], (members[i][0], bytes(data)), *members[i + 1:]], {members[i][0]: {"sha256": __import__("hashlib").sha256(members[i][1]).hexdigest()}})
+
+    lying = json.loads(members[0][1])
+    lying["capabilities"]["kv"]["parts"]["kv_entries"]["count"] += 1
+    lying_bytes = json.dumps(lying).encode()
+    checks = {
+        "flipped byte in a part": (flipped(first_part), 422, "archive_corrupt", names[first_part]),
+        "flipped byte in a blob": (flipped(blob), 422, "archive_corrupt", names[blob]),
+        "truncated": (archive[: len(archive) * 2 // 3], 422, "archive_truncated", None),
+        "member missing": (_rebuild(members[:first_part] + members[first_part + 1:]), 422, "archive_member_missing", None),
+        "manifest lies": (_rebuild([("manifest.json", lying_bytes), *members[1:-1], ("checksums.json", _checksums(lying_bytes, members[1:-1]))]),
+                          422, "archive_manifest_mismatch", "manifest.json"),
+        "path with ..": (_rebuild([*members[:2], ("kv/../../etc/passwd", b"x\n"), *members[2:]]), 422, "archive_unsafe_member", None),
+        "not a tar": (b"hello" * 300, 422, None, None),
+    }
+    target = f"{namespace}bad"
+    for what, (body, status, code, member) in checks.items():
+        r = await http.post(f"/v1/{target}/import", content=body, headers={"Content-Type": "application/x-tar"})
+        assert r.status_code == status, (what, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json"), what
+        problem = r.json()
+        if code is not None:
+            assert problem["code"] == code, (what, problem)
+        if member is not None:
+            assert member in problem["detail"], (what, problem)
+        await _empty(http, target)
+    # a member over its bound: 413, refused from its header alone
+    from app.portability import importer
+
+    huge = _rebuild([members[0]])[:-1024]
+    big_header = __import__("app.portability.archive", fromlist=["member_header"]).member_header(
+        "kv/kv_entries/000001.jsonl", importer.MAX_PART_BYTES + 1, "0" * 64, 1
+    )
+    r = await http.post(f"/v1/{target}/import", content=huge + big_header + b"\0" * 4096)
+    assert r.status_code == 413 and r.json()["code"] == "archive_member_too_large", r.text
+    await _empty(http, target)
+    # after all of that, the namespace takes the good archive
+    r = await http.post(f"/v1/{target}/import", content=archive)
+    assert r.status_code == 200, r.text
+
+
+def _checksums(manifest: bytes, members: list[tuple[str, bytes]]) -> bytes:
+    import hashlib
+
+    listed = [{"name": "manifest.json", "sha256": hashlib.sha256(manifest).hexdigest()}]
+    listed += [{"name": n, "sha256": hashlib.sha256(d).hexdigest()} for n, d in members]
+    return json.dumps({"manifest_sha256": listed[0]["sha256"], "members": listed}).encode()
+
+
+async def _export_stream(server: Server, namespace: str) -> Any:
+    gw = GatewayClient(server.url, namespace, ADMIN_KEY)
+
+    async def pieces() -> Any:
+        try:
+            async for piece in gw.iter_export():
+                yield piece
+        finally:
+            await gw.close()
+
+    return pieces()
+
+
+async def test_namespace_admin_scope(server: Server, http: httpx.AsyncClient, namespace: str) -> None:
+    async def key(ns_pattern: str, scopes: list[str]) -> str:
+        r = await http.post("/v1/admin/keys", json={"namespace": ns_pattern, "scopes": scopes})
+        assert r.status_code == 201, r.text
+        return str(r.json()["key"])
+
+    everything = await key("*", ["*:*"])
+    admin_elsewhere = await key("other-*", ["namespace:admin"])
+    admin_here = await key(f"{namespace}*", ["namespace:admin"])
+    await http.put(f"/v1/{namespace}/kv/c/k", json=1)
+    for refused in (everything, admin_elsewhere):
+        headers = {"Authorization": f"Bearer {refused}"}
+        assert (await http.get(f"/v1/{namespace}/export", headers=headers)).status_code == 403
+        r = await http.post(f"/v1/{namespace}z/import", headers=headers, content=b"x" * 10_000)
+        assert r.status_code == 403 and r.headers["content-type"].startswith("application/problem+json")
+    headers = {"Authorization": f"Bearer {admin_here}"}
+    exported = await http.get(f"/v1/{namespace}/export", headers=headers)
+    assert exported.status_code == 200 and exported.headers["content-type"] == "application/x-tar"
+    r = await http.post(f"/v1/{namespace}z/import", headers=headers, content=exported.content)
+    assert r.status_code == 200, r.text
+    assert (await http.get(f"/v1/{namespace}z/kv/c/k")).json() == 1
+    bad = await http.post("/v1/admin/keys", json={"namespace": "*", "scopes": ["namespace:write"]})
+    assert bad.status_code == 422
+
+
+def test_cli_export_and_import(server: Server, backend: Backend, namespace: str, tmp_path: Path) -> None:
+    async def seed() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+            await http.put(f"/v1/{namespace}/kv/c/k", json={"v": 1})
+            await http.put(f"/v1/{namespace}/records/r/0001", json={"v": 2})
+
+    asyncio.run(seed())
+    out = tmp_path / "ns.tar"
+    exported = run_cli(backend, "export", namespace, "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert out.stat().st_size > 0 and tarfile.is_tarfile(out)
+    imported = run_cli(backend, "import", f"{namespace}c", str(out))
+    assert imported.returncode == 0, imported.stderr
+    report = json.loads(imported.stdout)
+    assert report["loaded"]["kv"] == {"kv_entries": 1} and report["loaded"]["records"] == {"records": 1}
+    again = run_cli(backend, "import", f"{namespace}c", str(out))
+    assert again.returncode == 1 and "holds data" in again.stderr
