@@ -120,6 +120,8 @@ class _Import:
         self._check_manifest(manifest)
         capabilities: dict[str, Any] = manifest["capabilities"]
         self.order = [name for name in self.by_name if name in capabilities]
+        for name in self.order:  # what the loaders may need to know about where the archive came from
+            self.contexts[name] = {"source": manifest.get("source") or {}}
         while True:
             member = await self.reader.next()
             if member is None:

@@ -135,8 +135,9 @@ class VectorsData(NamespaceData[VectorService]):
             return await load_rows(conn, vector_idempotency, namespace, part.rows)
         try:
             if part.table == "collections":
+                from_sqlite = (ctx.get("source") or {}).get("backends", {}).get("vectors") == "sqlite"
                 for row in part.rows:
-                    await _create(service, conn, namespace, row)
+                    await _create(service, conn, namespace, row, from_sqlite)
             elif part.table == "points":
                 await _upsert(service, conn, namespace, part.rows, ctx)
             else:
@@ -184,13 +185,17 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def _create(service: VectorService, conn: AsyncConnection, namespace: str, row: dict[str, Any]) -> None:
+async def _create(service: VectorService, conn: AsyncConnection, namespace: str, row: dict[str, Any], from_sqlite: bool) -> None:
+    """The collection as created through the API. SQLite records every collection as ``exact``
+    (it searches exactly whatever was asked), so from a SQLite archive the index is left to this
+    backend's default, as a create without ``index`` gets."""
     index = dict(row["index"])
     kind = index.get("kind", "hnsw")
     body = CollectionCreate.model_validate({
         "vector_size": row["vector_size"], "distance": row["distance"],
-        "index": {"kind": "exact" if kind == "exact" else "hnsw", "m": index.get("m"),
-                  "ef_construction": index.get("ef_construction")},
+        "index": None if from_sqlite else {
+            "kind": "exact" if kind == "exact" else "hnsw", "m": index.get("m"), "ef_construction": index.get("ef_construction"),
+        },
         "text_field": row["text_field"], "text_language": row["text_language"],
         "payload_indexes": index.get("payload_indexes"),
     })
