@@ -326,3 +326,29 @@ def test_cli_export_and_import(server: Server, backend: Backend, namespace: str,
     assert report["loaded"]["kv"] == {"kv_entries": 1} and report["loaded"]["records"] == {"records": 1}
     again = run_cli(backend, "import", f"{namespace}c", str(out))
     assert again.returncode == 1 and "holds data" in again.stderr
+
+
+async def test_the_export_reads_one_snapshot(server: Server, backend: Backend, http: httpx.AsyncClient, namespace: str, tmp_path: Path) -> None:
+    """What commits after the export's snapshots opened is not in it (SQLite: one read transaction
+    per file; PostgreSQL: repeatable read, read only, refusing writes)."""
+    from contextlib import AsyncExitStack
+
+    from sqlalchemy import text
+
+    from app.core.config import Database
+    from app.main import services
+    from app.portability.exporter import build_manifest, inventory, open_snapshots
+    from tests.conftest import in_process_settings
+
+    await http.put(f"/v1/{namespace}/kv/c/before", json=1)
+    async with services(in_process_settings(backend, tmp_path)) as state, AsyncExitStack() as stack:
+        conns = await open_snapshots(state, stack)
+        assert (await http.put(f"/v1/{namespace}/kv/c/after", json=2)).status_code < 300
+        assert (await http.put(f"/v1/{namespace}/records/r/0001", json=3)).status_code < 300
+        manifest = build_manifest(state, namespace, await inventory(state, conns, namespace))
+        if backend.is_postgres:
+            conn = conns[Database.metadata]
+            assert await conn.scalar(text("SHOW transaction_isolation")) == "repeatable read"
+            assert await conn.scalar(text("SHOW transaction_read_only")) == "on"
+    assert manifest["capabilities"]["kv"]["parts"]["kv_entries"]["count"] == 1
+    assert "records" not in manifest["capabilities"]["records"]["parts"]
