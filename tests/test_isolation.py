@@ -20,6 +20,7 @@ from sqlalchemy import select
 from app.core.capability import Capability
 from app.quotas.tables import RESERVED
 from app.core.db.databases import Databases
+from app.portability.router import ROUTES as NAMESPACE_ROUTES
 from tests.conftest import Backend, Server
 from tests.test_migrations import settings_for
 
@@ -96,8 +97,9 @@ async def test_isolation_matrix(
     assert not empty, f"the samples' seed of {capability.name!r} writes no row in {empty}: make it touch every table"
     spec = (await http.get("/openapi.json")).json()
     served = {template.split("/")[3] for _, template, _ in operations(spec)}
-    # no route outside a registered capability, but the gateway's own (/v1/{namespace}/usage: tests/test_quotas.py)
-    assert served == {c.name for c in server.capabilities} | RESERVED, served
+    # no route outside a registered capability, but the gateway's own: /v1/{namespace}/usage
+    # (tests/test_quotas.py) and the namespace's export and import (app.portability)
+    assert served == {c.name for c in server.capabilities} | RESERVED | set(NAMESPACE_ROUTES), served
     ops = operations(spec, capability.name)
     assert ops, f"{capability.name!r} has no operation under /v1/{{namespace}}/{capability.name}"
 
