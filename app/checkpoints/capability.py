@@ -163,8 +163,8 @@ class CheckpointsData(NamespaceData[CheckpointsService]):
                     metadata = line.get("metadata")
                     if not isinstance(metadata, dict):
                         raise RefusedLine("metadata must be an object")
-                    line["metadata"] = service._json("metadata", metadata, limit)
-                    line["channel_versions"] = service._json("channel_versions", line.get("channel_versions"), limit)
+                    line["metadata"] = service.stored_json("metadata", metadata, limit)
+                    line["channel_versions"] = service.stored_json("channel_versions", line.get("channel_versions"), limit)
                 except ProblemError as exc:
                     raise RefusedLine(str(exc)) from None
             values = decode_row(table, {**line, "thread_pk": pk})

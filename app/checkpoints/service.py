@@ -70,7 +70,7 @@ class CheckpointsService:
         message = f"{what}, more than checkpoints.{setting} ({limit})"
         raise PayloadTooLarge(f"{field}: {message}", errors=[{"loc": [field], "msg": message}])
 
-    def _json(self, field: str, value: Any, limit: int) -> str:
+    def stored_json(self, field: str, value: Any, limit: int) -> str:
         """``value`` as stored in a JSON column (jsonb on PostgreSQL: ``jsonb_text``), or a 422
         (not JSON, a NUL), or a 413: over ``limit`` bytes as PostgreSQL answers it, its numbers
         written out (``1e-300`` is 302 characters there: 9,000 ``5e-324`` in 64 KiB of metadata
@@ -95,8 +95,8 @@ class CheckpointsService:
         self._check_bytes("checkpoint.data", body.checkpoint.data)
         for i, blob in enumerate(body.blobs):
             self._check_bytes(f"blobs.{i}.data", blob.data)
-        metadata = self._json("metadata", body.metadata, self.settings.max_metadata_bytes)
-        versions = self._json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
+        metadata = self.stored_json("metadata", body.metadata, self.settings.max_metadata_bytes)
+        versions = self.stored_json("channel_versions", body.channel_versions, self.settings.max_metadata_bytes)
         limit = self.settings.max_checkpoint_bytes
         values: dict[tuple[str, str], tuple[str, str, str, bytes]] = {}
         for b in body.blobs:  # one per version, the first: as the insert keeps it
@@ -167,7 +167,7 @@ class CheckpointsService:
         if body.filter and len(body.filter) > self.limits.max_filter_terms:
             raise InvalidInput("filter", f"at most {self.limits.max_filter_terms} entries")
         if body.filter:  # as metadata is written: no NUL (PostgreSQL's jsonb has none), any integer
-            self._json("filter", body.filter, self.settings.max_metadata_bytes)
+            self.stored_json("filter", body.filter, self.settings.max_metadata_bytes)
         after = None
         if body.cursor is not None:
             position = decode_cursor(body.cursor, "c", "t", "n")

@@ -22,7 +22,7 @@ from app.auth.service import ANONYMOUS
 from app.core.dependencies import NamespacePath
 from app.core.errors import BadRequest, Forbidden
 from app.core.http.limits import Body, accepts
-from app.core.http.routing import GatedRoutes, _copy_routes
+from app.core.http.routing import GatedRoutes, copy_routes
 from app.core.state import gateway_state
 from app.portability.exporter import export_archive
 from app.portability.importer import import_archive
@@ -50,7 +50,7 @@ class NamespaceRoutes(GatedRoutes):
 
 
 def include(app: FastAPI) -> None:
-    routes = _copy_routes(app, router, "/v1/{namespace}")
+    routes = copy_routes(app, router, "/v1/{namespace}")
     app.router.routes.append(NamespaceRoutes(TAG, routes, namespace_admin_guard, gateway_state(app).settings))
 
 

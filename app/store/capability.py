@@ -133,7 +133,7 @@ class StoreData(NamespaceData[StoreService]):
                     vectors.append((v["field"], array("f", raw)))
                 writes.append(ItemWrite(
                     prefix=prefix, key=key, depth=len(labels), labels=orjson.dumps(labels).decode(),
-                    value=service._value("value", row["value"]), ttl_minutes=ttl, expires_at=expires, vectors=vectors,
+                    value=service.stored_value("value", row["value"]), ttl_minutes=ttl, expires_at=expires, vectors=vectors,
                 ))
                 times.append({"p": prefix, "k": key, "c": datetime.fromisoformat(row["created_at"]),
                               "u": datetime.fromisoformat(row["updated_at"])})

@@ -103,7 +103,7 @@ class StoreService:
             raise InvalidInput(where, problem)
         return key
 
-    def _value(self, where: str, value: dict[str, Any]) -> str:
+    def stored_value(self, where: str, value: dict[str, Any]) -> str:
         text = encode_value(where, value, self.limits.max_value_bytes)
         stored = jsonb_text(text, value)
         if stored.wide:
@@ -192,7 +192,7 @@ class StoreService:
                     continue
                 write = ItemWrite(
                     prefix=prefix, key=key, depth=len(op.namespace), labels=orjson.dumps(op.namespace).decode(),
-                    value=self._value(f"{where}.value", op.value), ttl_minutes=op.ttl,
+                    value=self.stored_value(f"{where}.value", op.value), ttl_minutes=op.ttl,
                     expires_at=self._ttl(f"{where}.ttl", op.ttl, now), vectors=self._vectors(f"{where}.vectors", op.vectors),
                 )
                 checked.append(("put", prefix, key, write))

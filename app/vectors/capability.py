@@ -112,7 +112,7 @@ class VectorsData(NamespaceData[VectorService]):
                 for r in rows[start:start + batch]
             ))
         for r in rows:
-            info = service._info(r)
+            info = service.info_of(r)
             after: str | None = None
             while True:
                 points, _ = await service.index.list(conn, info, None, after, batch, True, budget=1 << 62, dimension_bytes=8)

@@ -121,7 +121,7 @@ class VectorService:
 
     # --- collections ---------------------------------------------------------------------------
 
-    def _info(self, row: Any) -> CollectionInfo:
+    def info_of(self, row: Any) -> CollectionInfo:
         return CollectionInfo(
             id=row.id,
             namespace=row.namespace,
@@ -138,7 +138,7 @@ class VectorService:
         self, conn: AsyncConnection, namespace: str, collection: str, *, lock: bool = False
     ) -> CollectionInfo | None:
         row = await repository.find_collection(conn, namespace, collection, lock=lock)
-        return self._info(row) if row is not None else None
+        return self.info_of(row) if row is not None else None
 
     async def get(
         self, conn: AsyncConnection, namespace: str, collection: str, *, lock: bool = False
@@ -291,7 +291,7 @@ class VectorService:
     ) -> dict[str, Any]:
         after = decode_cursor(cursor, "after")["after"] if cursor else None
         rows = await repository.page_of_collections(conn, namespace, after, limit + 1)
-        infos = [self._info(r) for r in rows[:limit]]
+        infos = [self.info_of(r) for r in rows[:limit]]
         states = await self.index.index_states(conn, infos)
         payload_states = await self.index.payload_index_states(conn, infos)
         items = [self.read(info, states[info.id], None, payload_states[info.id]) for info in infos]
