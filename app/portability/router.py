@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from app.auth.dependencies import authenticate
 from app.auth.service import ANONYMOUS
 from app.core.dependencies import NamespacePath
-from app.core.errors import BadRequest, Forbidden
+from app.core.errors import Conflict, Forbidden, InvalidInput, PayloadTooLarge, problem_responses
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import GatedRoutes, copy_routes
 from app.core.state import gateway_state
@@ -85,18 +85,22 @@ async def export_namespace(namespace: NamespacePath, request: Request) -> Stream
     "/import", summary="Import an archive into an empty namespace",
     openapi_extra={
         "x-required-scope": "namespace:admin",
-        "requestBody": {"required": True, "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "The archive (a tar, docs/archive-format.md); any Content-Type is accepted.",
+        },
     },
-    responses={409: {"description": "The namespace holds data."}, 422: {"description": "The archive is refused."},
-               413: {"description": "A member is over its bound."}},
+    responses=problem_responses(Conflict, InvalidInput, PayloadTooLarge),
 )
 @accepts(Body.ARCHIVE)
-async def import_namespace(namespace: NamespacePath, request: Request, mode: str = "fail") -> JSONResponse:
+async def import_namespace(
+    namespace: NamespacePath, request: Request,
+    mode: Annotated[Literal["fail"], Query(description="`fail`: the namespace must be empty (merge and replace: later).")] = "fail",
+) -> JSONResponse:
     """Load an archive (the request body, streamed) into the namespace, which must be empty
     (``mode=fail``, the only mode yet). Every member is checked before it is stored; a refused
     archive (422/413, naming the member) leaves the namespace empty."""
-    if mode != "fail":
-        raise BadRequest("mode: only `fail` (the namespace must be empty) is supported yet", code="invalid_input")
     state = gateway_state(request.app)
 
     async def body() -> AsyncIterator[bytes]:
