@@ -18,7 +18,7 @@ import re
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import anyio
 import orjson
@@ -39,6 +39,7 @@ PIECE = 1024 * 1024
 _PART = re.compile(r"^([a-z][a-z0-9_]*)/([a-z][a-z0-9_]*)/(\d{6})\.jsonl$")
 _BLOB = re.compile(r"^([a-z][a-z0-9_]*)/blobs/([0-9a-f]{64})$")
 
+_T = TypeVar("_T")
 _importing: set[str] = set()  # namespaces this process is importing into
 
 
@@ -101,7 +102,7 @@ class _Import:
         if member.size > limit:
             raise ArchiveTooLarge("archive_member_too_large", f"{member.size} bytes; at most {limit} are accepted", member.name)
         data = await self.reader.read(member)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = await _off_loop(lambda: hashlib.sha256(data).hexdigest(), len(data))
         if member.sha256 is not None and digest != member.sha256:
             raise ArchiveError("archive_corrupt", f"its sha256 is {digest}, its header says {member.sha256}", member.name)
         self.seen.append({"name": member.name, "sha256": digest, "bytes": len(data)})
@@ -199,15 +200,20 @@ class _Import:
             lines.pop()
         if member.lines is not None and member.lines != len(lines):
             raise ArchiveError("archive_corrupt", f"{len(lines)} lines, its header says {member.lines}", member.name)
-        rows = []
-        for n, line in enumerate(lines, 1):
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise ArchiveError("archive_invalid_line", f"line {n} is not JSON", member.name) from None
-            if not isinstance(row, dict):
-                raise ArchiveError("archive_invalid_line", f"line {n} is not a JSON object", member.name)
-            rows.append(row)
+
+        def parse() -> list[dict[str, Any]]:
+            rows = []
+            for n, line in enumerate(lines, 1):
+                try:
+                    row = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise ArchiveError("archive_invalid_line", f"line {n} is not JSON", member.name) from None
+                if not isinstance(row, dict):
+                    raise ArchiveError("archive_invalid_line", f"line {n} is not a JSON object", member.name)
+                rows.append(row)
+            return rows
+
+        rows = await _off_loop(parse, len(data))
         self.seen[-1]["lines"] = len(rows)
         capability = self.by_name[cap]
         if part not in capability.namespace_data.parts:
@@ -308,6 +314,13 @@ class _Import:
             for part in parts:
                 if part not in capabilities.get(cap, {}).get("parts", {}):
                     raise ArchiveError("archive_manifest_mismatch", f"{cap}/{part} is not in the manifest", "manifest.json")
+
+
+OFF_LOOP_BYTES = 256 * 1024  # hashing or parsing more than this runs in a thread: the loop serves other requests
+
+
+async def _off_loop(fn: Callable[[], _T], size: int) -> _T:
+    return await asyncio.to_thread(fn) if size > OFF_LOOP_BYTES else fn()
 
 
 async def _run(fn: Callable[..., Any], *args: Any) -> Any:

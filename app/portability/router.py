@@ -9,6 +9,7 @@ arrives (at most ``MAX_ARCHIVE_BYTES``) into an empty namespace.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -20,7 +21,14 @@ from starlette.requests import ClientDisconnect
 from app.auth.dependencies import authenticate
 from app.auth.service import ANONYMOUS
 from app.core.dependencies import NamespacePath
-from app.core.errors import Conflict, Forbidden, InvalidInput, PayloadTooLarge, problem_responses
+from app.core.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    problem_responses,
+)
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import GatedRoutes, copy_routes
 from app.core.state import gateway_state
@@ -31,6 +39,9 @@ ROUTES = ("export", "import")
 TAG = "namespace"
 
 router = APIRouter(tags=[TAG])
+
+MAX_CONCURRENT_EXPORTS = 2
+_exports = asyncio.Semaphore(MAX_CONCURRENT_EXPORTS)
 
 
 async def namespace_admin_guard(request: Request, _gate: str, _reads: bool) -> None:
@@ -56,16 +67,27 @@ def include(app: FastAPI) -> None:
 
 @router.get(
     "/export", summary="Export a namespace as an archive", response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-tar": {}}, "description": "The archive (docs/archive-format.md)."}},
+    responses={200: {"content": {"application/x-tar": {}}, "description": "The archive (docs/archive-format.md)."},
+               **problem_responses(ServiceUnavailable)},
     openapi_extra={"x-required-scope": "namespace:admin"},
 )
 async def export_namespace(namespace: NamespacePath, request: Request) -> StreamingResponse:
     """Every capability's data of the namespace, from one snapshot per database, as a tar streamed
     as it is read. An error after the first byte cuts the archive short (an import refuses it)."""
     state = gateway_state(request.app)
+    if _exports.locked():  # each holds a connection per database for as long as its client reads
+        raise ServiceUnavailable(
+            f"{MAX_CONCURRENT_EXPORTS} exports are running in this process; try again later", headers={"Retry-After": "5"}
+        )
+    await _exports.acquire()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     body = export_archive(state, namespace)
-    first = await anext(body)  # the snapshots are open and the manifest written: errors before this are answers
+    try:
+        first = await anext(body)  # the snapshots are open and the manifest written: errors before this are answers
+    except BaseException:
+        _exports.release()
+        await body.aclose()
+        raise
 
     async def stream() -> AsyncIterator[bytes]:
         try:
@@ -73,6 +95,7 @@ async def export_namespace(namespace: NamespacePath, request: Request) -> Stream
             async for piece in body:
                 yield piece
         finally:
+            _exports.release()
             await body.aclose()  # the snapshots end with the answer, however it ends
 
     return StreamingResponse(
