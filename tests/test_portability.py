@@ -352,3 +352,28 @@ async def test_the_export_reads_one_snapshot(server: Server, backend: Backend, h
             assert await conn.scalar(text("SHOW transaction_read_only")) == "on"
     assert manifest["capabilities"]["kv"]["parts"]["kv_entries"]["count"] == 1
     assert "records" not in manifest["capabilities"]["records"]["parts"]
+
+
+async def test_pages_are_bounded_by_bytes(
+    server: Server, backend: Backend, http: httpx.AsyncClient, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of an export holds at most ``batch`` rows and about ``PAGE_BYTES`` of large values:
+    with a bound smaller than one value, every page is one row (and none is lost)."""
+    from contextlib import AsyncExitStack
+
+    from app.core import namespace_data
+    from app.main import services
+    from app.portability.exporter import open_snapshots
+    from tests.conftest import in_process_settings
+
+    for key in ("a", "b", "c"):
+        assert (await http.put(f"/v1/{namespace}/kv/c/{key}", json={"v": key * 100})).status_code < 300
+    async with services(in_process_settings(backend, tmp_path)) as state, AsyncExitStack() as stack:
+        conns = await open_snapshots(state, stack)
+        kv = next(c for c in state.capabilities if c.name == "kv")
+        conn = conns[kv.database]
+        whole = [p async for p in kv.namespace_data.export(None, conn, namespace, 500)]
+        monkeypatch.setattr(namespace_data, "PAGE_BYTES", 50)
+        paged = [p async for p in kv.namespace_data.export(None, conn, namespace, 500)]
+    assert [len(p.rows) for p in whole] == [3] and [len(p.rows) for p in paged] == [1, 1, 1]
+    assert [r for p in paged for r in p.rows] == list(whole[0].rows)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import orjson
-from sqlalchemy import Table, insert, select, tuple_
+from sqlalchemy import LargeBinary, Table, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.checkpoints.backend import backend_for
@@ -36,6 +35,7 @@ from app.core.namespace_data import (
     delete_rows,
     encode_row,
     export_table,
+    keyset_pages,
     load_rows,
     writer,
 )
@@ -103,23 +103,15 @@ class CheckpointsData(NamespaceData[CheckpointsService]):
                 backend.json_text(c).label(c.name) if c.name in json_columns else c
                 for c in table.c if c.name != "thread_pk"
             ]
-            key = list(table.primary_key.columns)
-            last: tuple[Any, ...] | None = None
-            while True:
-                query = (
-                    select(threads.c.thread_id, table.c.thread_pk.label("_pk"), *columns)
-                    .join_from(table, threads, threads.c.pk == table.c.thread_pk)
-                    .where(threads.c.namespace == namespace).order_by(*key).limit(batch)
-                )
-                if last is not None:
-                    query = query.where(tuple_(*key) > tuple_(*last))
-                rows = [dict(r) for r in (await conn.execute(query)).mappings()]
-                if not rows:
-                    break
-                last = tuple(rows[-1]["_pk"] if c.name == "thread_pk" else rows[-1][c.name] for c in key)
+            pages = keyset_pages(
+                conn, [threads.c.thread_id, *columns], list(table.primary_key.columns), [threads.c.namespace == namespace],
+                batch, [c for c in table.c if isinstance(c.type, LargeBinary)],  # (not jsonb: length() is text's)
+                from_=table.join(threads, threads.c.pk == table.c.thread_pk),
+            )
+            async for page in pages:
                 lines = []
-                for row in rows:
-                    del row["_pk"]
+                for found in page:
+                    row = dict(found)
                     for c in json_columns:
                         row[c] = orjson.loads(row[c])
                     lines.append(encode_row(table, row))

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import orjson
-from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, Table, delete, insert, select, tuple_
+from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, Table, Text, delete, func, insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.databases import SQLITE_BEGIN_OPTION
@@ -135,23 +135,60 @@ class TableData(NamespaceData[Any]):
                 yield deleted
 
 
-async def export_table(conn: AsyncConnection, table: Table, namespace: str, batch: int) -> AsyncIterator[Rows]:
-    """The rows of ``namespace`` in ``table`` in primary-key order, ``batch`` a part (keyset pages)."""
-    key = list(table.primary_key.columns)
-    columns = [c for c in table.c if c.name != "namespace"]
+PAGE_BYTES = 4 * 1024 * 1024
+"""About the most bytes of large columns one page of an export reads (at least one row)."""
+
+
+async def keyset_pages(
+    conn: AsyncConnection, columns: Sequence[Any], key: Sequence[Any], where: Sequence[Any], batch: int,
+    large: Sequence[Any] = (), from_: Any = None,
+) -> AsyncIterator[list[Any]]:
+    """``select(*columns).where(*where)`` in ``key`` order, a page at a time: at most ``batch``
+    rows and, counting the ``large`` columns' lengths, about ``PAGE_BYTES`` (a value may be MiBs:
+    500 of them were too many to hold). Each page is two statements: its keys with the sizes,
+    then its rows between two keys."""
+    sizes = [func.coalesce(func.length(c), 0) for c in large]
     after: tuple[Any, ...] | None = None
     while True:
-        query = select(*columns).where(table.c.namespace == namespace).order_by(*key).limit(batch)
+        keys = select(*key, *sizes).where(*where).order_by(*key).limit(batch)
+        if from_ is not None:
+            keys = keys.select_from(from_)
+        if after is not None:
+            keys = keys.where(tuple_(*key) > tuple_(*after))
+        found = (await conn.execute(keys)).all()
+        if not found:
+            return
+        taken, total = 0, 0
+        for row in found:
+            total += sum(int(n) for n in row[len(key):])
+            taken += 1
+            if total >= PAGE_BYTES:
+                break
+        upto = tuple(found[taken - 1][: len(key)])
+        query = select(*columns).where(*where, tuple_(*key) <= tuple_(*upto)).order_by(*key)
+        if from_ is not None:
+            query = query.select_from(from_)
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
-        rows = [dict(row) for row in (await conn.execute(query)).mappings()]
-        if not rows:
+        yield list((await conn.execute(query)).mappings())
+        if taken == len(found) < batch:
             return
-        yield Rows(str(table.name), tuple(encode_row(table, row) for row in rows))
-        if len(rows) < batch:
-            return
-        last = rows[-1]
-        after = tuple(namespace if c.name == "namespace" else last[c.name] for c in key)
+        after = upto
+
+
+def large_columns(table: Table) -> list[Any]:
+    """The columns whose values may be large: text and bytes without a length."""
+    return [c for c in table.c if isinstance(c.type, LargeBinary | Text) and c.name != "namespace"]
+
+
+async def export_table(conn: AsyncConnection, table: Table, namespace: str, batch: int) -> AsyncIterator[Rows]:
+    """The rows of ``namespace`` in ``table`` in primary-key order, ``batch`` (or ``PAGE_BYTES``) a part."""
+    columns = [c for c in table.c if c.name != "namespace"]
+    pages = keyset_pages(
+        conn, columns, list(table.primary_key.columns), [table.c.namespace == namespace], batch, large_columns(table)
+    )
+    async for rows in pages:
+        yield Rows(str(table.name), tuple(encode_row(table, dict(row)) for row in rows))
 
 
 async def load_rows(conn: AsyncConnection, table: Table, namespace: str, rows: Sequence[dict[str, Any]]) -> int:

@@ -13,16 +13,17 @@ from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import Text, bindparam, cast, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.capability import Capability, Change, Periodic, expiry_sweep
 from app.core.config import Database
 from app.core.errors import ProblemError
-from app.core.namespace_data import Blob, Context, Deleted, NamespaceData, RefusedLine, Rows, writer
+from app.core.namespace_data import Blob, Context, Deleted, NamespaceData, RefusedLine, Rows, keyset_pages, writer
 from app.core.state import GatewayState
 from app.quotas.tables import Counted
 from app.store.models import store_items, store_vectors
@@ -79,14 +80,12 @@ class StoreData(NamespaceData[StoreService]):
     parts = ("items",)
 
     async def export(self, service: StoreService, conn: AsyncConnection, namespace: str, batch: int) -> AsyncIterator[Rows | Blob]:
-        after: int | None = None
-        while True:
-            query = select(store_items).where(store_items.c.namespace == namespace).order_by(store_items.c.id).limit(batch)
-            if after is not None:
-                query = query.where(store_items.c.id > after)
-            items = (await conn.execute(query)).all()
-            if not items:
-                return
+        pages = keyset_pages(
+            conn, list(store_items.c), [store_items.c.id], [store_items.c.namespace == namespace], batch,
+            [cast(store_items.c.value, Text)],
+        )
+        async for page in pages:
+            items = [SimpleNamespace(**row) for row in page]
             ids = [r.id for r in items]
             vectors: dict[int, list[dict[str, str]]] = {}
             found = await conn.execute(
@@ -103,7 +102,6 @@ class StoreData(NamespaceData[StoreService]):
                  "ttl_minutes": r.ttl_minutes, "vectors": vectors.get(r.id, [])}
                 for r in items
             ))
-            after = ids[-1]
 
     async def load(
         self, service: StoreService, conn: AsyncConnection, namespace: str, part: Rows, ctx: Context | None = None

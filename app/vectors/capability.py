@@ -27,6 +27,7 @@ from app.core.namespace_data import (
     RefusedLine,
     Rows,
     delete_rows,
+    PAGE_BYTES,
     export_table,
     load_rows,
     writer,
@@ -115,7 +116,7 @@ class VectorsData(NamespaceData[VectorService]):
             info = service.info_of(r)
             after: str | None = None
             while True:
-                points, _ = await service.index.list(conn, info, None, after, batch, True, budget=1 << 62, dimension_bytes=8)
+                points, _ = await service.index.list(conn, info, None, after, batch, True, budget=PAGE_BYTES, dimension_bytes=8)
                 if not points:
                     break
                 yield Rows("points", tuple(
