@@ -217,6 +217,10 @@ async def create_tables(state: GatewayState, database: Database, *tables: Table)
             await conn.run_sync(table.create, checkfirst=True)
 
 
+RESERVED_NAMES = frozenset({"export", "import", "namespace"})
+"""Routes of a namespace as a whole (app.portability), which no capability's gate may shadow."""
+
+
 def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[Any], ...]:
     """The capabilities in order, refusing a bad name or two with one name (gates would shadow)."""
     out: dict[str, Capability[Any]] = {}
@@ -227,5 +231,7 @@ def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[An
             raise ValueError(f"capability name {capability.name!r} is the gateway's own path (/v1/{{namespace}}/{capability.name})")
         if capability.name in out:
             raise ValueError(f"two capabilities are named {capability.name!r}")
+        if capability.name in RESERVED_NAMES:
+            raise ValueError(f"{capability.name!r} names a route of the namespace itself (/v1/{{namespace}}/{capability.name})")
         out[capability.name] = capability
     return tuple(out.values())
