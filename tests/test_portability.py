@@ -227,7 +227,14 @@ async def test_bad_archives_are_refused_and_nothing_stays(
     lying = json.loads(members[0][1])
     lying["capabilities"]["kv"]["parts"]["kv_entries"]["count"] += 1
     lying_bytes = json.dumps(lying).encode()
+    kv_part = names.index(next(n for n in names if n.startswith("kv/kv_entries/")))
+    bad_lines = members[kv_part][1].replace(b'"value":"', b'"value":"not json', 1)
+    refused_line = [*members[1:kv_part], (members[kv_part][0], bad_lines), *members[kv_part + 1:-1]]
     checks = {
+        "a line the API would refuse": (
+            _rebuild([members[0], *refused_line, ("checksums.json", _checksums(members[0][1], refused_line))]),
+            422, "archive_invalid_line", names[kv_part],
+        ),
         "flipped byte in a part": (flipped(first_part), 422, "archive_corrupt", names[first_part]),
         "flipped byte in a blob": (flipped(blob), 422, "archive_corrupt", names[blob]),
         "truncated": (archive[: len(archive) * 2 // 3], 422, "archive_truncated", None),
