@@ -27,11 +27,13 @@ from storage_gateway_client import GatewayClient
 from storage_gateway_client._exceptions import Conflict, GatewayError
 from tests.conftest import (
     ADMIN_KEY,
+    TEST_BUCKET,
     Backend,
     Server,
     backend_env,
     create_postgres_databases,
     run_cli,
+    s3_env,
     start_server,
     stop_server,
 )
@@ -39,17 +41,20 @@ from tests.conftest import (
 
 @pytest.fixture(scope="module")
 def other(backend: Backend, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Server]:
-    """A gateway on the other backend (SQLite for PostgreSQL, PostgreSQL for SQLite), files in a directory."""
+    """A gateway on the other backend: SQLite with files in a directory for PostgreSQL, PostgreSQL
+    with files on S3 (SeaweedFS) for SQLite (whose own files are chunks in the database)."""
     data_dir = tmp_path_factory.mktemp("other")
     if backend.is_postgres:
         urls = {db: f"sqlite+aiosqlite:///{data_dir}/{db}.db" for db in ("metadata", "vectors", "checkpoints")}
-        name = "sqlite"
+        name, files = "sqlite", "directory"
+        env = {**backend_env(urls, data_dir), "GATEWAY_FILES__BACKEND": files}
     else:
         base = request.getfixturevalue("postgres_base_url")
         urls = create_postgres_databases(base, f"gwp_{uuid.uuid4().hex[:8]}")
-        name = "postgres"
-    env = {**backend_env(urls, data_dir), "GATEWAY_FILES__BACKEND": "directory"}
-    other_backend = Backend(name, env, urls, files="directory")
+        name, files = "postgres", "s3"
+        seaweed = request.getfixturevalue("seaweed")
+        env = {**backend_env(urls, data_dir), **s3_env(seaweed, TEST_BUCKET, f"port-{uuid.uuid4().hex[:6]}/")}
+    other_backend = Backend(name, env, urls, files=files)
     assert run_cli(other_backend, "migrate").returncode == 0
     srv = start_server(other_backend, data_dir / "gateway.log")
     yield srv
