@@ -84,6 +84,10 @@ async def _seed(server: Server, http: httpx.AsyncClient, ns: str) -> None:
         for i in range(20)
     ]}))
     ok(await http.put(f"/v1/{ns}/checkpoints/retention", json={"keep_latest": 5, "idle_ttl_seconds": 86400}))
+    ok(await http.post(f"/v1/{ns}/checkpoints/put", content=(  # an integer past 64 bits, a float, a filter term
+        '{"thread_id": "big", "checkpoint_id": "c1", "checkpoint": {"type": "bytes", "data": "AA=="}, '
+        '"channel_versions": {}, "metadata": {"n": 123456789012345678901234567890, "x": 0.1, "run_id": "r9"}}'
+    ), headers={"Content-Type": "application/json"}))
 
 
 async def _answers(server: Server, http: httpx.AsyncClient, ns: str) -> dict[str, Any]:
@@ -108,6 +112,11 @@ async def _answers(server: Server, http: httpx.AsyncClient, ns: str) -> dict[str
     hybrid = await http.post(f"/v1/{ns}/vectors/docs/search", json={"vector": [1.0, 0.3, 0.2], "query": "apples", "limit": 3})
     out["hybrid"] = [h["id"] for h in hybrid.json()["results"]]
     out["retention"] = (await http.get(f"/v1/{ns}/checkpoints/retention")).json()
+    out["big"] = json.loads((await http.get(f"/v1/{ns}/checkpoints/tuple", params={"thread_id": "big"})).text)
+    assert out["big"]["metadata"]["n"] == 123456789012345678901234567890, out["big"]
+    found = (await http.post(f"/v1/{ns}/checkpoints/search", json={"filter": {"run_id": "r9"}})).json()
+    out["filtered"] = [(i["thread_id"], i["checkpoint_id"]) for i in found["items"]]
+    assert out["filtered"] == [("big", "c1")]
     return _portable(out, ns)
 
 

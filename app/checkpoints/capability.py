@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
-import orjson
 from sqlalchemy import LargeBinary, Table, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -113,7 +113,7 @@ class CheckpointsData(NamespaceData[CheckpointsService]):
                 for found in page:
                     row = dict(found)
                     for c in json_columns:
-                        row[c] = orjson.loads(row[c])
+                        row[c] = json.loads(row[c])  # (not orjson's: it reads an integer past 64 bits as a float)
                     lines.append(encode_row(table, row))
                 yield Rows(name, tuple(lines))
 

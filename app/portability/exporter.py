@@ -9,6 +9,7 @@ is bounded by one part (``part_bytes``) and one piece of a file, never by the na
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -57,10 +58,13 @@ class Counted:
 
 
 def line_of(row: dict[str, Any]) -> bytes:
+    """A JSON line; integers past 64 bits (checkpoint metadata may hold them) through the stdlib."""
     try:
         return orjson.dumps(row) + b"\n"
     except TypeError as exc:
-        raise TypeError(f"{exc}: {row!r:.300}") from None
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
 async def open_snapshots(state: GatewayState, stack: AsyncExitStack) -> dict[Database, AsyncConnection]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 import tempfile
 import time
@@ -205,8 +206,8 @@ class _Import:
             rows = []
             for n, line in enumerate(lines, 1):
                 try:
-                    row = orjson.loads(line)
-                except orjson.JSONDecodeError:
+                    row = _loads(line)
+                except (ValueError, RecursionError):
                     raise ArchiveError("archive_invalid_line", f"line {n} is not JSON", member.name) from None
                 if not isinstance(row, dict):
                     raise ArchiveError("archive_invalid_line", f"line {n} is not a JSON object", member.name)
@@ -314,6 +315,16 @@ class _Import:
             for part in parts:
                 if part not in capabilities.get(cap, {}).get("parts", {}):
                     raise ArchiveError("archive_manifest_mismatch", f"{cap}/{part} is not in the manifest", "manifest.json")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(line: bytes) -> Any:
+    """A line as JSON, numbers as written: the stdlib's parser (orjson reads an integer past 64
+    bits as a float), without NaN and Infinity."""
+    return json.loads(line, parse_constant=_no_constant)
 
 
 OFF_LOOP_BYTES = 256 * 1024  # hashing or parsing more than this runs in a thread: the loop serves other requests
