@@ -244,7 +244,13 @@ async def test_bad_archives_are_refused_and_nothing_stays(
     kv_part = names.index(next(n for n in names if n.startswith("kv/kv_entries/")))
     bad_lines = members[kv_part][1].replace(b'"value":"', b'"value":"not json', 1)
     refused_line = [*members[1:kv_part], (members[kv_part][0], bad_lines), *members[kv_part + 1:-1]]
+    surrogate_lines = members[kv_part][1].replace(b'{"collection":"', b'{"collection":"\\ud800', 1)
+    surrogate = [*members[1:kv_part], (members[kv_part][0], surrogate_lines), *members[kv_part + 1:-1]]
     checks = {
+        "a lone surrogate": (
+            _rebuild([members[0], *surrogate, ("checksums.json", _checksums(members[0][1], surrogate))]),
+            422, "archive_invalid_line", names[kv_part],
+        ),
         "a line the API would refuse": (
             _rebuild([members[0], *refused_line, ("checksums.json", _checksums(members[0][1], refused_line))]),
             422, "archive_invalid_line", names[kv_part],

@@ -26,6 +26,7 @@ import orjson
 from sqlalchemy import exists, select
 
 from app.core.errors import Conflict, ProblemError
+from app.core.jsonvalue import find_invalid
 from app.core.namespace_data import RefusedLine, Rows, delete_namespace, writer
 from app.core.state import GatewayState
 from app.portability.archive import ArchiveError, ArchiveReader, ArchiveTooLarge, Member
@@ -211,6 +212,9 @@ class _Import:
                     raise ArchiveError("archive_invalid_line", f"line {n} is not JSON", member.name) from None
                 if not isinstance(row, dict):
                     raise ArchiveError("archive_invalid_line", f"line {n} is not a JSON object", member.name)
+                invalid = find_invalid(row, f"line {n}")  # a lone surrogate cannot be stored (nor 1e999)
+                if invalid is not None:
+                    raise ArchiveError("archive_invalid_line", f"{invalid[0]}: {invalid[1]}", member.name)
                 rows.append(row)
             return rows
 
