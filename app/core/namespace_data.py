@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from sqlalchemy import Boolean, DateTime, Float, Integer, LargeBinary, Table, Te
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.db.databases import SQLITE_BEGIN_OPTION
+from app.core.names import NAME_PATTERN, key_problem
 
 if TYPE_CHECKING:
     from app.core.state import GatewayState
@@ -266,6 +268,12 @@ def decode_row(table: Table, row: dict[str, Any]) -> dict[str, Any]:
                     raise TypeError
             elif not isinstance(value, str):
                 raise TypeError
+            elif (length := getattr(column.type, "length", None)) is not None and len(value) > length:
+                raise RefusedLine(f"{name}: longer than {length} characters")
+            elif name == "collection" and not re.fullmatch(NAME_PATTERN, value):
+                raise RefusedLine(f"collection {value!r:.80} is not a collection name")
+            elif name == "key" and (problem := key_problem(value)):
+                raise RefusedLine(f"key {value!r:.80}: {problem}")
             elif name == "value":
                 orjson.loads(value)  # JSON text the API returns verbatim must be JSON
         except (TypeError, ValueError, binascii.Error, orjson.JSONDecodeError) as exc:

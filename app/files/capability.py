@@ -117,6 +117,8 @@ class FilesData(NamespaceData[FilesService]):
                 raise RefusedLine(f"sha256 {sha!r:.80} is not a hex sha256")
             if not isinstance(row["size"], int) or not isinstance(row["content_type"], str):
                 raise RefusedLine("size must be an integer and content_type a string")
+            if len(row["content_type"]) > 255 or not row["content_type"].isprintable():
+                raise RefusedLine(f"content_type {row['content_type']!r:.80} is not a media type")
             for name in ("created_at", "updated_at"):
                 try:
                     row[name] = datetime.fromisoformat(row[name])
