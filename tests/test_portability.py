@@ -241,6 +241,8 @@ async def test_bad_archives_are_refused_and_nothing_stays(
     lying = json.loads(members[0][1])
     lying["capabilities"]["kv"]["parts"]["kv_entries"]["count"] += 1
     lying_bytes = json.dumps(lying).encode()
+    lying["capabilities"]["kv"]["parts"]["kv_entries"]["count"] -= 2
+    under_bytes = json.dumps(lying).encode()
     kv_part = names.index(next(n for n in names if n.startswith("kv/kv_entries/")))
     bad_lines = members[kv_part][1].replace(b'"value":"', b'"value":"not json', 1)
     refused_line = [*members[1:kv_part], (members[kv_part][0], bad_lines), *members[kv_part + 1:-1]]
@@ -261,6 +263,11 @@ async def test_bad_archives_are_refused_and_nothing_stays(
         "member missing": (_rebuild(members[:first_part] + members[first_part + 1:]), 422, "archive_member_missing", None),
         "manifest lies": (_rebuild([("manifest.json", lying_bytes), *members[1:-1], ("checksums.json", _checksums(lying_bytes, members[1:-1]))]),
                           422, "archive_manifest_mismatch", "manifest.json"),
+        "manifest undercounts": (
+            _rebuild([("manifest.json", under_bytes), *members[1:-1], ("checksums.json", _checksums(under_bytes, members[1:-1]))]),
+            422, "archive_manifest_mismatch", names[kv_part],  # refused at that part, before it is stored
+        ),
+        "no sha256 in a header": (_rebuild(members[:-1], {names[first_part]: {"sha256": ""}}), 422, "archive_corrupt", names[first_part]),
         "path with ..": (_rebuild([*members[:2], ("kv/../../etc/passwd", b"x\n"), *members[2:]]), 422, "archive_unsafe_member", None),
         "not a tar": (b"hello" * 300, 422, None, None),
     }

@@ -29,7 +29,7 @@ from app.core.errors import Conflict, ProblemError
 from app.core.jsonvalue import find_invalid
 from app.core.namespace_data import RefusedLine, Rows, delete_namespace, writer
 from app.core.state import GatewayState
-from app.portability.archive import ArchiveError, ArchiveReader, ArchiveTooLarge, Member
+from app.portability.archive import SHA256_HEADER, ArchiveError, ArchiveReader, ArchiveTooLarge, Member
 from app.portability.exporter import FORMAT, VERSION
 
 MAX_MANIFEST_BYTES = 1024 * 1024
@@ -68,13 +68,13 @@ async def import_archive(
     """Load the archive read from ``source`` into ``namespace`` (empty); what was loaded."""
     if namespace in _importing:
         raise Conflict(f"an import into {namespace!r} is already running", code="import_in_progress")
-    if await holds_data(state, namespace):
-        raise NamespaceNotEmpty(
-            f"namespace {namespace!r} holds data; an archive is imported into an empty namespace only (mode=fail)"
-        )
-    _importing.add(namespace)
+    _importing.add(namespace)  # before the first await: two requests at once cannot both pass
     started = time.monotonic()
     try:
+        if await holds_data(state, namespace):
+            raise NamespaceNotEmpty(
+                f"namespace {namespace!r} holds data; an archive is imported into an empty namespace only (mode=fail)"
+            )
         try:
             loaded = await _Import(state, namespace, source, progress).run()
         except BaseException:
@@ -99,10 +99,13 @@ class _Import:
         self.contexts: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
         self.done: set[str] = set()
+        self.manifest_parts: dict[str, dict[str, Any]] = {}
 
     async def _bounded(self, member: Member, limit: int) -> bytes:
         if member.size > limit:
             raise ArchiveTooLarge("archive_member_too_large", f"{member.size} bytes; at most {limit} are accepted", member.name)
+        if member.sha256 is None and member.name != "checksums.json":
+            raise ArchiveError("archive_corrupt", f"its header carries no {SHA256_HEADER}", member.name)
         data = await self.reader.read(member)
         digest = await _off_loop(lambda: hashlib.sha256(data).hexdigest(), len(data))
         if member.sha256 is not None and digest != member.sha256:
@@ -122,6 +125,7 @@ class _Import:
             raise ArchiveError("archive_corrupt", "manifest.json is not JSON", "manifest.json") from None
         self._check_manifest(manifest)
         capabilities: dict[str, Any] = manifest["capabilities"]
+        self.manifest_parts = {cap: entry["parts"] for cap, entry in capabilities.items()}
         self.order = [name for name in self.by_name if name in capabilities]
         for name in self.order:  # what the loaders may need to know about where the archive came from
             self.contexts[name] = {"source": manifest.get("source") or {}}
@@ -200,7 +204,7 @@ class _Import:
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
-        if member.lines is not None and member.lines != len(lines):
+        if member.lines is None or member.lines != len(lines):
             raise ArchiveError("archive_corrupt", f"{len(lines)} lines, its header says {member.lines}", member.name)
 
         def parse() -> list[dict[str, Any]]:
@@ -229,6 +233,12 @@ class _Import:
             if isinstance(collection, str):
                 counted[1][collection] = counted[1].get(collection, 0) + 1
         counted[0] += len(rows)
+        declared = self.manifest_parts.get(cap, {}).get(part)
+        if declared is None or counted[0] > declared.get("count", 0):  # fail as soon as a count passes the manifest's
+            raise ArchiveError(
+                "archive_manifest_mismatch", f"{cap}/{part}: more lines than the manifest counts "
+                f"({declared.get('count') if declared else 'none'})", member.name,
+            )
         ctx = self.contexts.setdefault(cap, {})
         try:
             async with writer(self.state.databases.engine(capability.database)).begin() as conn:
@@ -244,8 +254,8 @@ class _Import:
 
     async def _blob(self, member: Member, cap: str, sha256: str) -> None:
         self._enter(cap, member.name)
-        if member.sha256 is not None and member.sha256 != sha256:
-            raise ArchiveError("archive_corrupt", "its header's sha256 is not its name", member.name)
+        if member.sha256 != sha256:
+            raise ArchiveError("archive_corrupt", f"its header's {SHA256_HEADER} is not its name", member.name)
         capability = self.by_name[cap]
         spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
         try:
