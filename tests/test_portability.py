@@ -248,7 +248,17 @@ async def test_bad_archives_are_refused_and_nothing_stays(
     refused_line = [*members[1:kv_part], (members[kv_part][0], bad_lines), *members[kv_part + 1:-1]]
     surrogate_lines = members[kv_part][1].replace(b'{"collection":"', b'{"collection":"\\ud800', 1)
     surrogate = [*members[1:kv_part], (members[kv_part][0], surrogate_lines), *members[kv_part + 1:-1]]
+    kv_lines = members[kv_part][1].splitlines(keepends=True)
+    doubled = [*members[1:kv_part], (members[kv_part][0], kv_lines[0] + members[kv_part][1]), *members[kv_part + 1:-1]]
+    # (lying_bytes counts one kv entry more: the doubled line is the one)
     checks = {
+        "a key twice": (
+            _rebuild([("manifest.json", lying_bytes), *doubled, ("checksums.json", _checksums(lying_bytes, doubled))]),
+            422, "archive_invalid_line", names[kv_part],
+        ),
+        "a part twice": (
+            _rebuild([*members[:kv_part + 1], members[kv_part], *members[kv_part + 1:]]), 422, "archive_corrupt", names[kv_part],
+        ),
         "a lone surrogate": (
             _rebuild([members[0], *surrogate, ("checksums.json", _checksums(members[0][1], surrogate))]),
             422, "archive_invalid_line", names[kv_part],

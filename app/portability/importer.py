@@ -24,6 +24,7 @@ from typing import IO, Any, TypeVar
 import anyio
 import orjson
 from sqlalchemy import exists, select
+from sqlalchemy.exc import IntegrityError
 
 from app.core.errors import Conflict, ProblemError
 from app.core.jsonvalue import find_invalid
@@ -100,6 +101,7 @@ class _Import:
         self.order: list[str] = []
         self.done: set[str] = set()
         self.manifest_parts: dict[str, dict[str, Any]] = {}
+        self.names: set[str] = set()  # the parts read (blobs may come again, after a later batch of rows)
 
     async def _bounded(self, member: Member, limit: int) -> bytes:
         if member.size > limit:
@@ -173,6 +175,14 @@ class _Import:
             for part, counted in entry["parts"].items():
                 if not isinstance(counted, dict) or not isinstance(counted.get("count"), int):
                     raise ArchiveError("archive_invalid", f"{cap}/{part} has no count", "manifest.json")
+                collections = counted.get("collections", {})
+                if not isinstance(collections, dict) or not all(
+                    isinstance(c, dict) and isinstance(c.get("count"), int) for c in collections.values()
+                ):
+                    raise ArchiveError("archive_invalid", f"{cap}/{part} has collections without counts", "manifest.json")
+        source = manifest.get("source")
+        if source is not None and (not isinstance(source, dict) or not isinstance(source.get("backends", {}), dict)):
+            raise ArchiveError("archive_invalid", "manifest.json's source is not an object with backends", "manifest.json")
 
     def _enter(self, cap: str, member: str) -> None:
         """Capabilities come in the gateway's order, each once."""
@@ -198,6 +208,9 @@ class _Import:
 
     async def _part(self, member: Member, cap: str, part: str) -> None:
         self._enter(cap, member.name)
+        if member.name in self.names:
+            raise ArchiveError("archive_corrupt", "the member appears twice", member.name)
+        self.names.add(member.name)
         for earlier in list(self.done):
             await self._finish(earlier)
         data = await self._bounded(member, MAX_PART_BYTES)
@@ -249,6 +262,8 @@ class _Import:
             if isinstance(exc, ArchiveError):
                 raise
             raise ArchiveError("archive_invalid_line", str(exc), member.name) from None
+        except IntegrityError:  # two lines of one item (a key twice), or a reference to nothing
+            raise ArchiveError("archive_invalid_line", "the database refused its lines: an item twice?", member.name) from None
         if self.progress is not None:
             self.progress(cap, len(rows), len(data))
 
