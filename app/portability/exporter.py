@@ -129,7 +129,7 @@ def build_manifest(state: GatewayState, namespace: str, counts: dict[str, dict[s
         "source": {
             "gateway": __version__,
             "backends": {db.value: databases.dialect(db) for db in Database},
-            "files_backend": state.settings.files.backend,
+            "files_backend": getattr(getattr(state.services.get("files"), "blobs", None), "backend", None),
         },
         "snapshot": {"cut": "per_database"},
         "bounds": {"part_bytes": PART_BYTES, "part_lines": PART_LINES},
