@@ -185,8 +185,8 @@ async def test_round_trip_across_backends(
             back = b"".join([piece async for piece in gw2.iter_export()])
         # again into this backend, under a third name, from the other backend's export
         home = f"{namespace}y"
-        async with GatewayClient(server.url, home, ADMIN_KEY) as gw:
-            await gw.import_namespace(back)
+        async with GatewayClient(server.url, home, ADMIN_KEY) as gw, GatewayClient(other.url, there, ADMIN_KEY) as gw2:
+            await gw.import_namespace(gw2.iter_export())  # streamed from one gateway into the other, no file
         _same(await _answers(server, http, home), before)
         # an export of unchanged data has the same parts (the same backend: PostgreSQL writes jsonb its own way)
         async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
