@@ -421,3 +421,46 @@ async def test_pages_are_bounded_by_bytes(
         paged = [p async for p in kv.namespace_data.export(None, conn, namespace, 500)]
     assert [len(p.rows) for p in whole] == [3] and [len(p.rows) for p in paged] == [1, 1, 1]
     assert [r for p in paged for r in p.rows] == list(whole[0].rows)
+
+
+async def test_an_export_taken_while_writers_run_imports_whole(
+    server: Server, http: httpx.AsyncClient, namespace: str
+) -> None:
+    """8 writers replace files, kv values and points while the namespace is exported: the archive
+    is whole (every file's bytes match its sha256, every count its manifest: the import checks
+    both) and every imported value is one a writer wrote."""
+    import os
+
+    assert (await http.put(f"/v1/{namespace}/vectors/w", json={"vector_size": 2})).status_code < 300
+    stop = asyncio.Event()
+    written: dict[str, set[int]] = {}
+
+    async def writer(w: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = os.urandom(1000 + 97 * n)
+            assert (await http.put(f"/v1/{namespace}/files/w/f{w}", content=body)).status_code < 300
+            assert (await http.put(f"/v1/{namespace}/kv/w/k{w}", json={"n": n, "w": w})).status_code < 300
+            r = await http.post(f"/v1/{namespace}/vectors/w/points", json={"points": [
+                {"id": f"p{w}", "vector": [float(n), 1.0], "payload": {"n": n}}
+            ]})
+            assert r.status_code < 300
+            written.setdefault(f"k{w}", set()).add(n)
+
+    writers = [asyncio.create_task(writer(w)) for w in range(8)]
+    await asyncio.sleep(0.3)
+    async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
+        archive = b"".join([piece async for piece in gw.iter_export()])
+    stop.set()
+    await asyncio.gather(*writers)
+    target = f"{namespace}w"
+    r = await http.post(f"/v1/{target}/import", content=archive)
+    assert r.status_code == 200, r.text
+    manifest = json.loads(_members(archive)["manifest.json"])
+    assert r.json()["loaded"]["files"]["files"] == manifest["capabilities"]["files"]["parts"]["files"]["count"] == 8
+    for w in range(8):
+        value = (await http.get(f"/v1/{target}/kv/w/k{w}")).json()
+        assert value["n"] in written[f"k{w}"] and value["w"] == w
+        point = (await http.get(f"/v1/{target}/vectors/w/points/p{w}", params={"with_vector": "true"})).json()
+        assert point["vector"][0] == point["payload"]["n"]  # a point is whole: its vector and payload of one write
