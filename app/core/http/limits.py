@@ -14,6 +14,8 @@ reads the declaration of the *matched* route, after authentication, and only the
   (``check_json_shape``), which bounds what parsing it costs.
 - ``STREAM``: the route reads the body itself as it arrives (file uploads), counted against
   ``limits.max_file_bytes`` plus the declared overhead.
+- ``ARCHIVE``: the same for a namespace archive (``POST /v1/{namespace}/import``), counted
+  against ``MAX_ARCHIVE_BYTES`` (1 TiB); each of its members is bounded by the importer.
 
 A declared ``Content-Length`` over the limit is refused before a byte is read. Every body is read
 against two clocks (``BodyClock``): ``limits.body_idle_timeout_seconds`` without a byte, and a
