@@ -3,7 +3,8 @@
 Rules: the namespace must hold nothing (409 ``namespace_not_empty``). Each member is bounded
 before it is read and checked before anything of it is written: a part's sha256 and line count
 against its PAX header, each line by the capability's loader (as the API checks a write), a
-blob's bytes against its name. A part commits in one write transaction. Whatever goes wrong (a
+blob's bytes against its name. A part commits in write transactions of ``LOAD_ROWS`` lines, so
+no other writer of the database waits for a whole part. Whatever goes wrong (a
 corrupt, truncated or lying archive, a refused line, the client gone), everything the import
 wrote is deleted again (``delete_namespace``) before the error is answered, so a failed import
 leaves the namespace empty. The manifest's counts, and ``checksums.json``'s list, are checked
@@ -38,6 +39,7 @@ MAX_PART_BYTES = 16 * 1024 * 1024
 MAX_CHECKSUMS_BYTES = 64 * 1024 * 1024
 SPOOL_BYTES = 1024 * 1024  # a blob up to this stays in memory while it is checked; larger ones go to a temporary file
 PIECE = 1024 * 1024
+LOAD_ROWS = 500  # lines a write transaction loads: SQLite's write lock is not held for a whole part
 
 _PART = re.compile(r"^([a-z][a-z0-9_]*)/([a-z][a-z0-9_]*)/(\d{6})\.jsonl$")
 _BLOB = re.compile(r"^([a-z][a-z0-9_]*)/blobs/([0-9a-f]{64})$")
@@ -254,8 +256,12 @@ class _Import:
             )
         ctx = self.contexts.setdefault(cap, {})
         try:
-            async with writer(self.state.databases.engine(capability.database)).begin() as conn:
-                await capability.namespace_data.load(self.state.services[cap], conn, self.namespace, Rows(part, tuple(rows)), ctx)
+            engine = writer(self.state.databases.engine(capability.database))
+            for start in range(0, len(rows), LOAD_ROWS):  # a write lock is held for a slice at a time
+                async with engine.begin() as conn:
+                    await capability.namespace_data.load(
+                        self.state.services[cap], conn, self.namespace, Rows(part, tuple(rows[start:start + LOAD_ROWS])), ctx
+                    )
         except RefusedLine as exc:
             raise ArchiveError("archive_invalid_line", str(exc), member.name) from None
         except ProblemError as exc:
