@@ -277,6 +277,9 @@ class _Import:
         self._enter(cap, member.name)
         if member.sha256 != sha256:
             raise ArchiveError("archive_corrupt", f"its header's {SHA256_HEADER} is not its name", member.name)
+        limit = self.state.settings.limits.max_file_bytes
+        if member.size > limit:  # refused from its header, before a byte of it is read
+            raise ArchiveTooLarge("archive_member_too_large", f"{member.size} bytes; files are at most {limit}", member.name)
         capability = self.by_name[cap]
         spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
         try:
