@@ -464,3 +464,31 @@ async def test_an_export_taken_while_writers_run_imports_whole(
         assert value["n"] in written[f"k{w}"] and value["w"] == w
         point = (await http.get(f"/v1/{target}/vectors/w/points/p{w}", params={"with_vector": "true"})).json()
         assert point["vector"][0] == point["payload"]["n"]  # a point is whole: its vector and payload of one write
+
+
+async def test_the_reader_refuses_any_mangled_header_as_an_archive_error() -> None:
+    """Every byte of a small archive's headers changed, one at a time: the reader answers members
+    or an ``ArchiveError`` (a 4xx), never another exception (a 500)."""
+    import random
+
+    from app.portability.archive import ArchiveError, ArchiveReader
+
+    archive = _rebuild([("manifest.json", b"{}\n"), ("kv/kv_entries/000001.jsonl", b'{"a":1}\n')])
+    rng = random.Random(47)
+    positions = [i for i in range(len(archive)) if (i // 512) in (0, 1, 2, 4, 5, 6)]  # PAX headers, their records, tar headers
+    for i in positions:
+        mangled = bytearray(archive)
+        mangled[i] = rng.choice([0, 0x2F, 0x2E, 0x37, 0x78, 0xFF, mangled[i] ^ 1])
+
+        async def source(data: bytes = bytes(mangled)) -> Any:
+            yield data
+
+        reader = ArchiveReader(source())
+        try:
+            while (member := await reader.next()) is not None:
+                if member.size <= 1 << 20:
+                    await reader.read(member)
+                else:
+                    break
+        except ArchiveError:
+            pass

@@ -137,7 +137,10 @@ class ArchiveReader:
             raise ArchiveError("archive_unsafe_member", f"member {name!r} is not a regular file", name)
         if not safe_name(name):
             raise ArchiveError("archive_unsafe_member", f"member name {name!r} is not a safe relative path", name)
-        size = int(pax["size"]) if "size" in pax else info.size
+        raw_size = pax.get("size", str(info.size))
+        if not raw_size.isdigit() or len(raw_size) > 18:
+            raise ArchiveError("archive_corrupt", f"member {name!r} has no valid size", name)
+        size = int(raw_size)
         lines = pax.get(LINES_HEADER)
         return Member(name, size, pax.get(SHA256_HEADER), int(lines) if lines is not None and lines.isdigit() else None)
 
