@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from app.auth.dependencies import authenticate
+from app.auth.dependencies import authenticate, refuse_foreign_origin
 from app.auth.service import ANONYMOUS
 from app.core.dependencies import NamespacePath
 from app.core.errors import (
@@ -31,7 +31,7 @@ from app.core.errors import (
 )
 from app.core.http.limits import Body, accepts
 from app.core.http.routing import GatedRoutes, copy_routes
-from app.core.state import gateway_state
+from app.core.state import disk_space_of, gateway_state
 from app.portability.exporter import export_archive
 from app.portability.importer import import_archive
 
@@ -48,6 +48,11 @@ async def namespace_admin_guard(request: Request, _gate: str, _reads: bool) -> N
     """403 unless the caller administers the namespace (admin key, or ``namespace:admin`` on it)."""
     principal = await authenticate(request)
     namespace = request.path_params.get("namespace", "")
+    if request.method == "POST":  # an import writes: as a capability's gate does for a write
+        if principal is ANONYMOUS:
+            refuse_foreign_origin(request)
+        if (space := disk_space_of(request)) is not None:
+            space.check_write(request)  # 507 while the disk is full
     if principal is ANONYMOUS or principal.administers(namespace):
         return
     raise Forbidden("exporting or importing a whole namespace needs the admin key or a key with the namespace:admin scope on it")
