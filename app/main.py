@@ -12,7 +12,6 @@ from fastapi import FastAPI
 from app import __version__
 from app.auth.cache import KeyCache
 from app.auth.dependencies import admin_guard, capability_guard, namespace_read_guard
-from app.auth.dependencies import admin_guard, capability_guard
 from app.portability import router as portability
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
