@@ -217,8 +217,9 @@ async def create_tables(state: GatewayState, database: Database, *tables: Table)
             await conn.run_sync(table.create, checkfirst=True)
 
 
-RESERVED_NAMES = frozenset({"export", "import", "namespace"})
-"""Routes of a namespace as a whole (app.portability), which no capability's gate may shadow."""
+RESERVED_NAMES = RESERVED | {"export", "import", "namespace"}
+"""Routes of a namespace as a whole (usage: app.quotas; export, import: app.portability), which no
+capability's gate may shadow."""
 
 
 def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[Any], ...]:
@@ -227,8 +228,6 @@ def check_unique(capabilities: Iterable[Capability[Any]]) -> tuple[Capability[An
     for capability in capabilities:
         if not _NAME.fullmatch(capability.name):
             raise ValueError(f"capability name {capability.name!r} is not [a-z][a-z0-9_]*")
-        if capability.name in RESERVED:  # /v1/{namespace}/usage is the gateway's (app.quotas)
-            raise ValueError(f"capability name {capability.name!r} is the gateway's own path (/v1/{{namespace}}/{capability.name})")
         if capability.name in out:
             raise ValueError(f"two capabilities are named {capability.name!r}")
         if capability.name in RESERVED_NAMES:
