@@ -1,4 +1,4 @@
-"""``storage-gateway export NS -o FILE`` and ``storage-gateway import NS FILE``, in-process.
+"""``storage-gateway export NS -o FILE``, ``import NS FILE`` and ``promote --to TARGET``, in-process.
 
 They act on the configured databases directly (``app.main.services``), as ``delete-namespace``
 does, with a progress bar per capability on stderr (rich; nothing live when stderr is not a
@@ -139,6 +139,70 @@ def cmd_import(args: argparse.Namespace, load_settings: Callable[[str | None], A
     print(json.dumps(report))
 
 
+def cmd_promote(args: argparse.Namespace, load_settings: Callable[[str | None], Any], preflight: Callable[..., Any]) -> None:
+    from app.core.errors import ProblemError
+    from app.main import services
+    from app.portability.promote import (
+        PromoteError,
+        copy_settings_tables,
+        namespaces_of,
+        promote_namespace,
+        switch_to,
+        target_settings,
+    )
+
+    source = load_settings(args.config)
+    try:
+        target = target_settings(source, args.to, args.files)
+    except (PromoteError, ValueError) as exc:
+        print(f"storage-gateway promote: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    asyncio.run(preflight(source, migrate_all=False))
+    asyncio.run(preflight(target, migrate_all=True))  # Alembic upgrade head on the target's three databases
+    console = Console(stderr=True)
+
+    async def run() -> dict[str, Any]:
+        results = []
+        async with services(source) as src, services(target) as dst:
+            names = await namespaces_of(src)
+            if args.namespaces:
+                names = [n for n in names if n in set(args.namespaces)]
+            with _bars(console) as bars:
+                overall = bars.add_task("namespaces", total=len(names))
+                for namespace in names:
+                    tasks: list[_Tasks] = []
+
+                    def on_manifest(manifest: dict[str, Any], tasks: list[_Tasks] = tasks) -> None:
+                        tasks.append(_Tasks(bars, manifest))
+
+                    def progress(cap: str, lines: int, n: int, tasks: list[_Tasks] = tasks) -> None:
+                        tasks[0].advance(cap, lines, n)
+
+                    result = await promote_namespace(src, dst, namespace, on_manifest=on_manifest, progress=progress)
+                    for task in (tasks[0].tasks.values() if tasks else ()):
+                        bars.remove_task(task)
+                    if tasks:
+                        bars.remove_task(tasks[0].all)
+                    bars.advance(overall)
+                    console.print(f"{namespace}: {result.action}, {result.items} items, {result.seconds} s")
+                    results.append(result)
+            copied = await copy_settings_tables(src, dst)
+        return {
+            "namespaces": {r.namespace: {"action": r.action, "items": r.items, "bytes": r.bytes, "seconds": r.seconds}
+                           for r in results},
+            "copied": copied,
+        }
+
+    try:
+        report = asyncio.run(run())
+    except (ProblemError, PromoteError) as exc:
+        _fail(f"promote: {exc} (the source is unchanged; run promote again to go on)")
+    report["switch_to"] = switch_to(target, args.show_secrets)
+    print(json.dumps(report))
+    print("\n# the source is unchanged; to serve from PostgreSQL, stop the gateway, run promote once more, and set:",
+          *report["switch_to"], sep="\n")
+
+
 def add_parsers(sub: Any, config_help: str, load_settings: Callable[[str | None], Any], preflight: Callable[..., Any]) -> None:
     export = sub.add_parser("export", help="write one namespace's data, every capability, as an archive (docs/archive-format.md)")
     export.add_argument("namespace", help="the namespace to export")
@@ -151,3 +215,16 @@ def add_parsers(sub: Any, config_help: str, load_settings: Callable[[str | None]
     load.add_argument("archive", help="the archive file")
     load.add_argument("--config", default=None, help=config_help)
     load.set_defaults(func=lambda args: cmd_import(args, load_settings, preflight))
+
+    promote = sub.add_parser(
+        "promote", help="copy every namespace into PostgreSQL (migrated first), verified namespace by namespace; "
+        "resumable, the source is only read; prints the settings to switch to",
+    )
+    promote.add_argument("--to", required=True, help="the target: a postgresql:// base DSN (databases named as "
+                         "persistence.postgres_databases) or a YAML file with persistence:/databases: (and files:)")
+    promote.add_argument("--files", choices=("database", "directory", "s3"), default=None,
+                         help="where the target keeps file bytes (default: the file's files.backend, else database)")
+    promote.add_argument("--namespaces", nargs="+", default=None, help="only these namespaces")
+    promote.add_argument("--show-secrets", action="store_true", help="print the target's password in the settings")
+    promote.add_argument("--config", default=None, help=config_help)
+    promote.set_defaults(func=lambda args: cmd_promote(args, load_settings, preflight))
