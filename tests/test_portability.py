@@ -492,3 +492,33 @@ async def test_the_reader_refuses_any_mangled_header_as_an_archive_error() -> No
                     break
         except ArchiveError:
             pass
+
+
+async def test_delete_namespace_over_http(server: Server, http: httpx.AsyncClient, namespace: str) -> None:
+    """``DELETE /v1/{ns}``: the admin key or ``namespace:admin`` on that namespace (not on another,
+    not ``*:*``); every capability's data goes, what went is reported; other namespaces keep theirs."""
+    async def key(ns_pattern: str, scopes: list[str]) -> str:
+        r = await http.post("/v1/admin/keys", json={"namespace": ns_pattern, "scopes": scopes})
+        assert r.status_code == 201, r.text
+        return str(r.json()["key"])
+
+    await _seed(server, http, namespace)
+    await _seed(server, http, f"{namespace}k")  # a neighbour whose name starts the same
+    before = await _answers(server, http, f"{namespace}k")
+    for refused in (await key("*", ["*:*"]), await key(f"{namespace}k", ["namespace:admin"])):
+        r = await http.delete(f"/v1/{namespace}", headers={"Authorization": f"Bearer {refused}"})
+        assert r.status_code == 403 and r.headers["content-type"].startswith("application/problem+json"), r.text
+    assert (await http.get(f"/v1/{namespace}/kv/ttl/k")).status_code == 200
+    async with GatewayClient(server.url, namespace, await key(namespace, ["namespace:admin"])) as gw:
+        report = await gw.delete_namespace()
+        assert report["done"] is True
+        deleted = report["deleted"]
+        assert deleted["kv"]["kv_entries"] >= 2 and deleted["vectors"]["points"] >= 20, deleted
+        assert deleted["files"] and deleted["records"] and deleted["checkpoints"], deleted
+        again = await gw.delete_namespace()
+        assert all(not counts for counts in again["deleted"].values()), again
+    await _empty(http, namespace)
+    assert (await http.get(f"/v1/{namespace}/kv/ttl/k")).status_code == 404
+    _same(await _answers(server, http, f"{namespace}k"), before)
+    r = await http.delete(f"/v1/{namespace}", params={"wait": 31})
+    assert r.status_code == 422, r.text

@@ -33,9 +33,11 @@ from app.core.http.limits import Body, accepts
 from app.core.http.routing import GatedRoutes, copy_routes
 from app.core.state import disk_space_of, gateway_state
 from app.portability.exporter import export_archive
+from app.core.namespace_data import DeleteReport, delete_namespace
+from app.portability.importer import _importing as importing
 from app.portability.importer import import_archive
 
-ROUTES = ("export", "import")
+ROUTES = ("export", "import")  # and DELETE on /v1/{namespace} itself
 TAG = "namespace"
 
 router = APIRouter(tags=[TAG])
@@ -48,21 +50,21 @@ async def namespace_admin_guard(request: Request, _gate: str, _reads: bool) -> N
     """403 unless the caller administers the namespace (admin key, or ``namespace:admin`` on it)."""
     principal = await authenticate(request)
     namespace = request.path_params.get("namespace", "")
-    if request.method == "POST":  # an import writes: as a capability's gate does for a write
+    if request.method in ("POST", "DELETE"):  # an import or a delete writes: as a capability's gate does for a write
         if principal is ANONYMOUS:
             refuse_foreign_origin(request)
         if (space := disk_space_of(request)) is not None:
             space.check_write(request)  # 507 while the disk is full
     if principal is ANONYMOUS or principal.administers(namespace):
         return
-    raise Forbidden("exporting or importing a whole namespace needs the admin key or a key with the namespace:admin scope on it")
+    raise Forbidden("exporting, importing or deleting a whole namespace needs the admin key or a key with the namespace:admin scope on it")
 
 
 class NamespaceRoutes(GatedRoutes):
-    """Routes of a namespace as a whole: ``/v1/{namespace}/<name>``, nothing after it."""
+    """Routes of a namespace as a whole: ``/v1/{namespace}`` itself and ``/v1/{namespace}/<name>``."""
 
     def selects(self, parts: list[str]) -> bool:
-        return len(parts) == 4 and parts[1] == "v1" and parts[3] in ROUTES
+        return parts[1:2] == ["v1"] and (len(parts) == 3 or (len(parts) == 4 and parts[3] in ROUTES))
 
 
 def include(app: FastAPI) -> None:
@@ -141,3 +143,38 @@ async def import_namespace(
 
     report: dict[str, Any] = await import_archive(state, namespace, body())
     return JSONResponse(report)
+
+
+DELETE_BATCH = 500  # items a transaction
+DELETE_ROUND = 20  # batches between two looks at the clock
+
+
+@router.delete(
+    "", summary="Delete a namespace's data, every capability",
+    responses={
+        200: {"description": "All deleted: what was, by capability (`done`: true)."},
+        202: {"description": "`wait` ran out first: what was deleted so far (`done`: false); send the request again to go on."},
+        **problem_responses(Conflict),
+    },
+    openapi_extra={"x-required-scope": "namespace:admin"},
+)
+async def delete_namespace_data(
+    namespace: NamespacePath, request: Request,
+    wait: Annotated[float, Query(ge=0, le=30, description="Seconds to go on deleting before answering 202 (at least one round).")] = 10,
+) -> JSONResponse:
+    """Delete every capability's data of the namespace (files' bytes too), ``DELETE_BATCH`` items
+    a transaction, for at most ``wait`` seconds; what was deleted, by capability and table. An
+    interrupted delete leaves the rest in place: the same request goes on with it."""
+    state = gateway_state(request.app)
+    if namespace in importing:
+        raise Conflict(f"an import into {namespace!r} is running", code="import_in_progress")
+    deadline = asyncio.get_running_loop().time() + wait
+    total = DeleteReport(namespace)
+    while True:
+        report = await delete_namespace(state, namespace, batch=DELETE_BATCH, max_batches=DELETE_ROUND)
+        for cap, counts in report.deleted.items():
+            total.add(cap, counts)
+        if report.done or asyncio.get_running_loop().time() >= deadline:
+            break
+    body = {"namespace": namespace, "deleted": total.deleted, "done": report.done}
+    return JSONResponse(body, status_code=200 if report.done else 202)

@@ -152,6 +152,11 @@ class GatewayClient:
         namespace, which must be empty (409 otherwise); what was loaded, by capability."""
         return await _namespaces.import_from(self._transport, namespace or self.namespace, source)
 
+    async def delete_namespace(self, *, namespace: str | None = None, wait: float = 10) -> dict[str, Any]:
+        """Delete every capability's data of the namespace (``DELETE /v1/{namespace}``, in
+        bounded batches, again until done); what was deleted, by capability and table."""
+        return await _namespaces.delete(self._transport, namespace or self.namespace, wait)
+
     async def health(self) -> dict[str, Any]:
         """``/readyz`` as a dict (does not raise on 503)."""
         response = await self._transport.request("GET", "/readyz", ok=(503,))

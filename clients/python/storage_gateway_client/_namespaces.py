@@ -1,4 +1,4 @@
-"""A whole namespace as one archive: ``export_namespace`` and ``import_namespace`` (streamed).
+"""A whole namespace: ``export_namespace`` and ``import_namespace`` (streamed), ``delete_namespace``.
 
 Both need the admin key or a key with the ``namespace:admin`` scope. The export is written to a
 path (atomically: a temporary file renamed at the end, so a cut-off export leaves no archive) or
@@ -77,3 +77,19 @@ async def import_from(transport: Transport, namespace: str, source: UploadSource
     )
     result: dict[str, Any] = response.json()
     return result
+
+
+async def delete(transport: Transport, namespace: str, wait: float) -> dict[str, Any]:
+    """``DELETE /v1/{namespace}`` until it answers ``done`` (a 202 is a part; the next goes on)."""
+    deleted: dict[str, dict[str, int]] = {}
+    while True:
+        response = await transport.request(
+            "DELETE", f"/v1/{segment(namespace)}", params={"wait": wait}, idempotent=True, timeout=LONG
+        )
+        report: dict[str, Any] = response.json()
+        for cap, counts in report["deleted"].items():
+            mine = deleted.setdefault(cap, {})
+            for what, n in counts.items():
+                mine[what] = mine.get(what, 0) + n
+        if report["done"]:
+            return {"namespace": namespace, "deleted": deleted, "done": True}
