@@ -1,10 +1,12 @@
-"""``GET /v1/{namespace}/export`` and ``POST /v1/{namespace}/import``: a namespace as one archive.
+"""``GET /v1/{namespace}/export``, ``POST /v1/{namespace}/import``: a namespace as one archive;
+``DELETE /v1/{namespace}``: all of its data, in bounded batches.
 
-Both are for the admin key and for keys with the ``namespace:admin`` scope on the namespace
+All three are for the admin key and for keys with the ``namespace:admin`` scope on the namespace
 (``*:*`` does not include it: an all-data key should not take or replace a namespace wholesale);
 the gate checks that from the headers, before any byte of the body is read. The export is the
 response, streamed from one snapshot per database; the import reads the request body as it
-arrives (at most ``MAX_ARCHIVE_BYTES``) into an empty namespace.
+arrives (at most ``MAX_ARCHIVE_BYTES``) into an empty namespace; the delete works for at most
+``wait`` seconds a request (202 with what went so far: send it again).
 """
 
 from __future__ import annotations
