@@ -26,6 +26,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -294,12 +295,13 @@ def main() -> None:
         print(table(results, cli))
         if sqlite_run is not None:
             p = promote(*sqlite_run, base_url, work)
-            print(f"\npromote of the SQLite deployment ({p['sqlite_mib']:.0f} MiB of database files): {p['promote_s']:.1f} s "
+            print(f"\npromote of the SQLite deployment ({p['sqlite_mib']:.0f} MiB of SQLite files and WALs, the imported copies deleted): {p['promote_s']:.1f} s "
                   f"(CLI peak RSS {p['promote_rss']:.0f} MiB); pg_dump -Fc | pg_restore of the promoted databases: "
                   f"{p['pg_dump_restore_s']:.1f} s; ratio {p['promote_s'] / p['pg_dump_restore_s']:.1f}x")
         print(f"# load average at the end {os.getloadavg()}")
     finally:
         pg.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
