@@ -35,9 +35,10 @@ from app.core.state import GatewayState
 from app.portability.exporter import BATCH, export_archive, line_of, open_snapshots
 from app.portability.importer import holds_data, import_archive
 
-# Fields of an exported line that are this backend's choice, not the data's (a collection from a
-# SQLite archive gets PostgreSQL's default index): left out of the digest.
-BACKEND_FIELDS = frozenset({"index"})
+# Fields of an exported line that are not the data's, left out of the digest: this backend's choice
+# (a collection from a SQLite archive gets PostgreSQL's default index), and housekeeping each
+# gateway's background sweep writes on its own (when it last pruned a thread).
+BACKEND_FIELDS = frozenset({"index", "pruned_at"})
 JSON_TEXT_FIELDS = frozenset({"payload"})  # JSON as text in a line (a point's payload): compared as values
 
 
