@@ -186,9 +186,11 @@ def large_columns(table: Table) -> list[Any]:
 async def export_table(conn: AsyncConnection, table: Table, namespace: str, batch: int) -> AsyncIterator[Rows]:
     """The rows of ``namespace`` in ``table`` in primary-key order, ``batch`` (or ``PAGE_BYTES``) a part."""
     columns = [c for c in table.c if c.name != "namespace"]
-    pages = keyset_pages(
-        conn, columns, list(table.primary_key.columns), [table.c.namespace == namespace], batch, large_columns(table)
-    )
+    # the key without ``namespace`` (fixed by the WHERE): SQLite uses ``(collection, key) > (?, ?)``
+    # as a range of the primary key after ``namespace = ?``, but not ``(namespace, collection, key) >
+    # (...)``, with which every page scanned the namespace from its start (quadratic in its rows)
+    key = [c for c in table.primary_key.columns if c.name != "namespace"] or list(table.primary_key.columns)
+    pages = keyset_pages(conn, columns, key, [table.c.namespace == namespace], batch, large_columns(table))
     async for rows in pages:
         yield Rows(str(table.name), tuple(encode_row(table, dict(row)) for row in rows))
 
