@@ -449,6 +449,10 @@ async def test_an_export_taken_while_writers_run_imports_whole(
             written.setdefault(f"k{w}", set()).add(n)
 
     writers = [asyncio.create_task(writer(w)) for w in range(8)]
+    for _ in range(600):  # each writer has written once (0.3 s was not always enough on a loaded machine)
+        if len(written) == 8 or any(t.done() for t in writers):
+            break
+        await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)
     async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
         archive = b"".join([piece async for piece in gw.iter_export()])
