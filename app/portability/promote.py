@@ -200,8 +200,8 @@ async def copy_table(source: GatewayState, target: GatewayState, db: Database, t
     copied = 0
     async with source.databases.engine(db).connect() as src:
         result = await src.stream(select(table).order_by(*key))
-        async for rows in result.partitions(batch):
-            values = [dict(r._mapping) for r in rows]
+        async for rows in result.mappings().partitions(batch):
+            values = [dict(r) for r in rows]
             async with writer(target.databases.engine(db)).begin() as conn:
                 have = set((await conn.execute(
                     select(*key).where(tuple_(*key).in_([tuple(v[c.name] for c in key) for v in values]))

@@ -36,8 +36,7 @@ from app.core.http.routing import GatedRoutes, copy_routes
 from app.core.state import disk_space_of, gateway_state
 from app.portability.exporter import export_archive
 from app.core.namespace_data import DeleteReport, delete_namespace
-from app.portability.importer import _importing as importing
-from app.portability.importer import import_archive
+from app.portability.importer import import_archive, importing
 
 ROUTES = ("export", "import")  # and DELETE on /v1/{namespace} itself
 TAG = "namespace"
@@ -168,7 +167,7 @@ async def delete_namespace_data(
     a transaction, for at most ``wait`` seconds; what was deleted, by capability and table. An
     interrupted delete leaves the rest in place: the same request goes on with it."""
     state = gateway_state(request.app)
-    if namespace in importing:
+    if importing(namespace):
         raise Conflict(f"an import into {namespace!r} is running", code="import_in_progress")
     deadline = asyncio.get_running_loop().time() + wait
     total = DeleteReport(namespace)
