@@ -492,3 +492,93 @@ async def test_the_reader_refuses_any_mangled_header_as_an_archive_error() -> No
                     break
         except ArchiveError:
             pass
+
+
+async def _leftovers(backend: Backend, target: str) -> list[str]:
+    """Rows of staging namespaces (``~imp.…``) in any namespaced table, and the target's import row."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from app.core.db.tables import METADATA
+
+    found = []
+    for db, md in METADATA.items():
+        engine = create_async_engine(backend.urls[db.value])
+        try:
+            async with engine.connect() as conn:
+                for table in md.tables.values():
+                    if "namespace" in table.c:
+                        n = await conn.scalar(text(f"SELECT count(*) FROM {table.name} WHERE namespace LIKE '~imp.%'"))
+                        found += [f"{table.name}: {n}"] if n else []
+                if "namespace_imports" in md.tables:
+                    rows = (await conn.execute(text("SELECT state FROM namespace_imports WHERE target = :t"), {"t": target})).all()
+                    found += [f"namespace_imports: {r.state}" for r in rows]
+        finally:
+            await engine.dispose()
+    return found
+
+
+async def test_a_killed_import_sent_again_ends_as_one_never_interrupted(
+    server: Server, other: Server, http: httpx.AsyncClient, namespace: str, tmp_path: Path
+) -> None:
+    """Into the other backend's gateway (PostgreSQL with files on S3, or SQLite with files in a
+    directory): readers of the target see nothing while an import is stalled half-way; a gateway
+    SIGKILLed early, in the vector points and half-way through the publish leaves nothing visible
+    (but what it had published) and no staging once the same archive is sent again, and the
+    namespace then answers as an import that was never interrupted does, usage included."""
+    import signal
+
+    from app.portability.staging import namespace_imports  # noqa: F401  (the table _leftovers reads)
+
+    await _seed(server, http, namespace)
+    archive = b"".join([piece async for piece in (await _export_stream(server, namespace))])
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        members = tar.getmembers()
+    points = next(m for m in members if m.name.startswith("vectors/points/"))
+    kills = {"early": f"load:{members[1].name}", "points": f"load:{points.name}", "publish": "publish:files"}
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with httpx.AsyncClient(base_url=other.url, timeout=60, headers=headers) as there:
+        async def answers(ns: str) -> dict[str, Any]:
+            return {**await _answers(other, there, ns), "usage": _portable((await there.get(f"/v1/{ns}/usage")).json(), ns)}
+
+        # stalled after the vector points: the target shows nothing of it, then all of it
+        stalled, go = f"{namespace}s", asyncio.Event()
+
+        async def body() -> Any:
+            yield archive[: points.offset_data + points.size]
+            await go.wait()
+            yield archive[points.offset_data + points.size:]
+
+        task = asyncio.create_task(there.post(f"/v1/{stalled}/import", content=body()))
+        for _ in range(100):  # until the collections are loaded (hidden)
+            if any(f.startswith("vector_collections") for f in await _leftovers(other.backend, stalled)):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the import did not load the vector collections")
+        assert not task.done()
+        await _empty(there, stalled)
+        assert (await there.post(f"/v1/{stalled}/checkpoints/search", json={})).json()["items"] == []
+        assert (await there.get(f"/v1/{stalled}/usage")).status_code in (200, 404)
+        go.set()
+        assert (await task).status_code == 200, (await task).text
+        expected = await answers(stalled)
+
+        for n, (what, point) in enumerate(kills.items()):
+            target = f"{namespace}k{n}"
+            crashing = start_server(other.backend, tmp_path / f"{what}.log", SG_TEST_CRASH_AT=point)
+            try:
+                async with httpx.AsyncClient(base_url=crashing.url, timeout=60, headers=headers) as doomed:
+                    with pytest.raises(httpx.TransportError):
+                        await doomed.post(f"/v1/{target}/import", content=archive)
+                assert crashing.process.wait(timeout=30) == -signal.SIGKILL, crashing.log()
+            finally:
+                if crashing.process.poll() is None:
+                    stop_server(crashing)
+            if what != "publish":  # killed while loading: nothing of it is visible
+                await _empty(there, target)
+            again = await there.post(f"/v1/{target}/import", content=archive)
+            assert again.status_code == 200, (what, again.text)
+            assert again.json().get("resumed") == ("publish" if what == "publish" else None), again.json()
+            assert await _leftovers(other.backend, target) == [], what
+            _same(await answers(target), expected)

@@ -295,6 +295,7 @@ class _Import:
             raise ArchiveError("archive_invalid_line", "the database refused its lines: an item twice?", member.name) from None
         if self.heartbeat is not None:
             await self.heartbeat()
+        staging.crash_point(f"load:{member.name}")
         if self.progress is not None:
             self.progress(cap, len(rows), len(data))
 

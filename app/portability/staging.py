@@ -21,6 +21,8 @@ those idle for more than ``ABANDON_AFTER`` (an import touches its row at least e
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import Sequence
@@ -50,6 +52,16 @@ PUBLISH_STALE = timedelta(seconds=60)  # a publish untouched this long is finish
 RECOVER_SECONDS = 300.0
 RECOVER_ROWS = 10  # rows one recovery round looks at
 SWEEP_BATCHES = 200  # batches (``DEFAULT_BATCH`` items each) one recovery round deletes of a staging namespace
+
+CRASH_AT = os.environ.get("SG_TEST_CRASH_AT", "")
+"""Fault injection for tests/test_portability.py: the process SIGKILLs itself at this point
+(``load:<member>`` once the member is committed, ``publish:<capability>`` once it is renamed)."""
+
+
+def crash_point(name: str) -> None:
+    if CRASH_AT == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 namespace_imports = Table(
     "namespace_imports", METADATA[Database.metadata],
@@ -189,6 +201,7 @@ async def publish(state: GatewayState, job: Pending) -> dict[str, int]:
                     "the import stays pending: empty the namespace and send the archive again"
                 ) from None
             moved[capability.name] = n
+            crash_point(f"publish:{capability.name}")
         from app.quotas.usage import reconcile_namespace
 
         await reconcile_namespace(state, job.target)  # what no trigger moved (vector points)
