@@ -449,7 +449,9 @@ async def test_an_export_taken_while_writers_run_imports_whole(
             written.setdefault(f"k{w}", set()).add(n)
 
     writers = [asyncio.create_task(writer(w)) for w in range(8)]
-    await asyncio.sleep(0.3)
+    while len(written) < 8:  # every writer has written once (a loaded machine took more than a fixed 0.3 s)
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
     async with GatewayClient(server.url, namespace, ADMIN_KEY) as gw:
         archive = b"".join([piece async for piece in gw.iter_export()])
     stop.set()
