@@ -520,17 +520,36 @@ async def _leftovers(backend: Backend, target: str) -> list[str]:
     return found
 
 
+async def _age(backend: Backend, target: str) -> None:
+    """The target's import row as if untouched for two hours."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from app.portability.staging import namespace_imports
+
+    engine = create_async_engine(backend.urls["metadata"])
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(update(namespace_imports).where(namespace_imports.c.target == target)
+                               .values(updated_at=datetime.now(UTC) - timedelta(hours=2)))
+    finally:
+        await engine.dispose()
+
+
 async def test_a_killed_import_sent_again_ends_as_one_never_interrupted(
     server: Server, other: Server, http: httpx.AsyncClient, namespace: str, tmp_path: Path
 ) -> None:
     """Into the other backend's gateway (PostgreSQL with files on S3, or SQLite with files in a
     directory): readers of the target see nothing while an import is stalled half-way; a gateway
     SIGKILLed early, in the vector points and half-way through the publish leaves nothing visible
-    (but what it had published) and no staging once the same archive is sent again, and the
-    namespace then answers as an import that was never interrupted does, usage included."""
+    (but what it had published); the early one's staging, left for an hour, is swept at the next
+    start-up; the others' when the same archive is sent again, and each namespace then answers as
+    an import that was never interrupted does, usage included."""
     import signal
 
-    from app.portability.staging import namespace_imports  # noqa: F401  (the table _leftovers reads)
+    import app.models  # noqa: F401  (every table, for _leftovers)
 
     await _seed(server, http, namespace)
     archive = b"".join([piece async for piece in (await _export_stream(server, namespace))])
@@ -566,21 +585,33 @@ async def test_a_killed_import_sent_again_ends_as_one_never_interrupted(
         assert (await task).status_code == 200, (await task).text
         expected = await answers(stalled)
 
+        targets = {what: f"{namespace}k{n}" for n, what in enumerate(kills)}
         for n, (what, point) in enumerate(kills.items()):
-            target = f"{namespace}k{n}"
             crashing = start_server(other.backend, tmp_path / f"{what}.log", SG_TEST_CRASH_AT=point)
             try:
+                if n == 1:  # the early one, left for an hour, is swept by the next start-up's recovery
+                    for _ in range(100):
+                        if not await _leftovers(other.backend, targets["early"]):
+                            break
+                        await asyncio.sleep(0.1)
+                    else:
+                        raise AssertionError(f"not swept: {await _leftovers(other.backend, targets['early'])}")
                 async with httpx.AsyncClient(base_url=crashing.url, timeout=60, headers=headers) as doomed:
                     with pytest.raises(httpx.TransportError):
-                        await doomed.post(f"/v1/{target}/import", content=archive)
+                        await doomed.post(f"/v1/{targets[what]}/import", content=archive)
                 assert crashing.process.wait(timeout=30) == -signal.SIGKILL, crashing.log()
             finally:
                 if crashing.process.poll() is None:
                     stop_server(crashing)
-            if what != "publish":  # killed while loading: nothing of it is visible
-                await _empty(there, target)
+            if what != "publish":  # killed while loading: nothing of it is visible, its staging is left
+                await _empty(there, targets[what])
+                assert await _leftovers(other.backend, targets[what])
+            if what == "early":
+                await _age(other.backend, targets[what])
+        for what, target in targets.items():
             again = await there.post(f"/v1/{target}/import", content=archive)
             assert again.status_code == 200, (what, again.text)
             assert again.json().get("resumed") == ("publish" if what == "publish" else None), again.json()
-            assert await _leftovers(other.backend, target) == [], what
+            assert not [f for f in await _leftovers(other.backend, target) if f.startswith("namespace_imports")], what
             _same(await answers(target), expected)
+        assert await _leftovers(other.backend, "") == []  # every staging swept or published

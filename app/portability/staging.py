@@ -11,7 +11,7 @@ with them), the usage of the ``Kept`` capabilities is recounted, and the row is 
 
 Rules: the target is never written before the publish, so a failed or killed load leaves it as
 it was. A ``publishing`` row is finished by whoever sees it next (the next import of the target,
-or ``recover``, every ``RECOVER_SECONDS``, once it is ``PUBLISH_STALE``): each step is idempotent. A ``loading``
+or ``recover``, at start-up and every ``RECOVER_SECONDS``, once it is ``PUBLISH_STALE``): each step is idempotent. A ``loading``
 row whose job is not running is a killed import: the next import of the target sweeps its
 staging namespace before loading (bounded batches, ``delete_namespace``), and ``recover`` sweeps
 those idle for more than ``ABANDON_AFTER`` (an import touches its row at least every
@@ -252,4 +252,4 @@ def recovery(state: GatewayState) -> Periodic:
     async def run() -> None:
         await recover(state)
 
-    return Periodic("portability-recover", RECOVER_SECONDS, run)
+    return Periodic("portability-recover", RECOVER_SECONDS, run, at_start=True)
