@@ -558,60 +558,70 @@ async def test_a_killed_import_sent_again_ends_as_one_never_interrupted(
     points = next(m for m in members if m.name.startswith("vectors/points/"))
     kills = {"early": f"load:{members[1].name}", "points": f"load:{points.name}", "publish": "publish:files"}
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with httpx.AsyncClient(base_url=other.url, timeout=60, headers=headers) as there:
-        async def answers(ns: str) -> dict[str, Any]:
-            return {**await _answers(other, there, ns), "usage": _portable((await there.get(f"/v1/{ns}/usage")).json(), ns)}
+    targets = {what: f"{namespace}k{n}" for n, what in enumerate(kills)}
+    servers: dict[str, Server] = {}
 
-        # stalled after the vector points: the target shows nothing of it, then all of it
-        stalled, go = f"{namespace}s", asyncio.Event()
+    def crashing(what: str) -> Server:
+        servers[what] = start_server(other.backend, tmp_path / f"{what}.log", SG_TEST_CRASH_AT=kills[what])
+        return servers[what]
 
-        async def body() -> Any:
-            yield archive[: points.offset_data + points.size]
-            await go.wait()
-            yield archive[points.offset_data + points.size:]
+    # two of the gateways to kill start while the stalled import runs (a start takes seconds here)
+    starting = asyncio.gather(*(asyncio.to_thread(crashing, what) for what in ("early", "publish")))
+    try:
+        async with httpx.AsyncClient(base_url=other.url, timeout=60, headers=headers) as there:
+            async def answers(ns: str) -> dict[str, Any]:
+                return {**await _answers(other, there, ns), "usage": _portable((await there.get(f"/v1/{ns}/usage")).json(), ns)}
 
-        task = asyncio.create_task(there.post(f"/v1/{stalled}/import", content=body()))
-        for _ in range(100):  # until the collections are loaded (hidden)
-            if any(f.startswith("vector_collections") for f in await _leftovers(other.backend, stalled)):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("the import did not load the vector collections")
-        assert not task.done()
-        await _empty(there, stalled)
-        assert (await there.post(f"/v1/{stalled}/checkpoints/search", json={})).json()["items"] == []
-        assert (await there.get(f"/v1/{stalled}/usage")).status_code in (200, 404)
-        go.set()
-        assert (await task).status_code == 200, (await task).text
-        expected = await answers(stalled)
+            # stalled after the vector points: the target shows nothing of it, then all of it
+            stalled, go = f"{namespace}s", asyncio.Event()
 
-        targets = {what: f"{namespace}k{n}" for n, what in enumerate(kills)}
-        for n, (what, point) in enumerate(kills.items()):
-            crashing = start_server(other.backend, tmp_path / f"{what}.log", SG_TEST_CRASH_AT=point)
-            try:
-                if n == 1:  # the early one, left for an hour, is swept by the next start-up's recovery
+            async def body() -> Any:
+                yield archive[: points.offset_data + points.size]
+                await go.wait()
+                yield archive[points.offset_data + points.size:]
+
+            task = asyncio.create_task(there.post(f"/v1/{stalled}/import", content=body()))
+            for _ in range(200):  # until the collections are loaded (hidden)
+                if any(f.startswith("vector_collections") for f in await _leftovers(other.backend, stalled)):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the import did not load the vector collections")
+            assert not task.done()
+            await _empty(there, stalled)
+            assert (await there.post(f"/v1/{stalled}/checkpoints/search", json={})).json()["items"] == []
+            go.set()
+            assert (await task).status_code == 200, (await task).text
+            expected = await answers(stalled)
+            await starting
+
+            for what in kills:
+                if what == "points":  # started after the early one was left for an hour: its start-up sweeps it
+                    await asyncio.to_thread(crashing, what)
                     for _ in range(100):
                         if not await _leftovers(other.backend, targets["early"]):
                             break
                         await asyncio.sleep(0.1)
                     else:
                         raise AssertionError(f"not swept: {await _leftovers(other.backend, targets['early'])}")
-                async with httpx.AsyncClient(base_url=crashing.url, timeout=60, headers=headers) as doomed:
+                async with httpx.AsyncClient(base_url=servers[what].url, timeout=60, headers=headers) as doomed:
                     with pytest.raises(httpx.TransportError):
                         await doomed.post(f"/v1/{targets[what]}/import", content=archive)
-                assert crashing.process.wait(timeout=30) == -signal.SIGKILL, crashing.log()
-            finally:
-                if crashing.process.poll() is None:
-                    stop_server(crashing)
-            if what != "publish":  # killed while loading: nothing of it is visible, its staging is left
-                await _empty(there, targets[what])
-                assert await _leftovers(other.backend, targets[what])
-            if what == "early":
-                await _age(other.backend, targets[what])
-        for what, target in targets.items():
-            again = await there.post(f"/v1/{target}/import", content=archive)
-            assert again.status_code == 200, (what, again.text)
-            assert again.json().get("resumed") == ("publish" if what == "publish" else None), again.json()
-            assert not [f for f in await _leftovers(other.backend, target) if f.startswith("namespace_imports")], what
-            _same(await answers(target), expected)
-        assert await _leftovers(other.backend, "") == []  # every staging swept or published
+                assert servers[what].process.wait(timeout=30) == -signal.SIGKILL, servers[what].log()
+                if what != "publish":  # killed while loading: nothing of it is visible, its staging is left
+                    await _empty(there, targets[what])
+                    assert await _leftovers(other.backend, targets[what])
+                if what == "early":
+                    await _age(other.backend, targets[what])
+            for what, target in targets.items():
+                again = await there.post(f"/v1/{target}/import", content=archive)
+                assert again.status_code == 200, (what, again.text)
+                assert again.json().get("resumed") == ("publish" if what == "publish" else None), again.json()
+                assert not [f for f in await _leftovers(other.backend, target) if f.startswith("namespace_imports")], what
+                _same(await answers(target), expected)
+            assert await _leftovers(other.backend, "") == []  # every staging swept or published
+    finally:
+        await asyncio.gather(starting, return_exceptions=True)
+        for server_ in servers.values():
+            if server_.process.poll() is None:
+                stop_server(server_)
