@@ -13,6 +13,7 @@ from app import __version__
 from app.auth.cache import KeyCache
 from app.auth.dependencies import admin_guard, capability_guard, namespace_read_guard
 from app.portability import router as portability
+from app.portability import staging
 from app.auth.ratelimit import RateLimiter
 from app.auth.router import router as admin_router
 from app.core.db import migrations
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 # Background jobs start once every lifecycle is done: a sweep's write transaction
                 # must not race a lifecycle's start-up work on the same SQLite file.
                 jobs = [job for c in state.capabilities for job in c.periodic(state.services[c.name], state)]
-                jobs += [quotas.reconciler(state), quotas.installer(state, quotas_pending)]
+                jobs += [quotas.reconciler(state), quotas.installer(state, quotas_pending), staging.recovery(state)]
                 await stack.enter_async_context(running(jobs))
                 tune_garbage_collector()
                 yield

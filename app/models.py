@@ -6,3 +6,4 @@ the gateway's own.
 
 from app import capabilities as _capabilities  # noqa: F401
 from app.auth import models as _auth  # noqa: F401
+from app.portability import staging as _staging  # noqa: F401  (namespace_imports)

@@ -1,13 +1,15 @@
 """Import an archive (docs/archive-format.md) into an empty namespace, streamed.
 
-Rules: the namespace must hold nothing (409 ``namespace_not_empty``). Each member is bounded
+Rules: the namespace must hold nothing (409 ``namespace_not_empty``). The archive loads into a
+hidden staging namespace and is published only once all of it is checked (``staging``): until
+then readers of the namespace see nothing of it, and a killed import, sent again, starts over
+from a clean staging (or, killed while publishing, finishes the publish). Each member is bounded
 before it is read and checked before anything of it is written: a part's sha256 and line count
 against its PAX header, each line by the capability's loader (as the API checks a write), a
 blob's bytes against its name. A part commits in write transactions of ``LOAD_ROWS`` lines, so
 no other writer of the database waits for a whole part. Whatever goes wrong (a
-corrupt, truncated or lying archive, a refused line, the client gone), everything the import
-wrote is deleted again (``delete_namespace``) before the error is answered, so a failed import
-leaves the namespace empty. The manifest's counts, and ``checksums.json``'s list, are checked
+corrupt, truncated or lying archive, a refused line, the client gone), the staging namespace is
+deleted again (``delete_namespace``) before the error is answered; the namespace was never touched. The manifest's counts, and ``checksums.json``'s list, are checked
 at the end.
 """
 
@@ -19,7 +21,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Any, TypeVar
 
 import anyio
@@ -29,9 +31,10 @@ from sqlalchemy.exc import IntegrityError
 
 from app.core.errors import Conflict, ProblemError
 from app.core.jsonvalue import find_invalid
-from app.core.namespace_data import RefusedLine, Rows, delete_namespace, writer
+from app.core.namespace_data import RefusedLine, Rows, writer
 from app.core.state import GatewayState
 from app.portability.archive import SHA256_HEADER, ArchiveError, ArchiveReader, ArchiveTooLarge, Member
+from app.portability import staging
 from app.portability.exporter import FORMAT, VERSION
 
 MAX_MANIFEST_BYTES = 1024 * 1024
@@ -45,7 +48,7 @@ _PART = re.compile(r"^([a-z][a-z0-9_]*)/([a-z][a-z0-9_]*)/(\d{6})\.jsonl$")
 _BLOB = re.compile(r"^([a-z][a-z0-9_]*)/blobs/([0-9a-f]{64})$")
 
 _T = TypeVar("_T")
-_importing: set[str] = set()  # namespaces this process is importing into
+importing: set[str] = set()  # namespaces this process is importing into
 
 
 def importing(namespace: str) -> bool:
@@ -73,31 +76,51 @@ Progress = Callable[[str, int, int], None]
 async def import_archive(
     state: GatewayState, namespace: str, source: AsyncIterator[bytes], *, progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Load the archive read from ``source`` into ``namespace`` (empty); what was loaded."""
-    if namespace in _importing:
+    """Load the archive read from ``source`` into ``namespace`` (empty); what was loaded. If an
+    import of ``namespace`` was killed while it was published, that publish is finished instead
+    and ``source`` is not read (``"resumed": "publish"``)."""
+    if namespace in importing:
         raise Conflict(f"an import into {namespace!r} is already running", code="import_in_progress")
-    _importing.add(namespace)  # before the first await: two requests at once cannot both pass
+    importing.add(namespace)  # before the first await: two requests at once cannot both pass
     started = time.monotonic()
     try:
-        if await holds_data(state, namespace):
-            raise NamespaceNotEmpty(
-                f"namespace {namespace!r} holds data; an archive is imported into an empty namespace only (mode=fail)"
-            )
+        previous = await staging.pending(state, namespace)
+        if previous is not None and previous.state == "publishing":
+            published = await staging.publish(state, previous)
+            return {"namespace": namespace, "resumed": "publish", "published": published,
+                    "seconds": round(time.monotonic() - started, 3)}
+        await _refuse_data(state, namespace)
+        job = await staging.begin(state, namespace, previous)
         try:
-            loaded = await _Import(state, namespace, source, progress).run()
+            loaded = await _Import(state, job.staging, source, progress, staging.Heartbeat(state, job)).run()
+            await _refuse_data(state, namespace)  # written to while the archive loaded
+            await staging.claim(state, job)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await delete_namespace(state, namespace)
+                await staging.abandon(state, job)
             raise
+        loaded["namespace"] = namespace
+        loaded["published"] = await staging.publish(state, job)
     finally:
-        _importing.discard(namespace)
+        importing.discard(namespace)
     loaded["seconds"] = round(time.monotonic() - started, 3)
     return loaded
 
 
+async def _refuse_data(state: GatewayState, namespace: str) -> None:
+    if await holds_data(state, namespace):
+        raise NamespaceNotEmpty(
+            f"namespace {namespace!r} holds data; an archive is imported into an empty namespace only (mode=fail)"
+        )
+
+
 class _Import:
-    def __init__(self, state: GatewayState, namespace: str, source: AsyncIterator[bytes], progress: Progress | None) -> None:
+    def __init__(
+        self, state: GatewayState, namespace: str, source: AsyncIterator[bytes], progress: Progress | None,
+        heartbeat: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.state = state
+        self.heartbeat = heartbeat
         self.namespace = namespace
         self.reader = ArchiveReader(source)
         self.progress = progress
@@ -275,6 +298,9 @@ class _Import:
             raise ArchiveError("archive_invalid_line", str(exc), member.name) from None
         except IntegrityError:  # two lines of one item (a key twice), or a reference to nothing
             raise ArchiveError("archive_invalid_line", "the database refused its lines: an item twice?", member.name) from None
+        if self.heartbeat is not None:
+            await self.heartbeat()
+        staging.crash_point(f"load:{member.name}")
         if self.progress is not None:
             self.progress(cap, len(rows), len(data))
 

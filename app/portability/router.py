@@ -131,7 +131,8 @@ async def import_namespace(
 ) -> JSONResponse:
     """Load an archive (the request body, streamed) into the namespace, which must be empty
     (``mode=fail``, the only mode yet). Every member is checked before it is stored; a refused
-    archive (422/413, naming the member) leaves the namespace empty."""
+    archive (422/413, naming the member) leaves the namespace empty: it loads into a hidden
+    namespace and is published only once whole (docs/archive-format.md)."""
     state = gateway_state(request.app)
 
     async def body() -> AsyncIterator[bytes]:
