@@ -51,11 +51,6 @@ _T = TypeVar("_T")
 importing: set[str] = set()  # namespaces this process is importing into
 
 
-def importing(namespace: str) -> bool:
-    """Whether this process is importing into ``namespace`` (a delete of it waits for that)."""
-    return namespace in _importing
-
-
 class NamespaceNotEmpty(Conflict):
     code = "namespace_not_empty"
 

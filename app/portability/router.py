@@ -168,7 +168,7 @@ async def delete_namespace_data(
     a transaction, for at most ``wait`` seconds; what was deleted, by capability and table. An
     interrupted delete leaves the rest in place: the same request goes on with it."""
     state = gateway_state(request.app)
-    if importing(namespace):
+    if namespace in importing:
         raise Conflict(f"an import into {namespace!r} is running", code="import_in_progress")
     deadline = asyncio.get_running_loop().time() + wait
     total = DeleteReport(namespace)
