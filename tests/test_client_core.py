@@ -24,7 +24,7 @@ PUBLIC = [
     "AsyncPersistStore", "ClientClosed", "Conflict", "FileDownload", "FileHead", "FileInfo", "FileList",
     "FilesUsage", "Forbidden", "GatewayByteStore", "GatewayChatMessageHistory", "GatewayCheckpointSaver",
     "GatewayClient", "GatewayError", "GatewayStore", "GatewayVectorStore", "HTTPStatusError",
-    "InsufficientStorage", "IntegrityError", "InvalidRequest", "KvEntry", "NotFound", "PayloadIndex", "PreconditionFailed", "RateLimited", "Record",
+    "InsufficientStorage", "IntegrityError", "InvalidRequest", "KvEntry", "NotFound", "PayloadIndex", "PreconditionFailed", "QuotaExceeded", "RateLimited", "Record",
     "RemotePersistStore", "RemoteVectorStore", "SortOrder", "TransportError", "Unauthorized", "Unavailable",
     "VectorRecord", "VectorStoreProtocol", "VectorsAPI", "create_persist_store", "create_vector_store",
     "make_checkpointer", "make_store",
@@ -40,7 +40,7 @@ def test_public_exports_are_pinned_and_sorted() -> None:
 
 def test_errors_share_one_root() -> None:
     for name in ("ClientClosed", "Conflict", "Forbidden", "InvalidRequest", "NotFound", "PreconditionFailed",
-                 "RateLimited", "TransportError", "Unauthorized", "Unavailable", "IntegrityError", "InsufficientStorage"):
+                 "RateLimited", "TransportError", "Unauthorized", "Unavailable", "IntegrityError", "InsufficientStorage", "QuotaExceeded"):
         assert issubclass(getattr(sgc, name), sgc.GatewayError), name
 
 
