@@ -173,7 +173,9 @@ async def test_declared_indexes_are_built_used_and_dropped(gw: GatewayClient, se
             # each user's share is 1/400; the table's row count is PostgreSQL's own estimate
             # (reltuples: seen 4,500 and 6,000 for these 4,000 rows on a loaded machine)
             plan = answer["plan"]
-            assert abs(plan["estimated_matches"] - plan["rows"] / 400) <= 1 and plan["rows"] >= N, (user, plan)
+            # (an unseen value's share is the sampled statistics' average: seen 12 for 5,500 / 400)
+            assert abs(plan["estimated_matches"] - plan["rows"] / 400) <= max(1, plan["rows"] / 400 * 0.25), (user, plan)
+            assert plan["rows"] >= N, (user, plan)
         await gw.vectors.drop_collection("d")
         conn = await pg_connect(server.backend)
         try:
